@@ -1,0 +1,1 @@
+"""Channel workers: the send tasks, provider adapters, rate limits and circuit breakers."""

@@ -1,0 +1,22 @@
+"""What the sandbox providers "sent"."""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class SandboxMessage(models.Model):
+    """One message a sandbox provider recorded instead of sending; unique per delivery (idempotent)."""
+
+    delivery_id = models.BigIntegerField(unique=True)
+    channel = models.CharField(max_length=16)
+    provider = models.CharField(max_length=32, default="sandbox")
+    address = models.CharField(max_length=4096)
+    content = models.JSONField()
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["channel", "address"], name="sandbox_channel_address_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.channel} #{self.delivery_id}"

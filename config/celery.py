@@ -1,0 +1,101 @@
+"""The Celery application and the RabbitMQ topology it runs on.
+
+Queues are the contract between the API and the workers (and between hosts): one durable quorum queue per
+channel and priority on one topic exchange, dead letters routed to `dead.<channel>`. Each setting below
+closes a known way for Celery on RabbitMQ to lose or duplicate a message; DESIGN.md lists them.
+"""
+
+from __future__ import annotations
+
+import os
+
+from celery import Celery
+from kombu import Exchange, Queue
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+
+CHANNELS = ("push", "email", "sms", "inapp", "webhook")
+PRIORITY_QUEUES = ("high", "low")
+EXCHANGE = Exchange("notifier", type="topic", durable=True)
+DEAD_LETTER_EXCHANGE = Exchange("notifier.dlx", type="topic", durable=True)
+# A message redelivered this many times (its worker keeps dying on it) is dead-lettered by RabbitMQ
+# itself instead of looping forever: the quorum-queue poison-message guard.
+DELIVERY_LIMIT = int(os.environ.get("QUEUE_DELIVERY_LIMIT", "20"))
+
+
+def queue_name(channel: str, priority: str) -> str:
+    """Return the queue that carries `channel` sends of `priority` ("normal" travels on the low queue)."""
+    return f"{channel}.{'high' if priority == 'high' else 'low'}"
+
+
+def _work_queue(name: str, dead_routing_key: str) -> Queue:
+    return Queue(
+        name,
+        EXCHANGE,
+        routing_key=name,
+        durable=True,
+        queue_arguments={
+            "x-queue-type": "quorum",
+            "x-dead-letter-exchange": DEAD_LETTER_EXCHANGE.name,
+            "x-dead-letter-routing-key": dead_routing_key,
+            "x-delivery-limit": DELIVERY_LIMIT,
+        },
+    )
+
+
+def build_queues() -> list[Queue]:
+    """Return every queue of the topology; the API and every worker declare the same list."""
+    queues = [
+        _work_queue(queue_name(channel, priority), f"dead.{channel}")
+        for channel in CHANNELS
+        for priority in PRIORITY_QUEUES
+    ]
+    queues += [_work_queue("fanout", "dead.fanout"), _work_queue("maintenance", "dead.maintenance")]
+    # Dead-letter queues hold what exhausted its attempts; the database keeps the operator's record
+    # (notifier.DeadLetter), the queue is for alerting on depth. Bounded so it can never fill the disk.
+    queues += [
+        Queue(
+            f"dead.{name}",
+            DEAD_LETTER_EXCHANGE,
+            routing_key=f"dead.{name}",
+            durable=True,
+            queue_arguments={"x-queue-type": "quorum", "x-max-length": 1_000_000},
+        )
+        for name in (*CHANNELS, "fanout", "maintenance")
+    ]
+    return queues
+
+
+app = Celery("notifier")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.conf.update(
+    task_queues=build_queues(),
+    task_default_queue="maintenance",
+    task_default_exchange=EXCHANGE.name,
+    task_default_exchange_type="topic",
+    task_default_routing_key="maintenance",
+    task_create_missing_queues=False,
+    # Durability: persistent messages, publisher confirms (a broker alarm must not drop a publish silently).
+    task_default_delivery_mode="persistent",
+    broker_transport_options={"confirm_publish": True},
+    broker_connection_retry_on_startup=True,
+    # Late acks, rejected back to the queue if the worker process dies; failed tasks are rejected too, so
+    # RabbitMQ dead-letters them instead of acking them away.
+    task_acks_late=True,
+    task_reject_on_worker_lost=True,
+    task_acks_on_failure_or_timeout=False,
+    worker_cancel_long_running_tasks_on_connection_loss=True,
+    worker_prefetch_multiplier=int(os.environ.get("CELERY_PREFETCH_MULTIPLIER", "4")),
+    # Retry delays live in the broker (quorum queues on a topic exchange), not in worker memory.
+    broker_native_delayed_delivery_queue_type="quorum",
+    worker_detect_quorum_queues=True,
+    task_ignore_result=True,
+    result_backend=None,
+    task_serializer="json",
+    accept_content=["json"],
+    timezone="UTC",
+    beat_scheduler="django_celery_beat.schedulers:DatabaseScheduler",
+    worker_hijack_root_logger=False,
+    broker_heartbeat=30,
+)
+app.autodiscover_tasks()

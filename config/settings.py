@@ -1,0 +1,205 @@
+"""Settings for Notifier, read from the environment with local defaults.
+
+Every value an operator may want to change is an environment variable; the defaults point at PostgreSQL,
+RabbitMQ and Redis on 127.0.0.1 so that `make run` works on a laptop with no configuration at all.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import dj_database_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def env_bool(name: str, default: bool = False) -> bool:
+    """Read a boolean environment variable ("1", "true", "yes", "on" are true)."""
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    return value.strip().lower() in {"1", "true", "yes", "on"}
+
+
+def env_int(name: str, default: int) -> int:
+    """Read an integer environment variable."""
+    value = os.environ.get(name)
+    return int(value) if value not in (None, "") else default
+
+
+def env_float(name: str, default: float) -> float:
+    """Read a float environment variable."""
+    value = os.environ.get(name)
+    return float(value) if value not in (None, "") else default
+
+
+def env_list(name: str, default: str = "") -> list[str]:
+    """Read a comma-separated environment variable as a list of stripped, non-empty strings."""
+    return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
+
+
+# The secret key signs admin sessions and unsubscribe links. A fixed development value is only used when
+# DEBUG is on; production must set it (checked in notifier.apps).
+DEBUG = env_bool("DEBUG", default=True)
+SECRET_KEY = os.environ.get("SECRET_KEY", "dev-only-insecure-secret-key-change-me" if DEBUG else "")
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "127.0.0.1,localhost,[::1],testserver")
+PUBLIC_BASE_URL = os.environ.get("PUBLIC_BASE_URL", f"http://127.0.0.1:{os.environ.get('PORT', '8000')}")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django.contrib.postgres",
+    "rest_framework",
+    "drf_spectacular",
+    "django_celery_beat",
+    "notifier",
+    "channels_app",
+    "templates_app",
+    "preferences",
+]
+
+MIDDLEWARE = [
+    "notifier.middleware.RequestContextMiddleware",
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+WSGI_APPLICATION = "config.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {
+    "default": dj_database_url.parse(
+        os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/notifier"),
+        conn_max_age=env_int("DATABASE_CONN_MAX_AGE", 60),
+        conn_health_checks=True,
+    )
+}
+# Fail fast instead of hanging when PostgreSQL is unreachable, so the API can answer 503.
+DATABASES["default"].setdefault("OPTIONS", {})["connect_timeout"] = env_int("DATABASE_CONNECT_TIMEOUT", 3)
+# Parallel test runs (one per developer sandbox) each get their own test database.
+# Parallel test runs (one per developer sandbox) each get their own test database, vhost and Redis prefix
+# by setting NOTIFIER_TEST_NS; see tests/conftest.py.
+TEST_NAMESPACE = os.environ.get("NOTIFIER_TEST_NS", "main")
+DATABASES["default"]["TEST"] = {"NAME": f"test_notifier_{TEST_NAMESPACE}"}
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+AUTH_PASSWORD_VALIDATORS: list[dict[str, str]] = []
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "var" / "static"
+
+# Request bodies: the batch endpoint takes up to 1,000 items; anything above this limit is a 413.
+DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("MAX_REQUEST_BYTES", 5 * 1024 * 1024)
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["notifier.auth.ApiKeyAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "EXCEPTION_HANDLER": "notifier.errors.exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "UNAUTHENTICATED_USER": None,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Notifier API",
+    "DESCRIPTION": "Send notifications over push, email, SMS, in-app and webhooks.",
+    "VERSION": "1.0.0",
+}
+
+# --- Redis -------------------------------------------------------------------------------------------
+REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+# Prefix for every Redis key this service writes, so several deployments (or test runs) can share a server.
+REDIS_KEY_PREFIX = os.environ.get("REDIS_KEY_PREFIX", "notifier:")
+DEDUP_TTL_SECONDS = env_int("DEDUP_TTL_SECONDS", 72 * 3600)
+
+# --- Celery on RabbitMQ ------------------------------------------------------------------------------
+CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672//")
+CELERY_TASK_ALWAYS_EAGER = False
+# The settings that make the broker hand-off durable are in config/celery.py, next to the queue topology.
+
+# --- Channels, priorities and categories -------------------------------------------------------------
+CHANNELS = ["push", "email", "sms", "inapp", "webhook"]
+# A category decides the default priority, whether a recipient may switch it off, and whether quiet hours
+# hold it back. Override with NOTIFIER_CATEGORIES as JSON of the same shape.
+NOTIFIER_CATEGORIES: dict[str, dict[str, object]] = {
+    "security": {"priority": "high", "optional": False, "quiet_hours": False},
+    "transactional": {"priority": "high", "optional": False, "quiet_hours": False},
+    "social": {"priority": "normal", "optional": True, "quiet_hours": True},
+    "marketing": {"priority": "low", "optional": True, "quiet_hours": True},
+}
+if os.environ.get("NOTIFIER_CATEGORIES"):
+    import json
+
+    NOTIFIER_CATEGORIES = json.loads(os.environ["NOTIFIER_CATEGORIES"])
+
+# Deliveries: attempts before a delivery is dead-lettered, the backoff curve, and the lease after which a
+# delivery stuck in `sending` (its worker died mid-call) is reclaimed.
+DELIVERY_MAX_ATTEMPTS = env_int("DELIVERY_MAX_ATTEMPTS", 6)
+RETRY_BACKOFF_BASE_SECONDS = env_float("RETRY_BACKOFF_BASE_SECONDS", 2.0)
+RETRY_BACKOFF_MAX_SECONDS = env_float("RETRY_BACKOFF_MAX_SECONDS", 600.0)
+SENDING_LEASE_SECONDS = env_int("SENDING_LEASE_SECONDS", 300)
+# The outbox relay re-publishes deliveries still `queued` this long after their last publish.
+OUTBOX_REPUBLISH_AFTER_SECONDS = env_int("OUTBOX_REPUBLISH_AFTER_SECONDS", 60)
+OUTBOX_RELAY_INTERVAL_SECONDS = env_float("OUTBOX_RELAY_INTERVAL_SECONDS", 15.0)
+OUTBOX_RELAY_BATCH = env_int("OUTBOX_RELAY_BATCH", 5000)
+# Deliveries per broker message on the fan-out path (one for a single transactional notification).
+SEND_BATCH_SIZE = env_int("SEND_BATCH_SIZE", 500)
+# Provider calls made at once by one worker process for a batch.
+PROVIDER_CONCURRENCY = env_int("PROVIDER_CONCURRENCY", 16)
+
+# Providers per channel, in failover order. "sandbox" records instead of sending; it is the default for
+# every channel so the whole pipeline runs without any provider account.
+CHANNEL_PROVIDERS: dict[str, list[str]] = {
+    channel: env_list(f"{channel.upper()}_PROVIDERS", "inapp" if channel == "inapp" else "sandbox")
+    for channel in CHANNELS
+}
+# Test-only knob for the sandbox: "fail:N" (retriable N times), "permanent", "slow:MS", "throttle:N".
+SANDBOX_BEHAVIOUR = os.environ.get("SANDBOX_BEHAVIOUR", "")
+
+# Webhooks reach only public addresses unless this is on (local development and tests only).
+WEBHOOK_ALLOW_PRIVATE_TARGETS = env_bool("WEBHOOK_ALLOW_PRIVATE_TARGETS", default=False)
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
+    "loggers": {
+        "django.db.backends": {"level": "WARNING"},
+        "amqp": {"level": "WARNING"},
+        "kombu": {"level": "WARNING"},
+    },
+}
+
+# Provider credentials and endpoints (one group per provider) and operations settings (logging, metrics,
+# tracing, retention) live in their own modules to keep this file readable.
+from config.provider_settings import *  # noqa: E402, F403
+from config.ops_settings import *  # noqa: E402, F403

@@ -1,0 +1,19 @@
+"""URL routes: the versioned API, provider callbacks, operations endpoints, admin and API docs."""
+
+from __future__ import annotations
+
+from django.contrib import admin
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("api/schema/", SpectacularAPIView.as_view(permission_classes=[], authentication_classes=[]), name="schema"),
+    path(
+        "api/docs/",
+        SpectacularSwaggerView.as_view(url_name="schema", permission_classes=[], authentication_classes=[]),
+        name="docs",
+    ),
+    path("api/v1/", include("notifier.urls")),
+    path("", include("notifier.ops_urls")),
+]

@@ -1,0 +1,12 @@
+"""App configuration."""
+
+from __future__ import annotations
+
+from django.apps import AppConfig
+
+
+class NotifierConfig(AppConfig):
+    """Configure the notifier app."""
+
+    name = "notifier"
+    default_auto_field = "django.db.models.BigAutoField"

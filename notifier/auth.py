@@ -1,0 +1,51 @@
+"""API-key authentication for calling services."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+
+from django.utils import timezone
+from rest_framework import authentication, exceptions
+from rest_framework.request import Request
+
+from notifier.models import ApiClient
+
+KEY_PREFIX = "ntf_"
+
+
+def hash_key(raw_key: str) -> str:
+    """Return the stored form of an API key (keys are 256-bit random, so a fast hash is enough)."""
+    return hashlib.sha256(raw_key.encode()).hexdigest()
+
+
+def generate_key() -> tuple[str, str]:
+    """Return a new raw API key and its lookup prefix."""
+    prefix = secrets.token_hex(4)
+    return f"{KEY_PREFIX}{prefix}_{secrets.token_urlsafe(32)}", prefix
+
+
+class ApiKeyAuthentication(authentication.BaseAuthentication):
+    """Authenticate `Authorization: Bearer <key>` against the hashed keys of active API clients."""
+
+    keyword = "Bearer"
+
+    def authenticate(self, request: Request) -> tuple[ApiClient, str] | None:
+        header = request.META.get("HTTP_AUTHORIZATION", "")
+        if not header:
+            return None
+        scheme, _, raw_key = header.partition(" ")
+        if scheme != self.keyword or not raw_key.strip():
+            raise exceptions.AuthenticationFailed("Use 'Authorization: Bearer <api key>'.")
+        try:
+            client = ApiClient.objects.get(key_hash=hash_key(raw_key.strip()), is_active=True)
+        except ApiClient.DoesNotExist:
+            raise exceptions.AuthenticationFailed("Invalid or revoked API key.") from None
+        # Touch last_used_at at most once a minute: no write per request on the hot path.
+        now = timezone.now()
+        if client.last_used_at is None or (now - client.last_used_at).total_seconds() > 60:
+            ApiClient.objects.filter(pk=client.pk).update(last_used_at=now)
+        return client, raw_key
+
+    def authenticate_header(self, request: Request) -> str:
+        return self.keyword

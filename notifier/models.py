@@ -1,0 +1,245 @@
+"""API clients, notifications, deliveries with their event history, dead letters and campaigns."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.contrib.postgres.fields import ArrayField
+from django.contrib.postgres.indexes import BrinIndex
+from django.db import models
+from django.db.models import Q
+
+
+class ApiClient(models.Model):
+    """A calling service. Its API key is stored only as a SHA-256 hash."""
+
+    name = models.CharField(max_length=128, unique=True)
+    key_prefix = models.CharField(max_length=16, db_index=True)
+    key_hash = models.CharField(max_length=64, unique=True)
+    # Empty means every configured category is allowed.
+    allowed_categories = ArrayField(models.CharField(max_length=64), default=list, blank=True)
+    # Where webhook-channel deliveries go when the recipient has no URL of their own, and the secret
+    # ("whsec_…", Standard Webhooks) they are signed with.
+    webhook_url = models.URLField(max_length=2048, blank=True, default="")
+    webhook_secret = models.CharField(max_length=128, blank=True, default="")
+    is_active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return self.name
+
+    # DRF's IsAuthenticated asks this of request.user; an API client is the authenticated principal.
+    is_authenticated = True
+
+
+class Notification(models.Model):
+    """One accepted request: to a user or a topic, on some channels, from a template."""
+
+    class Status(models.TextChoices):
+        ACCEPTED = "accepted"
+        SCHEDULED = "scheduled"
+        FANNING_OUT = "fanning_out"
+        DONE = "done"
+        CANCELLED = "cancelled"
+
+    class Priority(models.TextChoices):
+        HIGH = "high"
+        NORMAL = "normal"
+        LOW = "low"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    client = models.ForeignKey(ApiClient, on_delete=models.PROTECT, related_name="notifications")
+    dedup_key = models.CharField(max_length=255, null=True, blank=True)
+    # SHA-256 of the canonical request body: the same dedup_key with a different body is a 409.
+    request_hash = models.CharField(max_length=64, blank=True, default="")
+    category = models.CharField(max_length=64)
+    template_key = models.CharField(max_length=128)
+    template_version = models.PositiveIntegerField(null=True, blank=True)  # pinned with "key@N"
+    channels = ArrayField(models.CharField(max_length=16), default=list)
+    payload = models.JSONField(default=dict, blank=True)
+    recipient = models.ForeignKey(
+        "preferences.Recipient", null=True, blank=True, on_delete=models.PROTECT, related_name="notifications"
+    )
+    user_id = models.CharField(max_length=255, blank=True, default="")
+    topic = models.ForeignKey(
+        "preferences.Topic", null=True, blank=True, on_delete=models.PROTECT, related_name="notifications"
+    )
+    campaign = models.ForeignKey(
+        "Campaign", null=True, blank=True, on_delete=models.SET_NULL, related_name="notifications"
+    )
+    priority = models.CharField(max_length=8, choices=Priority.choices)
+    locale = models.CharField(max_length=35, blank=True, default="")
+    send_at = models.DateTimeField(null=True, blank=True)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.ACCEPTED)
+    # Fan-out progress: subscribers seen so far and the last subscription id done (the resume point).
+    recipients_total = models.PositiveIntegerField(null=True, blank=True)
+    fanout_cursor = models.BigIntegerField(default=0)
+    fanout_processed = models.PositiveIntegerField(default=0)
+    trace_id = models.CharField(max_length=32, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["client", "dedup_key"], condition=Q(dedup_key__isnull=False), name="notification_dedup_uniq"
+            )
+        ]
+        indexes = [
+            models.Index(fields=["user_id", "-created_at"], name="notification_user_idx"),
+            models.Index(fields=["client", "-created_at"], name="notification_client_idx"),
+            BrinIndex(fields=["created_at"], name="notification_created_brin"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.template_key} → {self.user_id or self.topic_id}"
+
+
+class Delivery(models.Model):
+    """One message to one address on one channel: the unit that is queued, claimed, sent and tracked.
+
+    The row is also the outbox: a delivery still `queued` long after its last publish is published again by
+    the relay, so nothing accepted depends on the broker having been up at the moment of acceptance.
+    """
+
+    class Status(models.TextChoices):
+        SCHEDULED = "scheduled"
+        QUEUED = "queued"
+        DEFERRED = "deferred"
+        SENDING = "sending"
+        SENT = "sent"
+        DELIVERED = "delivered"
+        OPENED = "opened"
+        FAILED = "failed"
+        BOUNCED = "bounced"
+        SUPPRESSED = "suppressed"
+        CANCELLED = "cancelled"
+        DIGESTED = "digested"
+
+    id = models.BigAutoField(primary_key=True)
+    # Indexed through delivery_target_uniq, whose leading column it is.
+    notification = models.ForeignKey(
+        Notification, on_delete=models.CASCADE, related_name="deliveries", db_index=False
+    )
+    recipient = models.ForeignKey(
+        "preferences.Recipient", on_delete=models.PROTECT, related_name="deliveries", db_index=False
+    )
+    channel = models.CharField(max_length=16)
+    priority = models.CharField(max_length=8)
+    address = models.CharField(max_length=4096, blank=True, default="")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
+    reason = models.CharField(max_length=255, blank=True, default="")
+    provider = models.CharField(max_length=32, blank=True, default="")
+    provider_message_id = models.CharField(max_length=255, blank=True, default="")
+    attempts = models.PositiveIntegerField(default=0)
+    last_error = models.TextField(blank=True, default="")
+    # Not to be sent before this instant (send_at, quiet hours, backoff, rate limit, open breaker).
+    not_before = models.DateTimeField(null=True, blank=True)
+    published_at = models.DateTimeField(null=True, blank=True)
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    sent_at = models.DateTimeField(null=True, blank=True)
+    read_at = models.DateTimeField(null=True, blank=True)
+    template_version = models.ForeignKey(
+        "templates_app.TemplateVersion", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    # The rendered message for channels that keep it (the in-app inbox).
+    content = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            # Fan-out writes with ON CONFLICT DO NOTHING against this, so a resumed fan-out never doubles.
+            models.UniqueConstraint(
+                fields=["notification", "recipient", "channel", "address"], name="delivery_target_uniq"
+            )
+        ]
+        indexes = [
+            models.Index(fields=["published_at"], condition=Q(status="queued"), name="delivery_outbox_idx"),
+            models.Index(fields=["claimed_at"], condition=Q(status="sending"), name="delivery_inflight_idx"),
+            models.Index(
+                fields=["not_before"], condition=Q(status__in=["deferred", "scheduled"]), name="delivery_due_idx"
+            ),
+            models.Index(
+                fields=["provider", "provider_message_id"],
+                condition=~Q(provider_message_id=""),
+                name="delivery_provider_msg_idx",
+            ),
+            models.Index(fields=["recipient", "-id"], condition=Q(channel="inapp"), name="delivery_inbox_idx"),
+            models.Index(fields=["recipient", "-created_at"], name="delivery_recipient_idx"),
+            BrinIndex(fields=["created_at"], name="delivery_created_brin"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.channel} #{self.pk} {self.status}"
+
+
+class DeliveryEvent(models.Model):
+    """One status transition of a delivery; appended, never updated."""
+
+    id = models.BigAutoField(primary_key=True)
+    delivery = models.ForeignKey(Delivery, on_delete=models.CASCADE, related_name="events")
+    status = models.CharField(max_length=16)
+    detail = models.CharField(max_length=1024, blank=True, default="")
+    at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [BrinIndex(fields=["at"], name="event_at_brin")]
+
+
+class DeadLetter(models.Model):
+    """A delivery that exhausted its attempts (or whose message was poison): the operator's work item."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        REPLAYED = "replayed"
+        DISCARDED = "discarded"
+
+    delivery = models.ForeignKey(Delivery, on_delete=models.CASCADE, related_name="dead_letters")
+    channel = models.CharField(max_length=16)
+    queue = models.CharField(max_length=64)
+    reason = models.CharField(max_length=255)
+    attempts = models.PositiveIntegerField(default=0)
+    last_error = models.TextField(blank=True, default="")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    resolved_by = models.CharField(max_length=255, blank=True, default="")
+    resolved_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["status", "-created_at"], name="deadletter_status_idx")]
+
+
+class Campaign(models.Model):
+    """A marketer's send of a template to a topic, once at a time or on a schedule, at a capped rate."""
+
+    class Status(models.TextChoices):
+        DRAFT = "draft"
+        SCHEDULED = "scheduled"
+        RUNNING = "running"
+        PAUSED = "paused"
+        DONE = "done"
+        CANCELLED = "cancelled"
+
+    name = models.CharField(max_length=255)
+    client = models.ForeignKey(ApiClient, on_delete=models.PROTECT, related_name="campaigns")
+    template_key = models.CharField(max_length=128)
+    topic = models.ForeignKey("preferences.Topic", on_delete=models.PROTECT, related_name="campaigns")
+    category = models.CharField(max_length=64, default="marketing")
+    channels = ArrayField(models.CharField(max_length=16), default=list, blank=True)
+    payload = models.JSONField(default=dict, blank=True)
+    send_at = models.DateTimeField(null=True, blank=True)
+    crontab = models.CharField(max_length=128, blank=True, default="")  # "m h dom mon dow", recurring
+    rate_per_second = models.PositiveIntegerField(default=100)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.DRAFT)
+    periodic_task = models.OneToOneField(
+        "django_celery_beat.PeriodicTask", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    last_run_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return self.name

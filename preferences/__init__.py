@@ -1,0 +1,1 @@
+"""Recipients, devices, preferences, quiet hours, topics, subscriptions and the suppression list."""

@@ -1,0 +1,12 @@
+"""App configuration."""
+
+from __future__ import annotations
+
+from django.apps import AppConfig
+
+
+class PreferencesConfig(AppConfig):
+    """Configure the preferences app."""
+
+    name = "preferences"
+    default_auto_field = "django.db.models.BigAutoField"

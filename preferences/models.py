@@ -1,0 +1,96 @@
+"""Recipients, their devices and preferences, topics with subscriptions, and the suppression list."""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class Recipient(models.Model):
+    """A person notifications are addressed to, known to callers by their own `user_id`."""
+
+    user_id = models.CharField(max_length=255, unique=True)
+    email = models.CharField(max_length=320, blank=True, default="")
+    phone = models.CharField(max_length=20, blank=True, default="")
+    locale = models.CharField(max_length=35, blank=True, default="")
+    timezone = models.CharField(max_length=64, blank=True, default="")
+    webhook_url = models.URLField(max_length=2048, blank=True, default="")
+    # Preferences (see API.md): global opt-out, per-channel switches {"sms": false}, per-category settings
+    # {"marketing": {"enabled": true, "channels": ["email"], "frequency": "daily_digest"}}.
+    opted_out = models.BooleanField(default=False)
+    channel_prefs = models.JSONField(default=dict, blank=True)
+    category_prefs = models.JSONField(default=dict, blank=True)
+    quiet_start = models.TimeField(null=True, blank=True)
+    quiet_end = models.TimeField(null=True, blank=True)
+    # Erasure keeps the row (deliveries point at it) but wipes every personal field.
+    erased_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return self.user_id
+
+
+class Device(models.Model):
+    """A push token of one of a recipient's devices."""
+
+    recipient = models.ForeignKey(Recipient, on_delete=models.CASCADE, related_name="devices")
+    platform = models.CharField(max_length=16, default="fcm")
+    token = models.CharField(max_length=4096)
+    active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    deactivated_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["platform", "token"], name="device_platform_token_uniq")]
+        indexes = [models.Index(fields=["recipient", "active"], name="device_recipient_active_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.platform}:{self.token[:8]}…"
+
+
+class Topic(models.Model):
+    """A named audience that notifications and campaigns can be sent to."""
+
+    key = models.SlugField(max_length=128, unique=True)
+    name = models.CharField(max_length=255, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.key
+
+
+class Subscription(models.Model):
+    """A recipient's membership of a topic; fan-out pages these by (topic, id)."""
+
+    topic = models.ForeignKey(Topic, on_delete=models.CASCADE, related_name="subscriptions", db_index=False)
+    recipient = models.ForeignKey(Recipient, on_delete=models.CASCADE, related_name="subscriptions")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["topic", "recipient"], name="subscription_uniq")]
+        # Serves the fan-out's keyset page: WHERE topic_id = %s AND id > %s ORDER BY id LIMIT n.
+        indexes = [models.Index(fields=["topic", "id"], name="subscription_keyset_idx")]
+
+
+class Suppression(models.Model):
+    """An address that must not be sent to on a channel (bounce, complaint, STOP, unsubscribe, manual)."""
+
+    class Source(models.TextChoices):
+        BOUNCE = "bounce"
+        COMPLAINT = "complaint"
+        STOP = "stop"
+        UNSUBSCRIBE = "unsubscribe"
+        INVALID = "invalid"
+        MANUAL = "manual"
+
+    channel = models.CharField(max_length=16)
+    address = models.CharField(max_length=4096)
+    reason = models.CharField(max_length=255, blank=True, default="")
+    source = models.CharField(max_length=16, choices=Source.choices, default=Source.MANUAL)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["channel", "address"], name="suppression_uniq")]
+
+    def __str__(self) -> str:
+        return f"{self.channel}:{self.source}"

@@ -1,0 +1,1 @@
+"""Versioned, localized templates and their rendering."""

@@ -1,0 +1,211 @@
+"""Shared fixtures: real PostgreSQL, RabbitMQ and Redis, isolated per test namespace, and real workers.
+
+Each run uses its own test database (`test_notifier_<ns>`), RabbitMQ vhost (`notifier_test_<ns>`) and Redis
+key prefix, with `<ns>` from NOTIFIER_TEST_NS (default "main"), so several runs can share one machine.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.conf import settings
+
+from config.celery import app as celery_app
+
+ROOT = Path(__file__).resolve().parent.parent
+NS = settings.TEST_NAMESPACE
+VHOST = f"notifier_test_{NS}"
+BROKER_URL = f"amqp://guest:guest@127.0.0.1:5672/{VHOST}"
+REDIS_PREFIX = f"notifier-test:{NS}:"
+
+
+def _ensure_vhost() -> None:
+    """Create this namespace's RabbitMQ vhost (idempotent) with full rights for guest."""
+    subprocess.run(["rabbitmqctl", "-q", "add_vhost", VHOST], capture_output=True, check=False)
+    subprocess.run(
+        ["rabbitmqctl", "-q", "set_permissions", "-p", VHOST, "guest", ".*", ".*", ".*"],
+        capture_output=True,
+        check=True,
+    )
+
+
+_ensure_vhost()
+celery_app.conf.broker_url = BROKER_URL
+settings.CELERY_BROKER_URL = BROKER_URL
+settings.REDIS_KEY_PREFIX = REDIS_PREFIX
+# Webhook tests talk to stand-in receivers on loopback.
+settings.WEBHOOK_ALLOW_PRIVATE_TARGETS = False
+
+
+def test_database_url() -> str:
+    """Return the DATABASE_URL of the test database, for worker subprocesses."""
+    db = settings.DATABASES["default"]
+    return f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['TEST']['NAME']}"
+
+
+test_database_url.__test__ = False  # type: ignore[attr-defined]
+
+
+def purge_all_queues() -> None:
+    """Drop every message in this namespace's queues (work, dead-letter and delayed)."""
+    with celery_app.connection_for_write() as conn:
+        channel = conn.channel()
+        for queue in celery_app.amqp.queues.values():
+            try:
+                queue(channel).declare()
+                queue(channel).purge()
+            except Exception:  # noqa: BLE001 - a missing queue is already empty
+                channel = conn.channel()
+        for level in range(28):
+            try:
+                channel.queue_purge(f"celery_delayed_{level}")
+            except Exception:  # noqa: BLE001
+                channel = conn.channel()
+
+
+def queue_depth(name: str) -> int:
+    """Return the number of ready messages in a queue of this namespace."""
+    with celery_app.connection_for_write() as conn:
+        queue = celery_app.amqp.queues[name]
+        _, count, _ = queue(conn.channel()).queue_declare(passive=True)
+        return int(count)
+
+
+@pytest.fixture(autouse=True)
+def _clean_redis() -> Iterator[None]:
+    """Remove this namespace's Redis keys before each test."""
+    import redis
+
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    for key in client.scan_iter(f"{REDIS_PREFIX}*", count=1000):
+        client.delete(key)
+    yield
+
+
+class WorkerProcess:
+    """A real `celery worker` subprocess against this namespace's broker and test database."""
+
+    def __init__(self, queues: list[str], env: dict[str, str], concurrency: int, pool: str) -> None:
+        self.log_path = ROOT / "var" / f"test-worker-{NS}-{os.getpid()}-{time.monotonic_ns()}.log"
+        self.log_path.parent.mkdir(exist_ok=True)
+        full_env = {
+            **os.environ,
+            "CELERY_BROKER_URL": BROKER_URL,
+            "DATABASE_URL": test_database_url(),
+            "REDIS_KEY_PREFIX": REDIS_PREFIX,
+            "OUTBOX_RELAY_INTERVAL_SECONDS": "3600",
+            "PYTHONUNBUFFERED": "1",
+            **env,
+        }
+        self._log = self.log_path.open("w")
+        self.proc = subprocess.Popen(
+            [
+                sys.executable, "-m", "celery", "-A", "config", "worker", "-Q", ",".join(queues),
+                "--pool", pool, "--concurrency", str(concurrency), "--loglevel", "INFO",
+                "--without-gossip", "--without-mingle", "--without-heartbeat",
+                "-n", f"test-{NS}-{time.monotonic_ns()}@%h",
+            ],
+            cwd=ROOT, env=full_env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        """Block until the worker logs that it is ready to consume."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"worker exited early:\n{self.log_path.read_text()[-4000:]}")
+            if "ready." in self.log_path.read_text():
+                return
+            time.sleep(0.2)
+        raise TimeoutError(f"worker not ready:\n{self.log_path.read_text()[-4000:]}")
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Send `sig` to the worker's whole process group (the main process and its children)."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, sig)
+
+    def stop(self) -> None:
+        """Stop the worker warmly, then coldly if it does not exit."""
+        if self.proc.poll() is None:
+            self.kill(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.kill(signal.SIGKILL)
+                self.proc.wait(timeout=10)
+        self._log.close()
+
+    def log(self) -> str:
+        """Return what the worker has logged so far."""
+        return self.log_path.read_text()
+
+
+ALL_SEND_QUEUES = [f"{c}.{p}" for c in ("push", "email", "sms", "inapp", "webhook") for p in ("high", "low")]
+
+
+@pytest.fixture
+def start_worker() -> Iterator[Callable[..., WorkerProcess]]:
+    """Start real Celery workers for a test; all of them are stopped afterwards."""
+    started: list[WorkerProcess] = []
+    purge_all_queues()
+
+    def _start(
+        queues: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        concurrency: int = 2,
+        pool: str = "prefork",
+        wait: bool = True,
+    ) -> WorkerProcess:
+        worker = WorkerProcess(queues or [*ALL_SEND_QUEUES, "fanout", "maintenance"], env or {}, concurrency, pool)
+        started.append(worker)
+        if wait:
+            worker.wait_ready()
+        return worker
+
+    yield _start
+    for worker in started:
+        worker.stop()
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 30, interval: float = 0.2) -> Any:
+    """Poll `predicate` until it returns a truthy value; fail the test if it never does."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout}s")
+
+
+@pytest.fixture
+def api_client_factory(db: None) -> Callable[..., tuple[Any, Any]]:
+    """Return a factory of (ApiClient, authenticated DRF test client) pairs."""
+    from rest_framework.test import APIClient
+
+    from notifier.services import api_client_create
+
+    counter = {"n": 0}
+
+    def _make(name: str | None = None, categories: list[str] | None = None) -> tuple[Any, Any]:
+        counter["n"] += 1
+        client, raw_key = api_client_create(name=name or f"svc-{counter['n']}", allowed_categories=categories or [])
+        http = APIClient()
+        http.credentials(HTTP_AUTHORIZATION=f"Bearer {raw_key}")
+        return client, http
+
+    return _make
+
+
+@pytest.fixture
+def api(api_client_factory: Callable[..., tuple[Any, Any]]) -> Any:
+    """Return a DRF test client authenticated as a fresh API client with every category allowed."""
+    return api_client_factory()[1]
