@@ -1,0 +1,165 @@
+"""Compliance verdicts: may this message go to this recipient on this channel now, later, in a digest, or never.
+
+Called at accept (notifier.services) and again right before every send (channels_app.services), so a
+preference or suppression that changed while a delivery waited is honoured. Pure apart from the optional
+suppression-list lookup, which bulk callers answer themselves with `suppressed_addresses()`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import defaultdict
+from dataclasses import dataclass
+from functools import reduce
+from operator import or_
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from django.conf import settings
+from django.db.models import Q
+from django.utils import timezone
+
+from preferences.models import Recipient, Suppression
+
+SEND = "send"
+SUPPRESS = "suppress"
+DEFER = "defer"
+DIGEST = "digest"
+
+DIGEST_FREQUENCIES = ("hourly_digest", "daily_digest")
+FREQUENCIES = ("immediate", *DIGEST_FREQUENCIES)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What to do with one delivery: `action` is "send", "suppress", "defer" or "digest".
+
+    `reason` explains a non-send ("suppressed", "erased", "no_address", "opted_out", "channel_disabled",
+    "category_disabled", "quiet_hours", "digest:<frequency>"); `until` is the aware UTC instant a deferral
+    ends.
+    """
+
+    action: str
+    reason: str = ""
+    until: dt.datetime | None = None
+
+
+def category_config(category: str) -> dict[str, Any]:
+    """Return the configured rules of a category; an unknown category is treated as optional."""
+    config = settings.NOTIFIER_CATEGORIES.get(category)
+    if config is None:
+        return {"optional": True, "quiet_hours": True}
+    return dict(config)
+
+
+def is_optional(category: str) -> bool:
+    """Return whether a recipient may switch this category off."""
+    return bool(category_config(category).get("optional", True))
+
+
+def recipient_zone(recipient: Recipient) -> ZoneInfo:
+    """Return the recipient's IANA zone, UTC when unset or unknown."""
+    if recipient.timezone:
+        try:
+            return ZoneInfo(recipient.timezone)
+        except (ZoneInfoNotFoundError, ValueError):
+            pass
+    return ZoneInfo("UTC")
+
+
+def quiet_hours_end(
+    *, start: dt.time | None, end: dt.time | None, zone: ZoneInfo, now: dt.datetime
+) -> dt.datetime | None:
+    """Return the aware UTC end of the quiet window `now` falls in, or None when `now` is outside it.
+
+    The window is [start, end) in local wall-clock time and wraps midnight when start > end. The end is
+    built from the local calendar date, not by adding hours, so it is right on the nights clocks change.
+    """
+    if start is None or end is None or start == end:
+        return None
+    local = now.astimezone(zone)
+    t = local.time().replace(tzinfo=None)
+    if start < end:
+        if not (start <= t < end):
+            return None
+        end_date = local.date()
+    else:
+        if t >= start:
+            end_date = local.date() + dt.timedelta(days=1)
+        elif t < end:
+            end_date = local.date()
+        else:
+            return None
+    # fold=0: an end inside a spring-forward gap resolves with the pre-transition offset, i.e. at or after
+    # the moment the wall clock passes it (never early); an ambiguous autumn end resolves to its first
+    # occurrence, the first moment the wall clock shows it.
+    local_end = dt.datetime.combine(end_date, end, tzinfo=zone)
+    return local_end.astimezone(dt.UTC)
+
+
+def evaluate(
+    *,
+    recipient: Recipient,
+    category: str,
+    channel: str,
+    address: str,
+    now: dt.datetime | None = None,
+    suppressed: bool | None = None,
+    digestible: bool = True,
+) -> Verdict:
+    """Decide whether a delivery to `address` on `channel` for `category` is sent, suppressed, deferred or digested.
+
+    `suppressed` is the caller's already-known suppression-list answer (bulk callers look many up at once).
+    `digestible=False` is for a delivery that is itself a digest, so it is never folded into another one.
+    """
+    if address:
+        if suppressed is None:
+            suppressed = Suppression.objects.filter(channel=channel, address=address).exists()
+        if suppressed:
+            return Verdict(SUPPRESS, "suppressed")
+    if recipient.erased_at is not None:
+        return Verdict(SUPPRESS, "erased")
+    if not address:
+        return Verdict(SUPPRESS, "no_address")
+
+    config = category_config(category)
+    # Security and transactional messages go through whatever the recipient prefers, at any hour.
+    if not config.get("optional", True):
+        return Verdict(SEND)
+
+    if recipient.opted_out:
+        return Verdict(SUPPRESS, "opted_out")
+    if (recipient.channel_prefs or {}).get(channel) is False:
+        return Verdict(SUPPRESS, "channel_disabled")
+    prefs = (recipient.category_prefs or {}).get(category) or {}
+    if prefs.get("enabled") is False:
+        return Verdict(SUPPRESS, "category_disabled")
+    channels = prefs.get("channels")
+    if channels is not None and channel not in channels:
+        return Verdict(SUPPRESS, "category_disabled")
+    frequency = prefs.get("frequency") or "immediate"
+    if digestible and frequency in DIGEST_FREQUENCIES:
+        return Verdict(DIGEST, f"digest:{frequency}")
+
+    if config.get("quiet_hours", True):
+        until = quiet_hours_end(
+            start=recipient.quiet_start,
+            end=recipient.quiet_end,
+            zone=recipient_zone(recipient),
+            now=now or timezone.now(),
+        )
+        if until is not None:
+            return Verdict(DEFER, "quiet_hours", until)
+    return Verdict(SEND)
+
+
+def suppressed_addresses(pairs: list[tuple[str, str]]) -> set[tuple[str, str]]:
+    """Return which of the (channel, address) pairs are on the suppression list, in one query."""
+    by_channel: dict[str, set[str]] = defaultdict(set)
+    for channel, address in pairs:
+        if address:
+            by_channel[channel].add(address)
+    if not by_channel:
+        return set()
+    condition = reduce(or_, (Q(channel=c, address__in=sorted(a)) for c, a in by_channel.items()))
+    return set(Suppression.objects.filter(condition).values_list("channel", "address"))
