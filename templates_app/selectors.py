@@ -1,0 +1,78 @@
+"""Read templates and their versions."""
+
+from __future__ import annotations
+
+from django.db.models import QuerySet
+
+from templates_app.models import Template, TemplateVersion
+
+
+class TemplateNotFound(Exception):
+    """No template, version or published version matches a spec."""
+
+
+def parse_spec(spec: str) -> tuple[str, int | None]:
+    """Split "key" or "key@3" into the key and the pinned version number (None when not pinned)."""
+    key, sep, number = (spec or "").strip().partition("@")
+    if not key:
+        raise TemplateNotFound("template key is empty")
+    if not sep:
+        return key, None
+    if not number.isdigit() or int(number) < 1:
+        raise TemplateNotFound(f"template '{spec}': the version after '@' must be a positive integer")
+    return key, int(number)
+
+
+def template_version_resolve(spec: str) -> TemplateVersion:
+    """Return the version a send uses: "key" → the published version, "key@3" → version 3 if published.
+
+    Raises TemplateNotFound for an unknown key or version, or when nothing (or not that version) was ever
+    published. The returned version has its template loaded.
+    """
+    key, number = parse_spec(spec)
+    if number is None:
+        template = Template.objects.select_related("published_version").filter(key=key).first()
+        if template is None:
+            raise TemplateNotFound(f"unknown template '{key}'")
+        version = template.published_version
+        if version is None:
+            raise TemplateNotFound(f"template '{key}' has no published version")
+        version.template = template
+        return version
+    version = TemplateVersion.objects.select_related("template").filter(template__key=key, version=number).first()
+    if version is None:
+        if not Template.objects.filter(key=key).exists():
+            raise TemplateNotFound(f"unknown template '{key}'")
+        raise TemplateNotFound(f"template '{key}' has no version {number}")
+    if version.published_at is None:
+        raise TemplateNotFound(f"template '{key}' version {number} is a draft that was never published")
+    return version
+
+
+def template_get(*, key: str) -> Template:
+    """Return the template with `key` and its published version, or raise TemplateNotFound."""
+    template = Template.objects.select_related("published_version").filter(key=key).first()
+    if template is None:
+        raise TemplateNotFound(f"unknown template '{key}'")
+    return template
+
+
+def template_version_get(*, key: str, version: int | None = None) -> TemplateVersion:
+    """Return a version of a template, drafts included; without `version`, the published one or else the latest."""
+    if version is not None:
+        found = TemplateVersion.objects.select_related("template").filter(template__key=key, version=version).first()
+        if found is None:
+            template_get(key=key)
+            raise TemplateNotFound(f"template '{key}' has no version {version}")
+        return found
+    template = template_get(key=key)
+    found = template.published_version or template.versions.order_by("-version").first()
+    if found is None:
+        raise TemplateNotFound(f"template '{key}' has no versions")
+    found.template = template
+    return found
+
+
+def template_version_list(*, template: Template) -> QuerySet[TemplateVersion]:
+    """Return the versions of a template, newest first."""
+    return TemplateVersion.objects.filter(template=template).order_by("-version")

@@ -1,0 +1,224 @@
+"""Write templates: create versions, publish them."""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Max
+from django.utils import timezone
+from rest_framework.exceptions import ValidationError
+
+from templates_app.models import Template, TemplateVersion
+from templates_app.rendering import CHANNEL_PARTS, STRUCTURED_PARTS, RenderError, compile_part, normalize_locale
+
+logger = logging.getLogger(__name__)
+
+KEY_PATTERN = re.compile(r"^[-a-zA-Z0-9_]{1,128}$")
+# BCP 47-like: a 2-3 letter language, then subtags (script, region, variant) joined by "-" or "_".
+LOCALE_PATTERN = re.compile(r"^[A-Za-z]{2,3}([-_][A-Za-z0-9]{2,8})*$")
+MAX_LOCALE_LENGTH = 35
+# A template string longer than this is a mistake (or an attack), not a message.
+MAX_STRING_LENGTH = 100_000
+# A channel needs at least one of these parts to produce a message.
+REQUIRED_PARTS: dict[str, tuple[str, ...]] = {
+    "email": ("subject",),
+    "sms": ("text",),
+    "inapp": ("body",),
+    "webhook": ("body",),
+}
+ONE_OF_PARTS: dict[str, tuple[str, ...]] = {"email": ("text", "html"), "push": ("title", "body")}
+
+
+def canonical_locale(locale: str) -> str:
+    """Return a locale in its canonical form: "pt_br" → "pt-BR", "zh_hant_tw" → "zh-Hant-TW"."""
+    subtags = normalize_locale(locale).split("-")
+    out = [subtags[0]]
+    for subtag in subtags[1:]:
+        if len(subtag) == 2 and subtag.isalpha():
+            out.append(subtag.upper())
+        elif len(subtag) == 4 and subtag.isalpha():
+            out.append(subtag.title())
+        else:
+            out.append(subtag)
+    return "-".join(out)
+
+
+def _validate_structure(value: Any, path: str, errors: dict[str, list[str]], *, flat_strings: bool) -> None:
+    """Check that a structured part is JSON whose strings compile (push data: a flat dict of strings)."""
+    if flat_strings:
+        if not isinstance(value, dict):
+            errors[path] = ["must be an object of string values"]
+            return
+        for key, item in value.items():
+            if not isinstance(item, str):
+                errors[f"{path}.{key}"] = ["must be a string (push data values are strings)"]
+        return
+    if isinstance(value, str) and len(value) > MAX_STRING_LENGTH:
+        errors[path] = [f"is longer than {MAX_STRING_LENGTH} characters"]
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _validate_structure(item, f"{path}.{key}", errors, flat_strings=False)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _validate_structure(item, f"{path}[{i}]", errors, flat_strings=False)
+
+
+def validate_content(content: Any, *, default_locale: str) -> dict[str, Any]:
+    """Return the content with canonical locale keys, or raise ValidationError naming each bad field.
+
+    The shape is {locale: {channel: {part: template}}}: known channels and parts only, the default locale
+    present, every template string compiling in the sandbox.
+    """
+    errors: dict[str, list[str]] = {}
+    if not isinstance(content, dict) or not content:
+        raise ValidationError({"content": ["must be a non-empty object of locales"]})
+    canonical: dict[str, Any] = {}
+    for locale, channels in content.items():
+        path = f"content.{locale}"
+        if not isinstance(locale, str) or len(locale) > MAX_LOCALE_LENGTH or not LOCALE_PATTERN.match(locale):
+            errors[path] = ["is not a locale (such as 'en', 'pt-BR')"]
+            continue
+        key = canonical_locale(locale)
+        if key in canonical:
+            errors[path] = [f"duplicates locale '{key}'"]
+            continue
+        if not isinstance(channels, dict) or not channels:
+            errors[path] = ["must be a non-empty object of channels"]
+            continue
+        for channel, parts in channels.items():
+            channel_path = f"{path}.{channel}"
+            if channel not in settings.CHANNELS or channel not in CHANNEL_PARTS:
+                errors[channel_path] = [f"unknown channel; known: {', '.join(settings.CHANNELS)}"]
+                continue
+            if not isinstance(parts, dict) or not parts:
+                errors[channel_path] = ["must be a non-empty object of parts"]
+                continue
+            for part, value in parts.items():
+                part_path = f"{channel_path}.{part}"
+                if part not in CHANNEL_PARTS[channel]:
+                    errors[part_path] = [f"unknown part; '{channel}' has: {', '.join(CHANNEL_PARTS[channel])}"]
+                    continue
+                if (channel, part) in STRUCTURED_PARTS:
+                    before = len(errors)
+                    _validate_structure(value, part_path, errors, flat_strings=channel == "push")
+                    if len(errors) != before:
+                        continue
+                elif not isinstance(value, str):
+                    errors[part_path] = ["must be a string"]
+                    continue
+                elif len(value) > MAX_STRING_LENGTH:
+                    errors[part_path] = [f"is longer than {MAX_STRING_LENGTH} characters"]
+                    continue
+                try:
+                    compile_part(channel, part, value, path=part_path)
+                except RenderError as exc:
+                    errors[exc.path or part_path] = [exc.message.removeprefix(f"{exc.path}: ")]
+            for part in REQUIRED_PARTS.get(channel, ()):
+                if part not in parts:
+                    errors.setdefault(f"{channel_path}.{part}", ["is required"])
+            one_of = ONE_OF_PARTS.get(channel)
+            if one_of and not any(part in parts for part in one_of):
+                errors.setdefault(channel_path, [f"needs at least one of: {', '.join(one_of)}"])
+        canonical[key] = channels
+    if not errors and canonical_locale(default_locale) not in canonical:
+        errors["content"] = [f"must contain the default locale '{default_locale}'"]
+    if errors:
+        raise ValidationError(errors)
+    return canonical
+
+
+def _validate_header(*, key: str, category: str, default_locale: str) -> None:
+    """Check the key, category and default locale of a template."""
+    errors: dict[str, list[str]] = {}
+    if not isinstance(key, str) or not KEY_PATTERN.match(key):
+        errors["key"] = ["must be 1-128 letters, digits, '-' or '_'"]
+    if category not in settings.NOTIFIER_CATEGORIES:
+        errors["category"] = [f"unknown category; known: {', '.join(settings.NOTIFIER_CATEGORIES)}"]
+    if (
+        not isinstance(default_locale, str)
+        or len(default_locale) > MAX_LOCALE_LENGTH
+        or not LOCALE_PATTERN.match(default_locale)
+    ):
+        errors["default_locale"] = ["is not a locale (such as 'en', 'pt-BR')"]
+    if errors:
+        raise ValidationError(errors)
+
+
+def template_put(
+    *,
+    key: str,
+    category: str,
+    default_locale: str,
+    content: dict,
+    publish: bool = True,
+    actor: str = "",
+) -> TemplateVersion:
+    """Create a new version of a template (creating the template if new), published unless `publish` is false.
+
+    Every call makes the next version number; concurrent calls are serialized on the template row. The
+    template's category and default locale apply to its published version, so they change only when a
+    version is published: a draft may not change them on a template that already has a published version.
+    """
+    _validate_header(key=key, category=category, default_locale=default_locale)
+    default_locale = canonical_locale(default_locale)
+    canonical = validate_content(content, default_locale=default_locale)
+    with transaction.atomic():
+        template, _ = Template.objects.get_or_create(
+            key=key, defaults={"category": category, "default_locale": default_locale}
+        )
+        template = Template.objects.select_for_update().get(pk=template.pk)
+        if not publish and template.published_version_id is not None:
+            changed = {
+                field: [f"can change only with publish=true (the published version uses '{current}')"]
+                for field, current, new in (
+                    ("category", template.category, category),
+                    ("default_locale", template.default_locale, default_locale),
+                )
+                if current != new
+            }
+            if changed:
+                raise ValidationError(changed)
+        last = template.versions.aggregate(last=Max("version"))["last"] or 0
+        version = TemplateVersion.objects.create(
+            template=template, version=last + 1, content=canonical, created_by=actor[:255]
+        )
+        if publish:
+            _publish(template=template, version=version, category=category, default_locale=default_locale)
+        else:
+            template.save(update_fields=["updated_at"])
+    logger.info("template %s version %s created by %s (published=%s)", key, version.version, actor or "-", publish)
+    version.template = template
+    return version
+
+
+def _publish(*, template: Template, version: TemplateVersion, category: str, default_locale: str) -> None:
+    """Make `version` the published one of its (locked) template."""
+    if version.published_at is None:
+        version.published_at = timezone.now()
+        version.save(update_fields=["published_at"])
+    template.published_version = version
+    template.category = category
+    template.default_locale = default_locale
+    template.save(update_fields=["published_version", "category", "default_locale", "updated_at"])
+
+
+def template_version_publish(*, version: TemplateVersion, actor: str = "") -> TemplateVersion:
+    """Publish an existing version (a draft, or an older one to roll back to).
+
+    Its content must contain the template's default locale, which the published version always serves.
+    """
+    with transaction.atomic():
+        template = Template.objects.select_for_update().get(pk=version.template_id)
+        version = TemplateVersion.objects.get(pk=version.pk)
+        if canonical_locale(template.default_locale) not in {canonical_locale(k) for k in version.content}:
+            raise ValidationError(
+                {"version": [f"has no content for the template's default locale '{template.default_locale}'"]}
+            )
+        _publish(template=template, version=version, category=template.category, default_locale=template.default_locale)
+    logger.info("template %s version %s published by %s", template.key, version.version, actor or "-")
+    version.template = template
+    return version
