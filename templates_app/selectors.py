@@ -76,3 +76,8 @@ def template_version_get(*, key: str, version: int | None = None) -> TemplateVer
 def template_version_list(*, template: Template) -> QuerySet[TemplateVersion]:
     """Return the versions of a template, newest first."""
     return TemplateVersion.objects.filter(template=template).order_by("-version")
+
+
+def template_default_locale(*, key: str, fallback: str = "en") -> str:
+    """Return the default locale of the template with `key`, or `fallback` for a new template."""
+    return Template.objects.filter(key=key).values_list("default_locale", flat=True).first() or fallback

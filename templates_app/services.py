@@ -12,6 +12,7 @@ from django.db.models import Max
 from django.utils import timezone
 from rest_framework.exceptions import ValidationError
 
+from notifier.errors import ApiError
 from templates_app.models import Template, TemplateVersion
 from templates_app.rendering import CHANNEL_PARTS, STRUCTURED_PARTS, RenderError, compile_part, normalize_locale
 
@@ -156,14 +157,18 @@ def template_put(
     content: dict,
     publish: bool = True,
     actor: str = "",
+    allowed_categories: list[str] | None = None,
 ) -> TemplateVersion:
     """Create a new version of a template (creating the template if new), published unless `publish` is false.
 
     Every call makes the next version number; concurrent calls are serialized on the template row. The
     template's category and default locale apply to its published version, so they change only when a
     version is published: a draft may not change them on a template that already has a published version.
+    A non-empty `allowed_categories` (an API client's) restricts both the new and the existing category.
     """
     _validate_header(key=key, category=category, default_locale=default_locale)
+    if allowed_categories and category not in allowed_categories:
+        raise ApiError(403, "category_forbidden", f"This API client may not use category '{category}'.")
     default_locale = canonical_locale(default_locale)
     canonical = validate_content(content, default_locale=default_locale)
     with transaction.atomic():
@@ -171,6 +176,8 @@ def template_put(
             key=key, defaults={"category": category, "default_locale": default_locale}
         )
         template = Template.objects.select_for_update().get(pk=template.pk)
+        if allowed_categories and template.category not in allowed_categories:
+            raise ApiError(403, "category_forbidden", f"This API client may not use category '{template.category}'.")
         if not publish and template.published_version_id is not None:
             changed = {
                 field: [f"can change only with publish=true (the published version uses '{current}')"]

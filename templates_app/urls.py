@@ -1,0 +1,13 @@
+"""Template routes, included by the project under /api/v1/."""
+
+from __future__ import annotations
+
+from django.urls import path
+
+from templates_app.apis import TemplatePreviewApi, TemplatePutApi, TemplateVersionApi
+
+urlpatterns = [
+    path("templates/<str:key>", TemplatePutApi.as_view(), name="template-detail"),
+    path("templates/<str:key>/versions/<int:version>", TemplateVersionApi.as_view(), name="template-version"),
+    path("templates/<str:key>/preview", TemplatePreviewApi.as_view(), name="template-preview"),
+]
