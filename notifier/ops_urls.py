@@ -1,2 +1,13 @@
+"""Operations routes, mounted at the site root: /healthz, /readyz and /metrics (no API key)."""
+
 from __future__ import annotations
-urlpatterns = []
+
+from django.urls import path
+
+from notifier import ops
+
+urlpatterns = [
+    path("healthz", ops.healthz, name="healthz"),
+    path("readyz", ops.readyz, name="readyz"),
+    path("metrics", ops.metrics_view, name="metrics"),
+]

@@ -1,0 +1,235 @@
+"""Structured JSON logs: structlog configuration, personal-data masking and per-delivery log context.
+
+Every log line, whether written through structlog or through the standard library (Django, Celery, kombu),
+goes through the same formatter: context variables bound for the current request or task are merged in
+(notification_id, delivery_id, trace_id, ...), personal data is masked in every field and in the message,
+and the result is one JSON object per line. Logging is wired by `config.ops_settings.LOGGING`, which names
+`json_formatter` / `console_formatter` below; Django applies it at setup in every process (gunicorn,
+Celery workers and beat, manage.py), which is also where structlog itself is configured.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import structlog
+from structlog.typing import EventDict, Processor, WrappedLogger
+
+# Keys that carry identifiers we generate ourselves: never personal data, always kept verbatim (a
+# 32-hex trace id or a UUID would otherwise look like a secret to the token pattern).
+SAFE_KEYS = frozenset(
+    {
+        "notification_id",
+        "delivery_id",
+        "delivery_ids",
+        "trace_id",
+        "span_id",
+        "parent_span_id",
+        "traceparent",
+        "task_id",
+        "request_id",
+        "campaign_id",
+        "dead_letter_id",
+        "timestamp",
+        "level",
+        "logger",
+    }
+)
+# Keys whose value is personal data or a credential as a whole, whatever it looks like.
+SENSITIVE_KEY = re.compile(
+    r"(pass(word)?|secret|token|api[_-]?key|authorization|cookie|credential|signature|email|phone|address|"
+    r"webhook_url|to_address|recipient_address)",
+    re.IGNORECASE,
+)
+REDACTED = "[redacted]"
+
+_UUID = re.compile(r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b")
+_EMAIL = re.compile(r"[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]+@[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9-]+)+")
+# International numbers (E.164 with optional separators) and 10-digit national numbers (NANP style); plain
+# dates such as 2026-01-31 do not match either form.
+_PHONE = re.compile(
+    r"(?<![\w+])\+\d(?:[\s().-]?\d){6,16}(?!\w)"
+    r"|(?<![\w.:/-])\(?\d{3}\)?[\s.-]?\d{3}[\s.-]?\d{4}(?![\w.:/-])"
+)
+# Push tokens, API keys, signing secrets: long runs of token characters that mix letters and digits.
+# Dots and slashes end a run, so module paths and URL paths survive.
+_TOKEN = re.compile(r"(?<![A-Za-z0-9_:+=-])(?=[A-Za-z0-9_:+=-]*\d)(?=[A-Za-z0-9_:+=-]*[A-Za-z])[A-Za-z0-9_:+=-]{24,}")
+_MAX_DEPTH = 8
+
+
+def mask_text(text: str) -> str:
+    """Return `text` with email addresses, phone numbers and long tokens replaced by placeholders."""
+    if not text:
+        return text
+    uuids: list[str] = []
+
+    def _hold_uuid(match: re.Match[str]) -> str:
+        uuids.append(match.group(0))
+        return f"\x00{len(uuids) - 1}\x00"
+
+    # UUIDs are our own ids (notifications): set them aside so the token pattern leaves them alone.
+    held = _UUID.sub(_hold_uuid, text)
+    held = _EMAIL.sub("[email]", held)
+    held = _TOKEN.sub("[token]", held)
+    held = _PHONE.sub("[phone]", held)
+    if uuids:
+        held = re.sub(r"\x00(\d+)\x00", lambda m: uuids[int(m.group(1))], held)
+    return held
+
+
+def mask_value(value: Any, key: str | None = None, _depth: int = 0) -> Any:
+    """Return `value` with personal data masked, descending into mappings and sequences."""
+    if key is not None and key in SAFE_KEYS:
+        return value
+    if key is not None and SENSITIVE_KEY.search(key) and value not in (None, "", [], {}):
+        if not isinstance(value, (Mapping, list, tuple)):
+            return REDACTED
+    if _depth > _MAX_DEPTH:
+        return REDACTED
+    if isinstance(value, str):
+        return mask_text(value)
+    if isinstance(value, Mapping):
+        return {k: mask_value(v, str(k), _depth + 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [mask_value(v, key, _depth + 1) for v in value]
+    if isinstance(value, (bool, int, float)) or value is None:
+        return value
+    # Anything else (exceptions, model instances, dates) is logged by its text, masked like any text.
+    return mask_text(str(value))
+
+
+def mask_personal_data(_logger: WrappedLogger, _method: str, event_dict: EventDict) -> EventDict:
+    """Mask emails, phone numbers and tokens in every field and in the message (a structlog processor)."""
+    return {key: mask_value(value, key) for key, value in event_dict.items()}
+
+
+def _drop_color_message(_logger: WrappedLogger, _method: str, event_dict: EventDict) -> EventDict:
+    # Uvicorn-style duplicates of the message with ANSI colours would defeat masking and JSON readers.
+    event_dict.pop("color_message", None)
+    return event_dict
+
+
+def _shared_processors() -> list[Processor]:
+    return [
+        structlog.contextvars.merge_contextvars,
+        structlog.stdlib.add_log_level,
+        structlog.stdlib.add_logger_name,
+        structlog.stdlib.ExtraAdder(),
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        _drop_color_message,
+    ]
+
+
+_configured = False
+
+
+def configure_structlog() -> None:
+    """Configure structlog to hand its events to the standard library's handlers (idempotent)."""
+    global _configured
+    if _configured:
+        return
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.stdlib.filter_by_level,
+            structlog.stdlib.add_log_level,
+            structlog.stdlib.add_logger_name,
+            structlog.stdlib.PositionalArgumentsFormatter(),
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.StackInfoRenderer(),
+            structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
+        ],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.stdlib.BoundLogger,
+        cache_logger_on_first_use=True,
+    )
+    _configured = True
+
+
+def json_formatter() -> structlog.stdlib.ProcessorFormatter:
+    """Return the formatter that renders every record as one masked JSON object (named in LOGGING)."""
+    # Django applies LOGGING in every process before any of our code logs: the right moment to configure
+    # structlog too, without asking each entry point to remember it.
+    configure_structlog()
+    return structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=_shared_processors(),
+        processors=[
+            structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+            # Tracebacks become text before masking, so a personal value inside an exception is masked too.
+            structlog.processors.format_exc_info,
+            mask_personal_data,
+            structlog.processors.JSONRenderer(default=str),
+        ],
+    )
+
+
+def console_formatter() -> structlog.stdlib.ProcessorFormatter:
+    """Return a human-readable (still masked) formatter for local development (LOG_FORMAT=console)."""
+    configure_structlog()
+    return structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=_shared_processors(),
+        processors=[
+            structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+            structlog.processors.format_exc_info,
+            mask_personal_data,
+            structlog.dev.ConsoleRenderer(colors=False),
+        ],
+    )
+
+
+def get_logger(name: str | None = None) -> structlog.stdlib.BoundLogger:
+    """Return a structlog logger; its lines carry the bound context and are masked like all others."""
+    configure_structlog()
+    return structlog.stdlib.get_logger(name)
+
+
+class BoundContext:
+    """Ids bound into the log context; leaving the `with` block (or calling `reset`) unbinds them."""
+
+    def __init__(self, tokens: Mapping[str, Any]) -> None:
+        self._tokens = dict(tokens)
+
+    def reset(self) -> None:
+        """Restore the context as it was before the ids were bound."""
+        if self._tokens:
+            structlog.contextvars.reset_contextvars(**self._tokens)
+            self._tokens = {}
+
+    def __enter__(self) -> BoundContext:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.reset()
+
+
+def bind_delivery_context(**ids: Any) -> BoundContext:
+    """Bind ids (notification_id, delivery_id, trace_id, ...) to every log line of this request or task.
+
+    Works as a plain call (bound until the task's context is cleared) or as a context manager::
+
+        with bind_delivery_context(notification_id=n.id, delivery_id=d.id):
+            ...
+    """
+    clean = {key: (str(value) if not isinstance(value, (int, list)) else value) for key, value in ids.items()}
+    clean = {key: value for key, value in clean.items() if value not in (None, "", "None")}
+    return BoundContext(structlog.contextvars.bind_contextvars(**clean))
+
+
+def clear_log_context() -> None:
+    """Forget everything bound for the previous request or task (threads and prefork children are reused)."""
+    structlog.contextvars.clear_contextvars()
+
+
+def bound_log_context() -> dict[str, Any]:
+    """Return what is bound for the current request or task."""
+    return structlog.contextvars.get_contextvars()
+
+
+@contextmanager
+def log_context(**ids: Any) -> Iterator[None]:
+    """Bind ids for the duration of a block."""
+    with bind_delivery_context(**ids):
+        yield
