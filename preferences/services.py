@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
-from django.db import transaction
+from django.conf import settings
+from django.core import signing
+from django.db import connection, transaction
 from django.utils import timezone
 
-from preferences.models import Device, Recipient, Suppression
+from preferences.compliance import is_optional
+from preferences.models import Device, Recipient, Subscription, Suppression, Topic
 
 # What a caller may set on a recipient through recipient_upsert(); user_id and erased_at are managed here.
 RECIPIENT_FIELDS = frozenset(
@@ -56,3 +60,165 @@ def recipient_upsert(*, user_id: str, **fields: Any) -> tuple[Recipient, bool]:
             if changed:
                 recipient.save(update_fields=[*changed, "updated_at"])
     return recipient, created
+
+
+def recipient_erase(*, recipient: Recipient) -> Recipient:
+    """Erase a recipient's personal data, keeping the rows that other records point at.
+
+    Wipes contact fields, devices and preferences, marks the recipient erased, and anonymises what was sent
+    to them: delivery addresses and stored content, and the sandbox's record of those deliveries.
+    """
+    from channels_app.models import SandboxMessage
+    from notifier.models import Delivery
+
+    now = timezone.now()
+    with transaction.atomic():
+        recipient = Recipient.objects.select_for_update().get(pk=recipient.pk)
+        recipient.email = ""
+        recipient.phone = ""
+        recipient.webhook_url = ""
+        recipient.locale = ""
+        recipient.timezone = ""
+        recipient.opted_out = False
+        recipient.channel_prefs = {}
+        recipient.category_prefs = {}
+        recipient.quiet_start = None
+        recipient.quiet_end = None
+        recipient.erased_at = now
+        recipient.save()
+        recipient.devices.all().delete()
+        deliveries = Delivery.objects.filter(recipient=recipient)
+        SandboxMessage.objects.filter(delivery_id__in=deliveries.values("pk")).update(address="", content={})
+        deliveries.update(address="", content=None, updated_at=now)
+    return recipient
+
+
+def device_add(*, recipient: Recipient, platform: str, token: str) -> tuple[Device, bool]:
+    """Register a push token for a recipient (idempotent); a token seen before moves to this recipient.
+
+    Returns the device and whether it was created. Re-registering reactivates a token only if it is not on
+    the suppression list (a token the provider called invalid stays dead).
+    """
+    with transaction.atomic():
+        device, created = Device.objects.select_for_update().get_or_create(
+            platform=platform, token=token, defaults={"recipient": recipient}
+        )
+        if not created:
+            suppressed = Suppression.objects.filter(channel="push", address=token).exists()
+            device.recipient = recipient
+            device.active = not suppressed
+            device.deactivated_at = device.deactivated_at if suppressed else None
+            device.save(update_fields=["recipient", "active", "deactivated_at"])
+    return device, created
+
+
+def device_remove(*, recipient: Recipient, token: str) -> int:
+    """Delete a recipient's device by token; return how many were deleted."""
+    deleted, _ = Device.objects.filter(recipient=recipient, token=token).delete()
+    return deleted
+
+
+def preferences_set(
+    *,
+    recipient: Recipient,
+    opted_out: bool,
+    channels: dict[str, bool],
+    categories: dict[str, dict[str, Any]],
+    quiet_start: dt.time | None,
+    quiet_end: dt.time | None,
+) -> Recipient:
+    """Replace a recipient's preferences with the given, already validated, ones."""
+    recipient.opted_out = opted_out
+    recipient.channel_prefs = channels
+    recipient.category_prefs = categories
+    recipient.quiet_start = quiet_start
+    recipient.quiet_end = quiet_end
+    recipient.save(
+        update_fields=["opted_out", "channel_prefs", "category_prefs", "quiet_start", "quiet_end", "updated_at"]
+    )
+    return recipient
+
+
+def category_disable(*, recipient: Recipient, category: str) -> Recipient:
+    """Switch one optional category off for a recipient (the one-click unsubscribe), keeping its other settings."""
+    if not is_optional(category):
+        raise ValueError(f"category {category!r} cannot be switched off")
+    with transaction.atomic():
+        recipient = Recipient.objects.select_for_update().get(pk=recipient.pk)
+        prefs = dict(recipient.category_prefs or {})
+        prefs[category] = {**(prefs.get(category) or {}), "enabled": False}
+        recipient.category_prefs = prefs
+        recipient.save(update_fields=["category_prefs", "updated_at"])
+    return recipient
+
+
+def suppression_remove(*, suppression: Suppression) -> None:
+    """Take an address off the suppression list (an operator's decision; devices stay as they are)."""
+    suppression.delete()
+
+
+def topic_upsert(*, key: str, name: str) -> tuple[Topic, bool]:
+    """Create or rename a topic; return it and whether it was created."""
+    topic, created = Topic.objects.get_or_create(key=key, defaults={"name": name})
+    if not created and topic.name != name:
+        topic.name = name
+        topic.save(update_fields=["name"])
+    return topic, created
+
+
+def topic_subscribe(*, topic: Topic, user_ids: list[str]) -> int:
+    """Subscribe recipients to a topic in bulk, creating unknown recipients; return how many were added.
+
+    Two set-based inserts with ON CONFLICT DO NOTHING (recipients, then subscriptions selected by user_id), so
+    10,000 user ids cost a handful of round trips, concurrent calls never collide, and the count is exact.
+    """
+    unique_ids = list(dict.fromkeys(user_ids))
+    if not unique_ids:
+        return 0
+    subscriptions = Subscription._meta.db_table
+    recipients = Recipient._meta.db_table
+    with transaction.atomic():
+        Recipient.objects.bulk_create(
+            [Recipient(user_id=uid) for uid in unique_ids], ignore_conflicts=True, batch_size=2000
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"INSERT INTO {subscriptions} (topic_id, recipient_id, created_at) "  # noqa: S608 - table names only
+                f"SELECT %s, r.id, now() FROM {recipients} r WHERE r.user_id = ANY(%s) "
+                "ON CONFLICT (topic_id, recipient_id) DO NOTHING",
+                [topic.pk, unique_ids],
+            )
+            return cursor.rowcount
+
+
+def topic_unsubscribe(*, topic: Topic, user_id: str) -> int:
+    """Remove a recipient from a topic; return how many subscriptions were removed."""
+    deleted, _ = Subscription.objects.filter(topic=topic, recipient__user_id=user_id).delete()
+    return deleted
+
+
+UNSUBSCRIBE_SALT = "preferences.unsubscribe"
+
+
+def unsubscribe_token(*, recipient: Recipient, category: str) -> str:
+    """Return a signed, URL-safe token naming a recipient and a category."""
+    return signing.dumps({"r": recipient.user_id, "c": category}, salt=UNSUBSCRIBE_SALT, compress=True)
+
+
+def unsubscribe_url(*, recipient: Recipient, category: str) -> str:
+    """Return the one-click unsubscribe URL (RFC 8058) for a recipient and an optional category.
+
+    Raises ValueError for a category recipients cannot switch off: such messages carry no unsubscribe link.
+    """
+    if not is_optional(category):
+        raise ValueError(f"category {category!r} cannot be unsubscribed from")
+    base = settings.PUBLIC_BASE_URL.rstrip("/")
+    return f"{base}/unsubscribe/{unsubscribe_token(recipient=recipient, category=category)}"
+
+
+def unsubscribe_token_read(token: str) -> tuple[str, str]:
+    """Return the (user_id, category) a token names; raise signing.BadSignature when it is not ours."""
+    data = signing.loads(token, salt=UNSUBSCRIBE_SALT)
+    if not isinstance(data, dict) or not isinstance(data.get("r"), str) or not isinstance(data.get("c"), str):
+        raise signing.BadSignature("malformed unsubscribe token")
+    return data["r"], data["c"]

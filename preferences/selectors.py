@@ -1,0 +1,67 @@
+"""Reads for recipients, preferences, topics and the suppression list."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import QuerySet
+
+from preferences.models import Recipient, Subscription, Suppression, Topic
+
+
+def recipient_get(*, user_id: str, include_erased: bool = False) -> Recipient | None:
+    """Return the recipient `user_id`, or None if unknown (or erased, unless `include_erased`)."""
+    qs = Recipient.objects.filter(user_id=user_id)
+    if not include_erased:
+        qs = qs.filter(erased_at__isnull=True)
+    return qs.first()
+
+
+def recipient_preferences(*, recipient: Recipient) -> dict[str, Any]:
+    """Return a recipient's preferences in the API's shape."""
+    quiet: dict[str, str] | None = None
+    if recipient.quiet_start is not None and recipient.quiet_end is not None:
+        quiet = {"start": recipient.quiet_start.strftime("%H:%M"), "end": recipient.quiet_end.strftime("%H:%M")}
+    return {
+        "opted_out": recipient.opted_out,
+        "channels": dict(recipient.channel_prefs or {}),
+        "categories": dict(recipient.category_prefs or {}),
+        "quiet_hours": quiet,
+    }
+
+
+def recipient_device_tokens(*, recipient: Recipient) -> list[dict[str, Any]]:
+    """Return a recipient's active devices (platform and token)."""
+    return list(recipient.devices.filter(active=True).order_by("id").values("platform", "token"))
+
+
+def topic_get(*, key: str) -> Topic | None:
+    """Return the topic `key`, or None."""
+    return Topic.objects.filter(key=key).first()
+
+
+def topic_subscriber_count(*, topic: Topic) -> int:
+    """Return how many recipients subscribe to a topic."""
+    return Subscription.objects.filter(topic=topic).count()
+
+
+def suppression_list(
+    *, channel: str | None = None, address: str | None = None, after_id: int = 0, limit: int = 100
+) -> list[Suppression]:
+    """Return up to `limit` suppressions with id > `after_id` in id order, optionally filtered (keyset page)."""
+    qs: QuerySet[Suppression] = Suppression.objects.filter(pk__gt=after_id)
+    if channel:
+        qs = qs.filter(channel=channel)
+    if address:
+        qs = qs.filter(address=address)
+    return list(qs.order_by("pk")[:limit])
+
+
+def suppression_get(*, suppression_id: int) -> Suppression | None:
+    """Return one suppression-list entry, or None."""
+    return Suppression.objects.filter(pk=suppression_id).first()
+
+
+def suppression_exists(*, channel: str, address: str) -> bool:
+    """Return whether (channel, address) is on the suppression list."""
+    return Suppression.objects.filter(channel=channel, address=address).exists()

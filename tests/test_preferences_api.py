@@ -1,0 +1,243 @@
+"""Recipients, devices, preferences and suppressions over the REST API, and erasure of personal data."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.urls import include, path
+from rest_framework.test import APIClient
+
+from channels_app.models import SandboxMessage
+from notifier.auth import generate_key, hash_key
+from notifier.models import ApiClient, Delivery, DeliveryEvent, Notification
+from preferences.models import Device, Recipient, Suppression
+
+# Until the lead mounts preferences.urls under /api/v1/, these tests route through this module.
+urlpatterns = [
+    path("api/v1/", include("preferences.urls")),
+    path("", include("preferences.unsubscribe_urls")),
+]
+
+pytestmark = [pytest.mark.django_db, pytest.mark.urls(__name__)]
+
+
+@pytest.fixture
+def client_row() -> ApiClient:
+    raw, prefix = generate_key()
+    row = ApiClient.objects.create(name="svc-pref", key_prefix=prefix, key_hash=hash_key(raw))
+    row.raw_key = raw  # type: ignore[attr-defined]
+    return row
+
+
+@pytest.fixture
+def http(client_row: ApiClient) -> APIClient:
+    c = APIClient()
+    c.credentials(HTTP_AUTHORIZATION=f"Bearer {client_row.raw_key}")  # type: ignore[attr-defined]
+    return c
+
+
+def _fields(response: Any) -> dict[str, Any]:
+    body = response.json()
+    assert set(body) == {"error"}, body
+    return body["error"]["fields"]
+
+
+def test_requires_api_key() -> None:
+    assert APIClient().get("/api/v1/recipients/u-1").status_code == 401
+
+
+def test_recipient_put_creates_then_updates(http: APIClient) -> None:
+    body = {"email": "a@example.com", "phone": "+4915112345678", "locale": "de-DE", "timezone": "Europe/Berlin"}
+    r = http.put("/api/v1/recipients/u-1", body, format="json")
+    assert r.status_code == 201, r.content
+    assert r.json()["email"] == "a@example.com" and r.json()["timezone"] == "Europe/Berlin"
+    r = http.put("/api/v1/recipients/u-1", {"webhook_url": "https://hooks.example.com/x"}, format="json")
+    assert r.status_code == 200
+    got = http.get("/api/v1/recipients/u-1").json()
+    assert got["email"] == "a@example.com"  # fields left out are kept
+    assert got["webhook_url"] == "https://hooks.example.com/x"
+    assert got["preferences"]["opted_out"] is False
+    assert http.get("/api/v1/recipients/nobody").status_code == 404
+    assert http.get("/api/v1/recipients/nobody").json()["error"]["code"] == "not_found"
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("email", "not-an-email"),
+        ("phone", "015112345678"),
+        ("phone", "+0123"),
+        ("timezone", "Mars/Olympus"),
+        ("timezone", "../etc/passwd"),
+        ("locale", "not a locale"),
+        ("webhook_url", "ftp://example.com/x"),
+        ("webhook_url", "nope"),
+    ],
+)
+def test_recipient_validation_names_the_field(http: APIClient, field: str, value: str) -> None:
+    r = http.put("/api/v1/recipients/u-bad", {field: value}, format="json")
+    assert r.status_code == 400
+    assert field in _fields(r)
+    assert not Recipient.objects.filter(user_id="u-bad").exists()
+
+
+def test_devices_register_idempotently_and_delete(http: APIClient) -> None:
+    http.put("/api/v1/recipients/u-d", {}, format="json")
+    for _ in range(2):
+        r = http.post("/api/v1/recipients/u-d/devices", {"platform": "fcm", "token": "tok:abc"}, format="json")
+        assert r.status_code == 201
+    assert Device.objects.filter(token="tok:abc").count() == 1
+    assert http.get("/api/v1/recipients/u-d").json()["devices"] == [{"platform": "fcm", "token": "tok:abc"}]
+    assert "token" in _fields(http.post("/api/v1/recipients/u-d/devices", {"platform": "fcm"}, format="json"))
+    assert "platform" in _fields(
+        http.post("/api/v1/recipients/u-d/devices", {"platform": "carrier-pigeon", "token": "t"}, format="json")
+    )
+    assert http.post("/api/v1/recipients/nobody/devices", {"token": "t"}, format="json").status_code == 404
+    assert http.delete("/api/v1/recipients/u-d/devices/tok:abc").status_code == 204
+    assert http.delete("/api/v1/recipients/u-d/devices/tok:abc").status_code == 404
+    assert not Device.objects.exists()
+
+
+def test_suppressed_token_stays_inactive_when_registered_again(http: APIClient) -> None:
+    http.put("/api/v1/recipients/u-d", {}, format="json")
+    http.post("/api/v1/recipients/u-d/devices", {"token": "dead"}, format="json")
+    http.post("/api/v1/suppressions", {"channel": "push", "address": "dead"}, format="json")
+    r = http.post("/api/v1/recipients/u-d/devices", {"token": "dead"}, format="json")
+    assert r.status_code == 201 and r.json()["active"] is False
+
+
+PREFS = {
+    "opted_out": False,
+    "channels": {"sms": False},
+    "categories": {"marketing": {"enabled": True, "channels": ["email"], "frequency": "daily_digest"}},
+    "quiet_hours": {"start": "22:00", "end": "08:00"},
+}
+
+
+def test_preferences_round_trip(http: APIClient) -> None:
+    http.put("/api/v1/recipients/u-p", {}, format="json")
+    empty = http.get("/api/v1/recipients/u-p/preferences").json()
+    assert empty == {"opted_out": False, "channels": {}, "categories": {}, "quiet_hours": None}
+    r = http.put("/api/v1/recipients/u-p/preferences", PREFS, format="json")
+    assert r.status_code == 200, r.content
+    assert r.json() == PREFS
+    assert http.get("/api/v1/recipients/u-p/preferences").json() == PREFS
+    recipient = Recipient.objects.get(user_id="u-p")
+    assert recipient.quiet_start.hour == 22 and recipient.category_prefs["marketing"]["frequency"] == "daily_digest"
+    # PUT replaces: quiet hours and categories left out are cleared.
+    r = http.put("/api/v1/recipients/u-p/preferences", {"opted_out": True}, format="json")
+    assert r.json() == {"opted_out": True, "channels": {}, "categories": {}, "quiet_hours": None}
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"channels": {"fax": False}}, "channels.fax"),
+        ({"channels": {"sms": "maybe"}}, "channels.sms"),
+        ({"categories": {"gossip": {"enabled": True}}}, "categories.gossip"),
+        ({"categories": {"marketing": {"frequency": "weekly"}}}, "categories.marketing.frequency"),
+        ({"categories": {"marketing": {"channels": ["email", "fax"]}}}, "categories.marketing.channels"),
+        ({"categories": {"marketing": {"colour": "red"}}}, "categories.marketing.colour"),
+        ({"categories": {"security": {"enabled": False}}}, "categories.security"),
+        ({"categories": {"transactional": {"enabled": False}}}, "categories.transactional"),
+        ({"quiet_hours": {"start": "25:00", "end": "08:00"}}, "quiet_hours.start"),
+        ({"quiet_hours": {"start": "22:00", "end": "8am"}}, "quiet_hours.end"),
+        ({"quiet_hours": {"start": "22:00"}}, "quiet_hours.end"),
+        ({"quiet_hours": {"start": "22:00", "end": "22:00"}}, "quiet_hours.end"),
+        ({"opted_out": "perhaps"}, "opted_out"),
+    ],
+)
+def test_preferences_validation(http: APIClient, body: dict[str, Any], field: str) -> None:
+    http.put("/api/v1/recipients/u-p", {}, format="json")
+    r = http.put("/api/v1/recipients/u-p/preferences", body, format="json")
+    assert r.status_code == 400, r.content
+    assert any(key.startswith(field) for key in _fields(r)), _fields(r)
+
+
+def test_preferences_of_unknown_recipient_404(http: APIClient) -> None:
+    assert http.get("/api/v1/recipients/ghost/preferences").status_code == 404
+    assert http.put("/api/v1/recipients/ghost/preferences", PREFS, format="json").status_code == 404
+
+
+def test_suppressions_add_list_page_and_delete(http: APIClient) -> None:
+    r = http.post(
+        "/api/v1/suppressions", {"channel": "email", "address": "x@example.com", "reason": "asked"}, format="json"
+    )
+    assert r.status_code == 201
+    sid = r.json()["id"]
+    assert r.json()["source"] == "manual"
+    again = http.post("/api/v1/suppressions", {"channel": "email", "address": "x@example.com"}, format="json")
+    assert again.status_code == 200 and again.json()["id"] == sid
+    for i in range(5):
+        http.post("/api/v1/suppressions", {"channel": "sms", "address": f"+1555000000{i}"}, format="json")
+    assert "channel" in _fields(http.post("/api/v1/suppressions", {"channel": "fax", "address": "1"}, format="json"))
+    assert "address" in _fields(http.post("/api/v1/suppressions", {"channel": "sms"}, format="json"))
+
+    only = http.get("/api/v1/suppressions", {"channel": "email", "address": "x@example.com"}).json()
+    assert [s["id"] for s in only["results"]] == [sid] and only["next_cursor"] is None
+    seen: list[int] = []
+    cursor: str | None = None
+    while True:
+        params = {"channel": "sms", "limit": 2, **({"cursor": cursor} if cursor else {})}
+        page = http.get("/api/v1/suppressions", params).json()
+        seen += [s["id"] for s in page["results"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert len(seen) == 5 and seen == sorted(seen) and len(set(seen)) == 5
+    assert http.get("/api/v1/suppressions", {"cursor": "!!"}).status_code == 400
+    assert http.get("/api/v1/suppressions", {"limit": 0}).status_code == 400
+
+    assert http.delete(f"/api/v1/suppressions/{sid}").status_code == 204
+    assert http.delete(f"/api/v1/suppressions/{sid}").status_code == 404
+    assert not Suppression.objects.filter(pk=sid).exists()
+
+
+def test_erasure_wipes_personal_data_and_keeps_rows(http: APIClient, client_row: ApiClient) -> None:
+    http.put(
+        "/api/v1/recipients/u-e",
+        {"email": "e@example.com", "phone": "+4915112345678", "webhook_url": "https://h.example.com/"},
+        format="json",
+    )
+    http.put("/api/v1/recipients/u-e/preferences", PREFS, format="json")
+    http.post("/api/v1/recipients/u-e/devices", {"token": "tok-e"}, format="json")
+    recipient = Recipient.objects.get(user_id="u-e")
+    other, _ = Recipient.objects.get_or_create(user_id="u-other")
+    n = Notification.objects.create(
+        client=client_row, category="transactional", template_key="t", recipient=recipient, priority="high"
+    )
+    mine = Delivery.objects.create(
+        notification=n, recipient=recipient, channel="email", priority="high", address="e@example.com",
+        status="sent", content={"subject": "Hello Erin"},
+    )  # fmt: skip
+    theirs = Delivery.objects.create(
+        notification=n, recipient=other, channel="email", priority="high", address="o@example.com", status="sent"
+    )
+    SandboxMessage.objects.create(delivery_id=mine.pk, channel="email", address="e@example.com", content={"s": 1})
+    SandboxMessage.objects.create(delivery_id=theirs.pk, channel="email", address="o@example.com", content={"s": 2})
+    DeliveryEvent.objects.create(delivery=mine, status="sent", at=mine.created_at)
+
+    assert http.delete("/api/v1/recipients/u-e").status_code == 204
+    assert http.get("/api/v1/recipients/u-e").status_code == 404
+    assert http.delete("/api/v1/recipients/u-e").status_code == 404
+
+    recipient.refresh_from_db()
+    assert recipient.erased_at is not None
+    assert (recipient.email, recipient.phone, recipient.webhook_url) == ("", "", "")
+    assert not recipient.opted_out and recipient.channel_prefs == {} and recipient.category_prefs == {}
+    assert recipient.quiet_start is None and not Device.objects.filter(recipient=recipient).exists()
+    mine.refresh_from_db()
+    assert mine.address == "" and mine.content is None and mine.status == "sent"
+    assert mine.events.count() == 1  # history kept
+    msg = SandboxMessage.objects.get(delivery_id=mine.pk)
+    assert msg.address == "" and msg.content == {}
+    # Someone else's data is untouched.
+    theirs.refresh_from_db()
+    assert theirs.address == "o@example.com"
+    assert SandboxMessage.objects.get(delivery_id=theirs.pk).address == "o@example.com"
+
+    # Upserting again revives the recipient with only the new data.
+    assert http.put("/api/v1/recipients/u-e", {"locale": "en"}, format="json").status_code == 200
+    got = http.get("/api/v1/recipients/u-e").json()
+    assert got["email"] == "" and got["locale"] == "en"
