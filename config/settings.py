@@ -169,7 +169,13 @@ SENDING_LEASE_SECONDS = env_int("SENDING_LEASE_SECONDS", 300)
 # The outbox relay re-publishes deliveries still `queued` this long after their last publish.
 OUTBOX_REPUBLISH_AFTER_SECONDS = env_int("OUTBOX_REPUBLISH_AFTER_SECONDS", 60)
 OUTBOX_RELAY_INTERVAL_SECONDS = env_float("OUTBOX_RELAY_INTERVAL_SECONDS", 15.0)
+# A delivery published but still `queued` after this long is published again (its message was lost, or it
+# sits behind a very deep backlog, where the duplicate message is harmless: claims are idempotent).
+OUTBOX_STALE_AFTER_SECONDS = env_int("OUTBOX_STALE_AFTER_SECONDS", 1800)
 OUTBOX_RELAY_BATCH = env_int("OUTBOX_RELAY_BATCH", 5000)
+# Waits up to this long travel as delayed broker messages; longer ones (quiet hours, send_at) stay in the
+# database and the relay wakes them.
+BROKER_DELAY_MAX_SECONDS = env_int("BROKER_DELAY_MAX_SECONDS", 900)
 # Deliveries per broker message on the fan-out path (one for a single transactional notification).
 SEND_BATCH_SIZE = env_int("SEND_BATCH_SIZE", 500)
 # Provider calls made at once by one worker process for a batch.
@@ -201,5 +207,5 @@ LOGGING = {
 
 # Provider credentials and endpoints (one group per provider) and operations settings (logging, metrics,
 # tracing, retention) live in their own modules to keep this file readable.
-from config.provider_settings import *  # noqa: E402, F403
 from config.ops_settings import *  # noqa: E402, F403
+from config.provider_settings import *  # noqa: E402, F403

@@ -1,2 +1,20 @@
+"""Routes of /api/v1/."""
+
 from __future__ import annotations
-urlpatterns = []
+
+from django.urls import include, path
+
+from channels_app import apis as channel_apis
+from notifier import apis
+
+urlpatterns = [
+    path("notifications", apis.NotificationListCreateApi.as_view(), name="notifications"),
+    path("notifications/batch", apis.NotificationBatchApi.as_view(), name="notifications-batch"),
+    path("notifications/<uuid:notification_id>", apis.NotificationDetailApi.as_view(), name="notification"),
+    path(
+        "notifications/<uuid:notification_id>/cancel", apis.NotificationCancelApi.as_view(), name="notification-cancel"
+    ),
+    path("sandbox/messages", channel_apis.SandboxMessageListApi.as_view(), name="sandbox-messages"),
+    path("", include("templates_app.urls")),
+    path("", include("preferences.urls")),
+]

@@ -62,12 +62,12 @@ def purge_all_queues() -> None:
             try:
                 queue(channel).declare()
                 queue(channel).purge()
-            except Exception:  # noqa: BLE001 - a missing queue is already empty
+            except Exception:
                 channel = conn.channel()
         for level in range(28):
             try:
                 channel.queue_purge(f"celery_delayed_{level}")
-            except Exception:  # noqa: BLE001
+            except Exception:
                 channel = conn.channel()
 
 

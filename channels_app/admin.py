@@ -1,0 +1,18 @@
+"""Admin: what the sandbox providers recorded."""
+
+from __future__ import annotations
+
+from django.contrib import admin
+
+from channels_app.models import SandboxMessage
+from notifier.admin import ReadOnlyAdmin
+
+
+@admin.register(SandboxMessage)
+class SandboxMessageAdmin(ReadOnlyAdmin):
+    """Messages the sandbox "sent": how a newcomer sees the pipeline work without provider accounts."""
+
+    list_display = ("id", "delivery_id", "channel", "provider", "created_at")
+    list_filter = ("channel", "provider")
+    search_fields = ("=delivery_id",)
+    show_full_result_count = False

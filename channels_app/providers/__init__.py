@@ -1,0 +1,1 @@
+"""Provider adapters, one module per provider, all behind `channels_app.providers.base.Provider`."""

@@ -1,0 +1,18 @@
+"""The in-app channel's provider: the inbox is our own database, so "sending" is storing the message."""
+
+from __future__ import annotations
+
+from channels_app.providers.base import OutboundMessage, Provider, SendResult
+
+
+class InAppProvider(Provider):
+    """Store in-app messages; the pipeline writes the rendered content onto the delivery row itself."""
+
+    name = "inapp"
+    channels = ("inapp",)
+
+    def send(self, message: OutboundMessage) -> SendResult:
+        return SendResult(provider_message_id=f"inapp-{message.delivery_id}")
+
+    def send_batch(self, messages):  # type: ignore[no-untyped-def]
+        return [self.send(m) for m in messages]

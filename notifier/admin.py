@@ -1,0 +1,69 @@
+"""Admin for support staff and operators: API clients, notifications, deliveries with their history."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.http import HttpRequest
+
+from notifier.models import ApiClient, Delivery, DeliveryEvent, Notification
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """An admin that can look but not touch: history is written only by the pipeline."""
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(ApiClient)
+class ApiClientAdmin(admin.ModelAdmin):
+    """Calling services. Keys are created with `create_api_client`; only their hash is stored."""
+
+    list_display = ("name", "key_prefix", "allowed_categories", "is_active", "created_at", "last_used_at")
+    list_filter = ("is_active",)
+    search_fields = ("name", "key_prefix")
+    readonly_fields = ("key_prefix", "key_hash", "created_at", "last_used_at")
+
+
+class DeliveryEventInline(admin.TabularInline):
+    model = DeliveryEvent
+    fields = ("at", "status", "detail")
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+    ordering = ("id",)
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(Notification)
+class NotificationAdmin(ReadOnlyAdmin):
+    """Accepted notifications."""
+
+    list_display = ("id", "client", "category", "template_key", "template_version", "user_id", "topic", "status")
+    list_filter = ("status", "category", "priority")
+    search_fields = ("=id", "=user_id", "=dedup_key", "template_key")
+    list_select_related = ("client", "topic")
+    show_full_result_count = False
+
+
+@admin.register(Delivery)
+class DeliveryAdmin(ReadOnlyAdmin):
+    """Deliveries, with the template version used and the full event history (read-only)."""
+
+    list_display = ("id", "channel", "status", "provider", "attempts", "template_version", "created_at")
+    list_filter = ("status", "channel", "provider", "priority")
+    search_fields = ("=id", "=notification__id", "=provider_message_id", "=recipient__user_id")
+    raw_id_fields = ("notification", "recipient", "template_version")
+    list_select_related = ("template_version__template",)
+    inlines = [DeliveryEventInline]
+    show_full_result_count = False

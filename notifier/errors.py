@@ -1,0 +1,98 @@
+"""The API's error body and the DRF exception handler that produces it.
+
+Every error answers `{"error": {"code", "message", "fields"}}`: a machine code callers can switch on, a
+sentence for humans, and per-field reasons for validation errors. Known conditions (database down, oversized
+body) get their own status instead of a 500.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.core.exceptions import PermissionDenied, RequestDataTooBig
+from django.db import DatabaseError, InterfaceError, OperationalError
+from django.http import Http404
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+logger = logging.getLogger(__name__)
+
+
+class ApiError(exceptions.APIException):
+    """An error with an explicit status, machine code, message and optional field reasons."""
+
+    def __init__(self, status_code: int, code: str, message: str, fields: dict[str, Any] | None = None) -> None:
+        super().__init__(detail=message, code=code)
+        self.status_code = status_code
+        self.error_code = code
+        self.message = message
+        self.fields = fields or {}
+
+
+def error_body(code: str, message: str, fields: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Return the error body every endpoint uses."""
+    return {"error": {"code": code, "message": message, "fields": fields or {}}}
+
+
+def _flatten(detail: Any, prefix: str = "") -> dict[str, list[str]]:
+    """Flatten DRF's nested error detail into {"a.b.0.c": ["reason", ...]}."""
+    out: dict[str, list[str]] = {}
+    if isinstance(detail, dict):
+        for key, value in detail.items():
+            name = key if key != "non_field_errors" else "non_field_errors"
+            out.update(_flatten(value, f"{prefix}.{name}" if prefix else str(name)))
+    elif isinstance(detail, list) and detail and not all(isinstance(d, str) for d in detail):
+        for index, value in enumerate(detail):
+            if value:
+                out.update(_flatten(value, f"{prefix}.{index}" if prefix else str(index)))
+    elif isinstance(detail, list):
+        out[prefix or "non_field_errors"] = [str(d) for d in detail]
+    else:
+        out[prefix or "non_field_errors"] = [str(detail)]
+    return out
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    """Render every API exception in the common error format."""
+    if isinstance(exc, ApiError):
+        return Response(error_body(exc.error_code, exc.message, exc.fields), status=exc.status_code)
+    if isinstance(exc, RequestDataTooBig):
+        return Response(error_body("payload_too_large", "Request body is too large."), status=413)
+    if isinstance(exc, OperationalError | InterfaceError) or type(exc) is DatabaseError:
+        logger.error("database unavailable: %s", type(exc).__name__)
+        return Response(
+            error_body("database_unavailable", "The database is unavailable; retry later."),
+            status=status.HTTP_503_SERVICE_UNAVAILABLE,
+            headers={"Retry-After": "5"},
+        )
+    if isinstance(exc, Http404):
+        exc = exceptions.NotFound()
+    elif isinstance(exc, PermissionDenied):
+        exc = exceptions.PermissionDenied()
+    response = drf_exception_handler(exc, context)
+    if response is None:
+        return None
+    if isinstance(exc, exceptions.ValidationError):
+        fields = _flatten(exc.detail)
+        first = next(iter(fields.items()), ("", [""]))
+        message = f"Invalid input: {first[0]}: {first[1][0]}" if first[0] else "Invalid input."
+        response.data = error_body("invalid", message, fields)
+        return response
+    codes = {
+        exceptions.NotAuthenticated: "unauthenticated",
+        exceptions.AuthenticationFailed: "unauthenticated",
+        exceptions.PermissionDenied: "forbidden",
+        exceptions.NotFound: "not_found",
+        exceptions.MethodNotAllowed: "method_not_allowed",
+        exceptions.ParseError: "malformed_json",
+        exceptions.UnsupportedMediaType: "unsupported_media_type",
+        exceptions.Throttled: "throttled",
+    }
+    code = next((c for klass, c in codes.items() if isinstance(exc, klass)), "error")
+    detail = exc.detail if isinstance(exc, exceptions.APIException) else str(exc)
+    response.data = error_body(code, str(detail))
+    if isinstance(exc, exceptions.NotAuthenticated | exceptions.AuthenticationFailed):
+        response.status_code = status.HTTP_401_UNAUTHORIZED
+    return response

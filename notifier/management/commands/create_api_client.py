@@ -1,0 +1,34 @@
+"""`python manage.py create_api_client NAME [--categories a,b]`: create a calling service and print its key."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from notifier.models import ApiClient
+from notifier.services import api_client_create
+
+
+class Command(BaseCommand):
+    """Create an API client; its key is printed once and stored only as a hash."""
+
+    help = "Create an API client and print its API key (shown once)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("name")
+        parser.add_argument("--categories", default="", help="Comma-separated allowed categories (default: all).")
+        parser.add_argument("--webhook-url", default="", help="Default webhook URL for webhook-channel sends.")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if ApiClient.objects.filter(name=options["name"]).exists():
+            raise CommandError(f"An API client named '{options['name']}' already exists.")
+        categories = [c.strip() for c in options["categories"].split(",") if c.strip()]
+        try:
+            client, raw_key = api_client_create(name=options["name"], allowed_categories=categories)
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        if options["webhook_url"]:
+            client.webhook_url = options["webhook_url"]
+            client.save(update_fields=["webhook_url"])
+        self.stdout.write(raw_key)

@@ -1,0 +1,183 @@
+"""Hand deliveries to RabbitMQ, and the relay that makes the delivery row itself the outbox.
+
+The API publishes right after commit (the fast path). Whatever that misses — the broker was down, the process
+died between commit and publish — is still `queued` with no `published_at`, and the relay publishes it. The
+same relay wakes deliveries that were waiting for a time (send_at, quiet hours, a long backoff).
+Publishing twice is harmless: the worker's claim takes a delivery only once.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+from kombu.exceptions import KombuError
+
+from config.celery import app as celery_app
+from config.celery import queue_name
+from notifier.events import record_events
+from notifier.models import Delivery
+
+logger = logging.getLogger(__name__)
+
+SEND_TASK = "channels_app.tasks.send_deliveries"
+
+# After a failed publish the API stops trying for a few seconds: while the broker is down every request would
+# otherwise wait for a connection timeout. The relay publishes what was skipped.
+_broker_down_until = 0.0
+_lock = threading.Lock()
+BROKER_BACKOFF_SECONDS = 5.0
+
+
+def broker_recently_down() -> bool:
+    """Return True if a publish from this process failed in the last few seconds."""
+    return time.monotonic() < _broker_down_until
+
+
+def _mark_broker_down() -> None:
+    global _broker_down_until
+    with _lock:
+        _broker_down_until = time.monotonic() + BROKER_BACKOFF_SECONDS
+
+
+def _chunks(ids: Sequence[int], size: int) -> Iterable[list[int]]:
+    for start in range(0, len(ids), size):
+        yield list(ids[start : start + size])
+
+
+def publish(
+    groups: dict[str, list[int]], *, countdown: float | None = None, batch_size: int | None = None
+) -> list[int]:
+    """Publish delivery ids grouped by queue, `batch_size` ids per message; return the ids published.
+
+    Raises nothing: a failure is logged and the ids not published are left to the relay.
+    """
+    size = batch_size or settings.SEND_BATCH_SIZE
+    published: list[int] = []
+    options: dict[str, object] = {"retry": False}
+    if countdown and countdown > 0:
+        # Whole seconds, rounded up: native delayed delivery routes by seconds, and arriving a little late is
+        # fine where arriving early would find the delivery not yet due.
+        options["countdown"] = math.ceil(countdown)
+    try:
+        with celery_app.producer_or_acquire() as producer:
+            for queue, ids in groups.items():
+                for chunk in _chunks(ids, size):
+                    celery_app.send_task(SEND_TASK, args=[chunk], queue=queue, producer=producer, **options)
+                    published.extend(chunk)
+    except (KombuError, OSError, ConnectionError) as exc:
+        _mark_broker_down()
+        logger.error("publish failed; %d deliveries left to the outbox relay: %s", _count(groups, published), exc)
+    return published
+
+
+def _count(groups: dict[str, list[int]], published: list[int]) -> int:
+    return sum(len(ids) for ids in groups.values()) - len(published)
+
+
+def group_by_queue(rows: Iterable[tuple[int, str, str]]) -> dict[str, list[int]]:
+    """Group (id, channel, priority) rows by their queue name."""
+    groups: dict[str, list[int]] = defaultdict(list)
+    for delivery_id, channel, priority in rows:
+        groups[queue_name(channel, priority)].append(delivery_id)
+    return groups
+
+
+def mark_published(ids: Sequence[int]) -> None:
+    """Record that a message for these deliveries is in the broker (the relay leaves them alone)."""
+    if ids:
+        Delivery.objects.filter(pk__in=list(ids)).update(published_at=timezone.now())
+
+
+def publish_now(rows: Iterable[tuple[int, str, str]], *, countdown: float | None = None) -> list[int]:
+    """Publish (id, channel, priority) rows and record the publish; skip while the broker is known down."""
+    if broker_recently_down():
+        return []
+    published = publish(group_by_queue(rows), countdown=countdown)
+    mark_published(published)
+    return published
+
+
+def publish_delivery_ids(delivery_ids: Sequence[int]) -> list[int]:
+    """Publish the given deliveries (loading their channel and priority); return the ids published."""
+    rows = Delivery.objects.filter(pk__in=list(delivery_ids)).values_list("id", "channel", "priority")
+    return publish_now(list(rows))
+
+
+def relay(*, limit: int | None = None) -> dict[str, int]:
+    """Publish what the fast path missed and wake deliveries that are now due; return counts.
+
+    Rows are taken with FOR UPDATE SKIP LOCKED so two relays (two beat processes, a manual run) never take
+    the same row at once, and in bounded batches so no lock is long.
+    """
+    limit = limit or settings.OUTBOX_RELAY_BATCH
+    now = timezone.now()
+    unpublished = _relay_unpublished(limit=limit)
+    woken = _wake_due(limit=limit, now=now)
+    stale = _relay_stale(limit=limit)
+    if unpublished or woken or stale:
+        logger.info("outbox relay: %d unpublished, %d due, %d stale re-published", unpublished, woken, stale)
+    return {"unpublished": unpublished, "due": woken, "stale": stale}
+
+
+def _relay_unpublished(*, limit: int) -> int:
+    # The grace period keeps the relay from racing the API's own after-commit publish.
+    sql = """
+        SELECT id, channel, priority FROM notifier_delivery
+        WHERE status = 'queued' AND published_at IS NULL AND created_at < now() - make_interval(secs => %s)
+        ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED
+    """
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(sql, [settings.OUTBOX_REPUBLISH_AFTER_SECONDS / 4, limit])
+        rows = cursor.fetchall()
+        published = publish(group_by_queue(rows))
+        mark_published(published)
+    return len(published)
+
+
+def _wake_due(*, limit: int, now: object) -> int:
+    # A deferred delivery with a publish on record has a delayed message on its way; it is woken here only
+    # when that message is clearly overdue (lost), so the broker's delayed delivery stays the normal path.
+    sql = """
+        UPDATE notifier_delivery SET status = 'queued', updated_at = now()
+        WHERE id IN (
+            SELECT id FROM notifier_delivery
+            WHERE status IN ('scheduled', 'deferred') AND not_before <= now()
+              AND (published_at IS NULL OR not_before < now() - make_interval(secs => %s))
+            ORDER BY not_before LIMIT %s FOR UPDATE SKIP LOCKED
+        )
+        RETURNING id, channel, priority
+    """
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(sql, [settings.OUTBOX_REPUBLISH_AFTER_SECONDS, limit])
+        rows = cursor.fetchall()
+        if not rows:
+            return 0
+        record_events((row[0], Delivery.Status.QUEUED, "due") for row in rows)
+    published = publish(group_by_queue(rows))
+    mark_published(published)
+    return len(rows)
+
+
+def _relay_stale(*, limit: int) -> int:
+    # Last line of defence: a message that was published but never consumed within the stale window (or a
+    # delivery whose worker died mid-send, past its lease). Re-publishing is harmless: claims are idempotent.
+    sql = """
+        SELECT id, channel, priority FROM notifier_delivery
+        WHERE (status = 'queued' AND published_at < now() - make_interval(secs => %s))
+           OR (status = 'sending' AND claimed_at < now() - make_interval(secs => %s))
+        ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED
+    """
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(sql, [settings.OUTBOX_STALE_AFTER_SECONDS, settings.SENDING_LEASE_SECONDS, limit])
+        rows = cursor.fetchall()
+        published = publish(group_by_queue(rows))
+        mark_published(published)
+    return len(published)
