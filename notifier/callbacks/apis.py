@@ -1,0 +1,77 @@
+"""Provider callback endpoints: no API key (the provider's signature is the credential), CSRF-exempt."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from rest_framework.exceptions import ParseError, UnsupportedMediaType
+from rest_framework.parsers import FormParser
+from rest_framework.permissions import AllowAny
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from notifier.callbacks import conf
+from notifier.callbacks.services import ReplayedCallback, sns_message_handle, twilio_status_handle
+from notifier.callbacks.verify import MalformedCallback, VerificationError
+from notifier.errors import ApiError
+
+logger = logging.getLogger(__name__)
+
+
+def _reject(exc: Exception, provider: str) -> ApiError:
+    """Turn a verification failure into the API error; the reason is logged, not told to the caller."""
+    if isinstance(exc, MalformedCallback):
+        return ApiError(400, "malformed_callback", f"Malformed callback: {exc}")
+    code = "replayed_callback" if isinstance(exc, ReplayedCallback) else "invalid_signature"
+    logger.warning("%s callback rejected: %s", provider, exc)
+    return ApiError(403, code, "Callback rejected: it could not be verified.")
+
+
+class SesCallbackApi(APIView):
+    """Receive SNS HTTP(S) messages carrying SES events, and SNS subscription confirmations."""
+
+    authentication_classes: list[Any] = []
+    permission_classes = [AllowAny]
+
+    def post(self, request: Request) -> Response:
+        # SNS posts JSON as text/plain, so the raw body is parsed here rather than by DRF's parsers.
+        try:
+            message = json.loads(request.body)
+        except ValueError:
+            raise _reject(MalformedCallback("body is not JSON"), "ses") from None
+        if not isinstance(message, dict):
+            raise _reject(MalformedCallback("body is not a JSON object"), "ses")
+        try:
+            result = sns_message_handle(message=message)
+        except (MalformedCallback, VerificationError) as exc:
+            raise _reject(exc, "ses") from None
+        return Response(result.as_dict())
+
+
+class TwilioCallbackApi(APIView):
+    """Receive Twilio message status callbacks (form-encoded, signed with X-Twilio-Signature)."""
+
+    authentication_classes: list[Any] = []
+    permission_classes = [AllowAny]
+    parser_classes = [FormParser]
+
+    def post(self, request: Request) -> Response:
+        # Twilio signs the URL it called: the public one, which the proxy in front of us may have rewritten.
+        url = conf.public_base_url() + request.get_full_path()
+        try:
+            params = request.data
+        except (ParseError, UnsupportedMediaType):
+            raise _reject(MalformedCallback("body is not form-encoded"), "twilio") from None
+        try:
+            result = twilio_status_handle(
+                url=url,
+                params=params,
+                signature=request.headers.get("X-Twilio-Signature", ""),
+                headers=request.headers,
+            )
+        except (MalformedCallback, VerificationError) as exc:
+            raise _reject(exc, "twilio") from None
+        return Response(result.as_dict())
