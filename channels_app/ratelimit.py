@@ -1,0 +1,510 @@
+"""Shared per-provider rate limits: token buckets in Redis with a high-priority reserve and AIMD.
+
+Interface for the send pipeline (all functions are safe to call from any worker; none raises on Redis errors):
+
+    grant = acquire(provider, n, priority="high" | "normal" | "low", account=None)
+        # -> Grant(granted: int, wait: float, degraded: bool)
+        # Send `grant.granted` messages now; defer the other n - granted by at least `grant.wait` seconds.
+    on_throttled(provider, retry_after=None, account=None)
+        # The provider answered "slow down" (429 & co): halve the shared rate (once per cut window, with a
+        # floor) and pause the bucket until Retry-After. Call it once per batch, with the largest Retry-After.
+    on_success(provider, n, account=None)
+        # n messages went through: grow the rate back additively towards the configured rate.
+    snapshot(provider, account=None) -> dict   # tokens, current and configured rate, pause left (for admin/metrics)
+
+Semantics:
+- One bucket per key: the provider, plus one per sender account (number, domain) when the provider's config has
+  `per_account` or `accounts`; with an account, a grant takes from both buckets atomically (min of the two).
+- Priority reserve: `high_reserve` (a fraction of the burst) of each bucket may only be taken by high priority.
+  Low (and normal) priority take tokens only while the bucket holds more than the reserve, so a marketing flood
+  drains the bucket down to the reserve and stops there; an OTP still finds tokens, and since low cannot take
+  anything while high keeps the bucket below the reserve, high gets the whole rate when it needs it.
+- All of it is one Lua script per call (EVALSHA via `register_script`), using Redis' clock, so every worker on
+  every host shares one bucket and one clock.
+- Redis unreachable: each process falls back to in-memory buckets with rate and burst divided by
+  `RESILIENCE_ASSUMED_WORKERS`, logs once, and retries Redis after a short back-off.
+
+Settings (see docs/resilience.md):
+    PROVIDER_RATE_LIMITS = {"<provider>": {"rate": per second, "burst": tokens, "high_reserve": fraction,
+                            "min_rate": floor of AIMD, "increase": rate added per success,
+                            "per_account": {...same keys...}, "accounts": {"<account>": {...}}}}
+    (merged over DEFAULT_LIMITS below; "rate": null means unlimited; the key "default" applies to unknown
+    providers), env PROVIDER_RATE_LIMITS (JSON) overrides; RESILIENCE_ASSUMED_WORKERS (int, default 4).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from django.conf import settings
+
+from notifier.redis import get_redis, rkey
+
+logger = logging.getLogger(__name__)
+
+# Sensible starting points, overridden per deployment. Real providers publish their own quotas: SES starts
+# accounts at 14 messages/s, SNS SMS at 20/s, a Twilio long code at 1/s (messaging services more), FCM allows
+# 600k/min per project. The sandbox and the in-app inbox (our own database) are effectively unlimited, but the
+# sandbox still goes through the limiter so throttling tests exercise the real path.
+DEFAULT_LIMITS: dict[str, dict[str, Any]] = {
+    "default": {"rate": 50.0, "burst": 50.0, "high_reserve": 0.2},
+    "sandbox": {"rate": 100_000.0, "burst": 100_000.0, "high_reserve": 0.1},
+    "inapp": {"rate": None},
+    "fcm": {"rate": 5_000.0, "burst": 5_000.0, "high_reserve": 0.2},
+    "ses": {"rate": 14.0, "burst": 14.0, "high_reserve": 0.3},
+    "smtp": {"rate": 50.0, "burst": 50.0, "high_reserve": 0.3},
+    "twilio": {"rate": 100.0, "burst": 100.0, "high_reserve": 0.3},
+    "sns": {"rate": 20.0, "burst": 20.0, "high_reserve": 0.3},
+    "webhook": {"rate": 500.0, "burst": 500.0, "high_reserve": 0.2},
+}
+# Fraction of the configured rate AIMD never cuts below, unless "min_rate" is given.
+DEFAULT_MIN_RATE_FRACTION = 0.05
+# Rate (per second) added back per successful send. Scale-free: at a rate r about r successes arrive per
+# second, so recovery from half to full rate takes roughly 0.5 / (0.75 * 0.02) ≈ 33 s at any rate.
+DEFAULT_INCREASE = 0.02
+# Throttled answers from one burst arrive together (a batch of 500 may yield 100 of them): the rate is cut at
+# most once per this many seconds, like TCP cutting once per round trip; later ones only extend the pause.
+CUT_WINDOW_SECONDS = 1.0
+# Keys expire when idle: a bucket left alone refills to full anyway, and an AIMD cut forgotten after an hour
+# of silence is the right thing.
+KEY_TTL_SECONDS = 3600
+# After a Redis error, use the in-memory fallback for this long before trying Redis again, so a dead Redis
+# costs one connect timeout per period, not one per batch.
+REDIS_RETRY_SECONDS = 5.0
+
+PRIORITY_HIGH = "high"
+
+
+@dataclass(frozen=True)
+class Limit:
+    """The configured limit of one bucket; `rate` None means unlimited."""
+
+    rate: float | None
+    burst: float
+    high_reserve: float
+    min_rate: float
+    increase: float
+
+    @property
+    def reserve_tokens(self) -> float:
+        """Return the tokens only high priority may take."""
+        return self.high_reserve * self.burst
+
+    @property
+    def capacity(self) -> float:
+        """Return the bucket size: at least one token above the reserve, so low priority can never starve."""
+        return max(self.burst, self.reserve_tokens + 1.0)
+
+
+@dataclass(frozen=True)
+class Grant:
+    """The answer to `acquire`: how many tokens were taken and how long until the next one is due."""
+
+    granted: int
+    wait: float
+    degraded: bool = False
+
+
+def _env_json(name: str) -> dict[str, Any]:
+    raw = os.environ.get(name, "")
+    return json.loads(raw) if raw.strip() else {}
+
+
+def configured_limits() -> dict[str, dict[str, Any]]:
+    """Return the per-provider limits: module defaults, then settings, then the environment (JSON)."""
+    merged: dict[str, dict[str, Any]] = {name: dict(conf) for name, conf in DEFAULT_LIMITS.items()}
+    overrides = getattr(settings, "PROVIDER_RATE_LIMITS", None)
+    # Until the settings line exists, read the environment directly so the override works either way.
+    for source in (overrides if overrides is not None else _env_json("PROVIDER_RATE_LIMITS"),):
+        for name, conf in (source or {}).items():
+            merged[name] = {**merged.get(name, {}), **conf}
+    return merged
+
+
+def _to_limit(conf: dict[str, Any], parent: Limit | None = None) -> Limit:
+    rate = conf.get("rate", parent.rate if parent else None)
+    if rate is not None:
+        rate = float(rate)
+        if rate <= 0:
+            rate = None
+    burst = float(conf.get("burst") or (rate if rate else 1.0))
+    high_reserve = float(conf.get("high_reserve", parent.high_reserve if parent else 0.0))
+    high_reserve = min(max(high_reserve, 0.0), 0.95)
+    min_rate = conf.get("min_rate")
+    floor = float(min_rate) if min_rate is not None else (rate or 0.0) * DEFAULT_MIN_RATE_FRACTION
+    if rate is not None:
+        floor = min(max(floor, 1e-3), rate)
+    increase = float(conf.get("increase", parent.increase if parent else DEFAULT_INCREASE))
+    return Limit(rate=rate, burst=max(burst, 1.0), high_reserve=high_reserve, min_rate=floor, increase=increase)
+
+
+def limit_for(provider: str, account: str | None = None) -> tuple[Limit, Limit | None]:
+    """Return the provider's limit and, if one is configured for `account`, the account's limit."""
+    limits = configured_limits()
+    conf = limits.get(provider, limits["default"])
+    provider_limit = _to_limit(conf)
+    if account is None:
+        return provider_limit, None
+    account_conf = (conf.get("accounts") or {}).get(account) or conf.get("per_account")
+    if not account_conf:
+        return provider_limit, None
+    # An account inherits the provider's reserve and AIMD step unless it sets its own.
+    return provider_limit, _to_limit(account_conf, parent=provider_limit)
+
+
+def assumed_workers() -> int:
+    """Return how many processes share a provider's limit when each must enforce its own share."""
+    value = getattr(settings, "RESILIENCE_ASSUMED_WORKERS", None) or os.environ.get("RESILIENCE_ASSUMED_WORKERS")
+    return max(1, int(value or 4))
+
+
+def bucket_key(provider: str, account: str | None = None) -> str:
+    """Return the Redis key of a bucket (hash-tagged by provider, so one script may touch both buckets)."""
+    return rkey("rl", "{%s}" % provider, *(("acct", account) if account is not None else ()))  # noqa: UP031
+
+
+# KEYS: bucket keys (provider, then the account's if any). ARGV: n, is_high (1/0), ttl, then per key
+# rate, capacity, reserve. Tokens and the refill clock live in one hash per key: tok, ts, and the AIMD state
+# rate (absent = configured) and cut (time of the last cut). A `ts` in the future is a pause (Retry-After):
+# nothing refills before it. Returns {granted, wait as a string} (Lua numbers would be truncated to integers).
+ACQUIRE_LUA = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local n = tonumber(ARGV[1])
+local high = ARGV[2] == '1'
+local ttl = tonumber(ARGV[3])
+local granted = n
+local st = {}
+for i = 1, #KEYS do
+  local base = 3 + (i - 1) * 3
+  local maxrate = tonumber(ARGV[base + 1])
+  local cap = tonumber(ARGV[base + 2])
+  local reserve = tonumber(ARGV[base + 3])
+  local h = redis.call('HMGET', KEYS[i], 'tok', 'ts', 'rate')
+  local rate = tonumber(h[3]) or maxrate
+  if rate > maxrate then rate = maxrate end
+  local tok = tonumber(h[1]) or cap
+  local ts = tonumber(h[2]) or now
+  if now > ts then
+    tok = math.min(cap, tok + (now - ts) * rate)
+    ts = now
+  end
+  local usable = tok
+  if not high then usable = tok - reserve end
+  local can = math.floor(usable + 1e-9)
+  if can < 0 then can = 0 end
+  if can < granted then granted = can end
+  st[i] = {tok = tok, ts = ts, rate = rate, reserve = reserve}
+end
+local wait = 0
+for i = 1, #KEYS do
+  local s = st[i]
+  local tok = s.tok - granted
+  redis.call('HSET', KEYS[i], 'tok', tostring(tok), 'ts', tostring(s.ts))
+  redis.call('EXPIRE', KEYS[i], ttl)
+  local need = 1 - tok
+  if not high then need = s.reserve + 1 - tok end
+  local w = 0
+  if need > 0 then w = need / s.rate end
+  if s.ts > now then w = w + (s.ts - now) end
+  if w > wait then wait = w end
+end
+return {granted, tostring(wait)}
+"""
+
+# KEYS[1]: one bucket. ARGV: configured rate, min rate, retry_after (seconds, 0 if none), cut window, ttl.
+# Halves the rate at most once per cut window, empties the bucket, and pauses it until Retry-After.
+# Returns the new rate as a string.
+THROTTLED_LUA = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local maxrate = tonumber(ARGV[1])
+local minrate = tonumber(ARGV[2])
+local retry_after = tonumber(ARGV[3])
+local window = tonumber(ARGV[4])
+local h = redis.call('HMGET', KEYS[1], 'rate', 'cut', 'ts')
+local rate = tonumber(h[1]) or maxrate
+if rate > maxrate then rate = maxrate end
+local cut = tonumber(h[2]) or 0
+if now - cut >= window then
+  rate = math.max(minrate, rate * 0.5)
+  redis.call('HSET', KEYS[1], 'rate', tostring(rate), 'cut', tostring(now))
+end
+local ts = math.max(tonumber(h[3]) or now, now + retry_after)
+redis.call('HSET', KEYS[1], 'tok', '0', 'ts', tostring(ts))
+redis.call('EXPIRE', KEYS[1], tonumber(ARGV[5]))
+return tostring(rate)
+"""
+
+# KEYS[1]: one bucket. ARGV: configured rate, n successes, increase per success. Grows the rate additively;
+# at the configured rate the field is removed, so the common case writes nothing.
+SUCCESS_LUA = """
+local r = redis.call('HGET', KEYS[1], 'rate')
+if not r then return ARGV[1] end
+local maxrate = tonumber(ARGV[1])
+local rate = tonumber(r) + tonumber(ARGV[2]) * tonumber(ARGV[3])
+if rate >= maxrate then
+  redis.call('HDEL', KEYS[1], 'rate')
+  return ARGV[1]
+end
+redis.call('HSET', KEYS[1], 'rate', tostring(rate))
+return tostring(rate)
+"""
+
+
+class RedisGuard:
+    """Run Redis calls, switching to a fallback on errors; log once on degrading and once on recovery."""
+
+    def __init__(self, name: str, client: redis.Redis | Callable[[], redis.Redis] | None = None) -> None:
+        self.name = name
+        self._client = client
+        self.retry_seconds = REDIS_RETRY_SECONDS
+        self._down_until = 0.0
+        self.degraded = False
+        self._lock = threading.Lock()
+
+    def client(self) -> redis.Redis:
+        """Return the Redis client: the injected one, or the process-wide one."""
+        if self._client is None:
+            return get_redis()
+        if isinstance(self._client, redis.Redis):
+            return self._client
+        return self._client()
+
+    def run(self, call: Callable[[redis.Redis], Any], fallback: Callable[[], Any]) -> Any:
+        """Return `call(client)`, or `fallback()` while Redis is failing."""
+        if self.degraded and time.monotonic() < self._down_until:
+            return fallback()
+        try:
+            result = call(self.client())
+        except (redis.RedisError, OSError) as exc:
+            with self._lock:
+                self._down_until = time.monotonic() + self.retry_seconds
+                if not self.degraded:
+                    self.degraded = True
+                    logger.warning(
+                        "%s: Redis unavailable (%s); degraded to per-process in-memory state",
+                        self.name,
+                        type(exc).__name__,
+                    )
+            return fallback()
+        if self.degraded:
+            with self._lock:
+                if self.degraded:
+                    self.degraded = False
+                    logger.warning("%s: Redis reachable again; shared state restored", self.name)
+        return result
+
+
+class _LocalBucket:
+    """An in-memory bucket with the same rules as the Lua script, for one process while Redis is down."""
+
+    def __init__(self, capacity: float) -> None:
+        self.tokens = capacity
+        self.ts = time.monotonic()
+        self.rate: float | None = None  # None: the configured rate
+        self.cut = -math.inf
+
+
+class RateLimiter:
+    """Token buckets shared through Redis; construct with a client (or factory) to point it elsewhere."""
+
+    def __init__(self, redis_client: redis.Redis | Callable[[], redis.Redis] | None = None) -> None:
+        self.guard = RedisGuard("rate limiter", redis_client)
+        self._scripts: dict[tuple[int, str], redis.commands.core.Script] = {}
+        self._local: dict[str, _LocalBucket] = {}
+        self._local_lock = threading.Lock()
+
+    # --- public API ----------------------------------------------------------------------------------
+
+    def acquire(self, provider: str, n: int = 1, *, priority: str = PRIORITY_HIGH, account: str | None = None) -> Grant:
+        """Take up to `n` tokens for `provider` (and `account`); return how many were granted and the wait."""
+        if n < 0:
+            raise ValueError("n must be >= 0")
+        provider_limit, account_limit = limit_for(provider, account)
+        buckets = [(bucket_key(provider), provider_limit)]
+        if account_limit is not None:
+            buckets.append((bucket_key(provider, account), account_limit))
+        buckets = [(key, limit) for key, limit in buckets if limit.rate is not None]
+        if not buckets or n == 0:
+            return Grant(granted=n, wait=0.0)
+        high = priority == PRIORITY_HIGH
+
+        def shared(client: redis.Redis) -> Grant:
+            args: list[Any] = [n, 1 if high else 0, KEY_TTL_SECONDS]
+            for _, limit in buckets:
+                args += [limit.rate, limit.capacity, limit.reserve_tokens]
+            granted, wait = self._script(client, ACQUIRE_LUA)(keys=[k for k, _ in buckets], args=args)
+            return Grant(granted=int(granted), wait=float(wait))
+
+        return self.guard.run(shared, lambda: self._local_acquire(buckets, n, high))
+
+    def on_throttled(self, provider: str, retry_after: float | None = None, *, account: str | None = None) -> None:
+        """Cut the shared rate of the throttled bucket and pause it until `retry_after` seconds from now."""
+        key, limit = self._bucket(provider, account)
+        if limit.rate is None:
+            return
+        pause = max(0.0, float(retry_after or 0.0))
+        args = [limit.rate, limit.min_rate, pause, CUT_WINDOW_SECONDS, max(KEY_TTL_SECONDS, int(pause) + 60)]
+
+        def shared(client: redis.Redis) -> None:
+            new_rate = float(self._script(client, THROTTLED_LUA)(keys=[key], args=args))
+            logger.info("rate limit %s: throttled, rate now %.3g/s of %.3g/s", provider, new_rate, limit.rate)
+
+        self.guard.run(shared, lambda: self._local_throttled(key, limit, pause))
+
+    def on_success(self, provider: str, n: int = 1, *, account: str | None = None) -> None:
+        """Grow the rate of the bucket back by `n` successes' worth, up to the configured rate."""
+        key, limit = self._bucket(provider, account)
+        if limit.rate is None or n <= 0:
+            return
+        self.guard.run(
+            lambda client: self._script(client, SUCCESS_LUA)(keys=[key], args=[limit.rate, n, limit.increase]),
+            lambda: self._local_success(key, limit, n),
+        )
+
+    def snapshot(self, provider: str, account: str | None = None) -> dict[str, Any]:
+        """Return the bucket's state for operators: tokens, rates and pause left (seconds)."""
+        key, limit = self._bucket(provider, account)
+        if limit.rate is None:
+            return {"provider": provider, "rate": None, "configured_rate": None, "tokens": None, "paused_for": 0.0}
+
+        def shared(client: redis.Redis) -> dict[str, Any]:
+            pipe = client.pipeline(transaction=False)
+            pipe.hmget(key, "tok", "ts", "rate")
+            pipe.time()
+            (tok, ts, rate), (sec, usec) = pipe.execute()
+            now = sec + usec / 1e6
+            current = min(float(rate), limit.rate) if rate is not None else limit.rate
+            tokens = limit.capacity if tok is None else float(tok)
+            if ts is not None and now > float(ts):
+                tokens = min(limit.capacity, tokens + (now - float(ts)) * current)
+            paused = max(0.0, float(ts) - now) if ts is not None else 0.0
+            return {"rate": current, "tokens": tokens, "paused_for": paused, "degraded": False}
+
+        def local() -> dict[str, Any]:
+            bucket = self._local_bucket(key, limit)
+            share = self._local_limit(limit)
+            return {
+                "rate": bucket.rate or share.rate,
+                "tokens": bucket.tokens,
+                "paused_for": max(0.0, bucket.ts - time.monotonic()),
+                "degraded": True,
+            }
+
+        state = self.guard.run(shared, local)
+        return {"provider": provider, "account": account, "configured_rate": limit.rate, **state}
+
+    # --- internals -----------------------------------------------------------------------------------
+
+    def _bucket(self, provider: str, account: str | None) -> tuple[str, Limit]:
+        provider_limit, account_limit = limit_for(provider, account)
+        if account_limit is not None:
+            return bucket_key(provider, account), account_limit
+        return bucket_key(provider), provider_limit
+
+    def _script(self, client: redis.Redis, source: str) -> Any:
+        # One Script object per client and source: it hashes once and reloads itself after a NOSCRIPT.
+        cache_key = (id(client), source)
+        script = self._scripts.get(cache_key)
+        if script is None:
+            script = self._scripts[cache_key] = client.register_script(source)
+        return script
+
+    @staticmethod
+    def _local_limit(limit: Limit) -> Limit:
+        """Return this process's share of a limit while every process enforces its own."""
+        workers = assumed_workers()
+        assert limit.rate is not None
+        return Limit(
+            rate=limit.rate / workers,
+            burst=max(1.0, limit.burst / workers),
+            high_reserve=limit.high_reserve,
+            min_rate=limit.min_rate / workers,
+            increase=limit.increase,
+        )
+
+    def _local_bucket(self, key: str, limit: Limit) -> _LocalBucket:
+        bucket = self._local.get(key)
+        if bucket is None:
+            bucket = self._local[key] = _LocalBucket(self._local_limit(limit).capacity)
+        return bucket
+
+    def _local_acquire(self, buckets: list[tuple[str, Limit]], n: int, high: bool) -> Grant:
+        now = time.monotonic()
+        with self._local_lock:
+            states = []
+            granted = n
+            for key, limit in buckets:
+                share = self._local_limit(limit)
+                assert share.rate is not None
+                bucket = self._local_bucket(key, limit)
+                rate = min(bucket.rate or share.rate, share.rate)
+                if now > bucket.ts:
+                    bucket.tokens = min(share.capacity, bucket.tokens + (now - bucket.ts) * rate)
+                    bucket.ts = now
+                usable = bucket.tokens - (0.0 if high else share.reserve_tokens)
+                granted = min(granted, max(0, math.floor(usable + 1e-9)))
+                states.append((bucket, share, rate))
+            wait = 0.0
+            for bucket, share, rate in states:
+                bucket.tokens -= granted
+                need = (1.0 if high else share.reserve_tokens + 1.0) - bucket.tokens
+                w = (need / rate if need > 0 else 0.0) + max(0.0, bucket.ts - now)
+                wait = max(wait, w)
+        return Grant(granted=granted, wait=wait, degraded=True)
+
+    def _local_throttled(self, key: str, limit: Limit, pause: float) -> None:
+        share = self._local_limit(limit)
+        assert share.rate is not None
+        now = time.monotonic()
+        with self._local_lock:
+            bucket = self._local_bucket(key, limit)
+            if now - bucket.cut >= CUT_WINDOW_SECONDS:
+                bucket.rate = max(share.min_rate, (bucket.rate or share.rate) * 0.5)
+                bucket.cut = now
+            bucket.tokens = 0.0
+            bucket.ts = max(bucket.ts, now + pause)
+
+    def _local_success(self, key: str, limit: Limit, n: int) -> None:
+        share = self._local_limit(limit)
+        assert share.rate is not None
+        with self._local_lock:
+            bucket = self._local_bucket(key, limit)
+            if bucket.rate is not None:
+                # The additive step is per process here: each process sees only its own successes.
+                bucket.rate = bucket.rate + n * share.increase
+                if bucket.rate >= share.rate:
+                    bucket.rate = None
+
+
+_default = RateLimiter()
+
+
+def acquire(provider: str, n: int = 1, *, priority: str = PRIORITY_HIGH, account: str | None = None) -> Grant:
+    """Take up to `n` tokens from the shared limiter (see the module docstring)."""
+    return _default.acquire(provider, n, priority=priority, account=account)
+
+
+def on_throttled(provider: str, retry_after: float | None = None, *, account: str | None = None) -> None:
+    """Report a throttled answer to the shared limiter (see the module docstring)."""
+    _default.on_throttled(provider, retry_after, account=account)
+
+
+def on_success(provider: str, n: int = 1, *, account: str | None = None) -> None:
+    """Report `n` successful sends to the shared limiter (see the module docstring)."""
+    _default.on_success(provider, n, account=account)
+
+
+def snapshot(provider: str, account: str | None = None) -> dict[str, Any]:
+    """Return the state of a bucket of the shared limiter."""
+    return _default.snapshot(provider, account)
