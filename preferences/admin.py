@@ -1,0 +1,57 @@
+"""Admin for recipients (with devices), topics and the suppression list; list pages show no personal data."""
+
+from __future__ import annotations
+
+from django.contrib import admin
+from django.db.models import Count, QuerySet
+from django.http import HttpRequest
+
+from preferences.models import Device, Recipient, Suppression, Topic
+
+
+class DeviceInline(admin.TabularInline):
+    """A recipient's push tokens."""
+
+    model = Device
+    extra = 0
+    fields = ("platform", "token", "active", "created_at", "deactivated_at")
+    readonly_fields = ("created_at", "deactivated_at")
+
+
+@admin.register(Recipient)
+class RecipientAdmin(admin.ModelAdmin):
+    """Support staff look recipients up by user_id; contact data is shown only on the detail page."""
+
+    list_display = ("user_id", "locale", "timezone", "opted_out", "erased_at", "created_at")
+    list_filter = ("opted_out", ("erased_at", admin.EmptyFieldListFilter))
+    search_fields = ("=user_id", "user_id")
+    readonly_fields = ("erased_at", "created_at", "updated_at")
+    inlines = [DeviceInline]
+    show_full_result_count = False
+
+
+@admin.register(Topic)
+class TopicAdmin(admin.ModelAdmin):
+    """Topics with their subscriber counts."""
+
+    list_display = ("key", "name", "subscriber_count", "created_at")
+    search_fields = ("key", "name")
+    readonly_fields = ("created_at",)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Topic]:
+        return super().get_queryset(request).annotate(_subscribers=Count("subscriptions"))
+
+    @admin.display(description="subscribers", ordering="_subscribers")
+    def subscriber_count(self, obj: Topic) -> int:
+        return obj._subscribers  # type: ignore[attr-defined]
+
+
+@admin.register(Suppression)
+class SuppressionAdmin(admin.ModelAdmin):
+    """The suppression list; an address is found by exact search, never listed in full."""
+
+    list_display = ("id", "channel", "source", "reason", "created_at")
+    list_filter = ("channel", "source")
+    search_fields = ("=address",)
+    readonly_fields = ("created_at",)
+    show_full_result_count = False
