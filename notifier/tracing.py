@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from notifier import metrics
-from notifier.logging import bind_delivery_context, clear_log_context
+from notifier.logging import bind_delivery_context, bound_log_context, clear_log_context
 
 logger = logging.getLogger(__name__)
 
@@ -233,7 +233,7 @@ def span(name: str, **attributes: Any) -> Iterator[TraceContext]:
 
 # --- Celery ------------------------------------------------------------------------------------------
 
-_running: dict[str, tuple[float, Any]] = {}
+_running: dict[str, tuple[float, Any, Any]] = {}
 _running_lock = threading.Lock()
 
 
@@ -259,7 +259,11 @@ def _message_traceparent(task: Any) -> str | None:
 
 def on_task_prerun(task_id: str | None = None, task: Any = None, **_kwargs: Any) -> None:
     """Continue the message's trace in the worker and bind it (with the task id) to the task's logs."""
-    # Prefork children and thread pools run task after task: nothing of the previous one may leak.
+    request = getattr(task, "request", None)
+    # An eager run (task.apply) happens inside its caller's request or task: keep the caller's context to
+    # restore afterwards. In a worker, prefork children and threads run task after task, and nothing of the
+    # previous one may leak, so the context starts empty.
+    saved = (bound_log_context(), current_trace()) if getattr(request, "is_eager", False) else None
     clear_log_context()
     parent = parse_traceparent(_message_traceparent(task)) or new_trace()
     name = getattr(task, "name", "task")
@@ -267,18 +271,24 @@ def on_task_prerun(task_id: str | None = None, task: Any = None, **_kwargs: Any)
     activate(ctx)
     bind_delivery_context(task_id=task_id, task=name)
     with _running_lock:
-        _running[task_id or ""] = (time.monotonic(), otel_span)
+        _running[task_id or ""] = (time.monotonic(), otel_span, saved)
 
 
 def on_task_postrun(task_id: str | None = None, task: Any = None, state: str | None = None, **_kwargs: Any) -> None:
-    """End the task's span, count it, and clear its log context."""
+    """End the task's span, count it, and clear its log context (restoring an eager caller's)."""
     with _running_lock:
-        started, otel_span = _running.pop(task_id or "", (None, None))
+        started, otel_span, saved = _running.pop(task_id or "", (None, None, None))
     elapsed = time.monotonic() - started if started is not None else None
     end_span(otel_span, attributes={"celery.state": state or ""})
     metrics.observe_task(getattr(task, "name", "unknown"), state or "unknown", elapsed)
     deactivate()
     clear_log_context()
+    if saved is not None:
+        context, trace = saved
+        if context:
+            bind_delivery_context(**context)
+        if trace is not None:
+            _current.set(trace)
 
 
 def connect_signals() -> None:

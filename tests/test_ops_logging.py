@@ -1,0 +1,110 @@
+"""Structured logs: bound ids appear as JSON keys and personal data is masked in every field."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from notifier.logging import (
+    bind_delivery_context,
+    bound_log_context,
+    clear_log_context,
+    get_logger,
+    json_formatter,
+    mask_text,
+)
+
+EMAIL = "jane.doe+news@example.com"
+PHONE = "+14155550123"
+PHONE_SPACED = "+44 20 7946 0958"
+PUSH_TOKEN = "dQw4w9WgXcQ:APA91bH7aK2mZ0pX9yLq3VtR8sN1uE6oI4wB5cD7fG2hJ"
+
+
+@pytest.fixture
+def log_lines() -> Iterator[Callable[[], list[dict[str, Any]]]]:
+    """Capture what the root logger writes through the production JSON formatter."""
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(json_formatter())
+    root = logging.getLogger()
+    old_level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    clear_log_context()
+    yield lambda: [json.loads(line) for line in stream.getvalue().splitlines() if line.strip()]
+    root.removeHandler(handler)
+    root.setLevel(old_level)
+    clear_log_context()
+
+
+def test_bound_ids_are_json_keys_of_stdlib_and_structlog_lines(log_lines: Callable[[], list[dict[str, Any]]]) -> None:
+    """A line logged while ids are bound carries notification_id, delivery_id and trace_id as keys."""
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    with bind_delivery_context(
+        notification_id="0b5c3a4e-1111-4222-8333-444455556666", delivery_id=1234, trace_id=trace_id
+    ):
+        logging.getLogger("notifier.test").info("claimed")
+        get_logger("notifier.test").info("sent", provider="sandbox")
+    logging.getLogger("notifier.test").info("after")
+
+    first, second, after = log_lines()
+    for line in (first, second):
+        assert line["notification_id"] == "0b5c3a4e-1111-4222-8333-444455556666"
+        assert line["delivery_id"] == 1234
+        assert line["trace_id"] == trace_id
+        assert line["level"] == "info"
+        assert "timestamp" in line
+    assert first["event"] == "claimed"
+    assert second["provider"] == "sandbox"
+    # Leaving the block unbinds: nothing leaks into the next line.
+    assert "delivery_id" not in after and "trace_id" not in after
+
+
+def test_plain_bind_stays_until_cleared() -> None:
+    """Without `with`, ids stay bound for the rest of the task until the context is cleared."""
+    clear_log_context()
+    bind_delivery_context(delivery_id=7, notification_id=None)
+    assert bound_log_context() == {"delivery_id": 7}
+    clear_log_context()
+    assert bound_log_context() == {}
+
+
+def test_masking_removes_email_phone_and_token_from_every_field(log_lines: Callable[[], list[dict[str, Any]]]) -> None:
+    """Emails, phone numbers and push tokens are masked in the message, extra fields and nested values."""
+    logging.getLogger("notifier.test").warning(
+        "send to %s via %s failed for %s", EMAIL, PHONE, PUSH_TOKEN, extra={"detail": {"to": PHONE_SPACED}}
+    )
+    get_logger("notifier.test").info(
+        "provider answered",
+        response={"errors": [f"invalid address {EMAIL}", f"token {PUSH_TOKEN} unregistered"]},
+        recipient_phone=PHONE,
+        note=f"call {PHONE_SPACED}",
+    )
+    try:
+        raise ValueError(f"bounce for {EMAIL}")
+    except ValueError:
+        logging.getLogger("notifier.test").exception("provider error")
+
+    raw = json.dumps(log_lines())
+    for secret in (EMAIL, "jane.doe", PHONE, "4155550123", PHONE_SPACED, "7946 0958", PUSH_TOKEN, "APA91b"):
+        assert secret not in raw, secret
+    lines = log_lines()
+    assert lines[0]["event"] == "send to [email] via [phone] failed for [token]"
+    assert lines[0]["detail"] == {"to": "[phone]"}
+    assert lines[1]["recipient_phone"] == "[redacted]"
+    assert lines[1]["response"]["errors"] == ["invalid address [email]", "token [token] unregistered"]
+    assert "ValueError: bounce for [email]" in lines[2]["exception"]
+
+
+def test_masking_keeps_ids_dates_and_paths() -> None:
+    """What operators need to read stays: UUIDs, dates, times, URL paths and module names."""
+    text = (
+        "notification 0b5c3a4e-1111-4222-8333-444455556666 at 2026-01-31 12:00:05 "
+        "GET /api/v1/notifications/42 in channels_app.tasks.send_deliveries attempt 3"
+    )
+    assert mask_text(text) == text

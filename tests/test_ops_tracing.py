@@ -1,0 +1,196 @@
+"""W3C trace context: parsing, the request middleware, Celery message headers and optional OTel spans."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.http import HttpRequest, JsonResponse
+from django.test import Client
+from django.urls import path
+
+from config.celery import app as celery_app
+from notifier import tracing
+from notifier.logging import bound_log_context, clear_log_context, get_logger, json_formatter
+from tests.conftest import purge_all_queues
+
+INCOMING = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+
+
+def _echo_context(request: HttpRequest) -> JsonResponse:
+    get_logger("notifier.test").info("inside the view")
+    return JsonResponse({"context": bound_log_context(), "trace_id": request.trace_id})  # type: ignore[attr-defined]
+
+
+urlpatterns = [path("ops-test/echo", _echo_context)]
+
+
+@pytest.fixture
+def log_stream() -> Iterator[io.StringIO]:
+    """Capture root log output as JSON lines."""
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(json_formatter())
+    root = logging.getLogger()
+    old_level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    yield stream
+    root.removeHandler(handler)
+    root.setLevel(old_level)
+    clear_log_context()
+
+
+def _lines(stream: io.StringIO) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in stream.getvalue().splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        None,
+        "",
+        "garbage",
+        "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",  # version ff is invalid
+        "00-00000000000000000000000000000000-00f067aa0ba902b7-01",  # all-zero trace id
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",  # all-zero parent id
+        "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",  # upper case is invalid
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",  # version 00 has four fields
+    ],
+)
+def test_invalid_traceparent_is_rejected(value: str | None) -> None:
+    """Anything that is not a valid W3C traceparent parses to None (a new trace is started instead)."""
+    assert tracing.parse_traceparent(value) is None
+
+
+def test_traceparent_round_trip_and_future_versions() -> None:
+    """A valid header parses to its parts; a later version with extra fields is accepted."""
+    ctx = tracing.parse_traceparent(INCOMING)
+    assert ctx is not None and ctx.trace_id == TRACE_ID and ctx.span_id == "00f067aa0ba902b7" and ctx.sampled
+    assert ctx.traceparent == INCOMING
+    assert tracing.parse_traceparent("cc-" + INCOMING[3:] + "-what-the-future-brings") is not None
+    fresh = tracing.new_trace()
+    assert tracing.parse_traceparent(fresh.traceparent) == fresh
+    child = fresh.child()
+    assert child.trace_id == fresh.trace_id and child.span_id != fresh.span_id
+
+
+@pytest.mark.urls(__name__)
+def test_incoming_traceparent_is_bound_for_logs_and_echoed(log_stream: io.StringIO) -> None:
+    """The caller's trace id is in the view's log context and log lines, and comes back on the response."""
+    response = Client().get("/ops-test/echo", HTTP_TRACEPARENT=INCOMING)
+    assert response.status_code == 200
+    body = response.json()
+    assert body["context"]["trace_id"] == TRACE_ID
+    assert body["trace_id"] == TRACE_ID
+    echoed = tracing.parse_traceparent(response["traceparent"])
+    assert echoed is not None and echoed.trace_id == TRACE_ID
+    assert echoed.span_id != "00f067aa0ba902b7"  # this request's own span, child of the caller's
+    lines = _lines(log_stream)
+    view_line = next(line for line in lines if line["event"] == "inside the view")
+    access_line = next(line for line in lines if line["logger"] == "notifier.access")
+    assert view_line["trace_id"] == TRACE_ID
+    assert access_line["trace_id"] == TRACE_ID
+    assert access_line["status"] == 200 and access_line["http_route"] == "ops-test/echo"
+    # Nothing stays bound after the request.
+    assert bound_log_context() == {}
+
+
+@pytest.mark.urls(__name__)
+def test_missing_or_invalid_traceparent_starts_a_new_trace() -> None:
+    """Without a usable header, the response still carries a valid, fresh traceparent."""
+    response = Client().get("/ops-test/echo", HTTP_TRACEPARENT="nonsense")
+    ctx = tracing.parse_traceparent(response["traceparent"])
+    assert ctx is not None
+    assert response.json()["context"]["trace_id"] == ctx.trace_id != TRACE_ID
+
+
+def test_publish_puts_the_current_trace_in_the_message_headers() -> None:
+    """A task published inside a trace carries its traceparent as a message header on RabbitMQ."""
+    tracing.connect_signals()
+    purge_all_queues()
+    token = tracing.activate(tracing.parse_traceparent(INCOMING))  # type: ignore[arg-type]
+    try:
+        celery_app.send_task("notifier.retention.purge_old_deliveries", queue="maintenance")
+    finally:
+        tracing.deactivate(token)
+        clear_log_context()
+    with celery_app.connection_for_write() as conn:
+        message = celery_app.amqp.queues["maintenance"](conn.channel()).get(no_ack=True)
+    assert message is not None
+    header = tracing.parse_traceparent(message.headers.get("traceparent"))
+    assert header is not None and header.trace_id == TRACE_ID
+    purge_all_queues()
+
+
+def test_worker_side_binds_the_message_trace_for_the_task() -> None:
+    """task_prerun binds the message's trace id (and task id) for the task's logs; postrun clears it."""
+    tracing.connect_signals()
+    seen: dict[str, Any] = {}
+
+    @celery_app.task(name="tests.ops.capture_context", bind=True)
+    def capture(self: Any) -> None:
+        seen.update(bound_log_context())
+        seen["current"] = tracing.current_trace_id()
+
+    try:
+        capture.apply(headers={"traceparent": INCOMING}, task_id="task-1")
+    finally:
+        celery_app.tasks.pop("tests.ops.capture_context", None)
+    assert seen["trace_id"] == TRACE_ID
+    assert seen["current"] == TRACE_ID
+    assert seen["task_id"] == "task-1"
+    assert bound_log_context() == {}
+    assert tracing.current_trace() is None
+
+
+def test_eager_run_restores_the_callers_context() -> None:
+    """A task applied eagerly inside a request gets its own context and hands the caller's back after."""
+    tracing.connect_signals()
+    caller = tracing.new_trace()
+    token = tracing.activate(caller)
+
+    inside: list[str] = []
+
+    @celery_app.task(name="tests.ops.noop")
+    def noop() -> None:
+        inside.append(tracing.current_trace_id())
+
+    try:
+        noop.apply(headers={"traceparent": INCOMING})
+        assert inside == [TRACE_ID]
+        assert tracing.current_trace_id() == caller.trace_id
+        assert bound_log_context()["trace_id"] == caller.trace_id
+    finally:
+        celery_app.tasks.pop("tests.ops.noop", None)
+        tracing.deactivate(token)
+        clear_log_context()
+
+
+@pytest.mark.urls(__name__)
+def test_spans_are_exported_only_when_configured() -> None:
+    """With an exporter configured, the request becomes a server span in the caller's trace."""
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    tracing.reset_tracing()
+    # Not configured (no OTEL_EXPORTER_OTLP_ENDPOINT): no tracer at all.
+    assert tracing.configure_tracing(endpoint="") is False
+    exporter = InMemorySpanExporter()
+    assert tracing.configure_tracing(exporter=exporter) is True
+    try:
+        response = Client().get("/ops-test/echo", HTTP_TRACEPARENT=INCOMING)
+    finally:
+        tracing.reset_tracing()
+    spans = exporter.get_finished_spans()
+    assert len(spans) == 1
+    span = spans[0]
+    assert format(span.context.trace_id, "032x") == TRACE_ID
+    assert span.parent is not None and format(span.parent.span_id, "016x") == "00f067aa0ba902b7"
+    echoed = tracing.parse_traceparent(response["traceparent"])
+    assert echoed is not None and echoed.span_id == format(span.context.span_id, "016x")
+    assert span.attributes["http.response.status_code"] == 200
