@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
-from jinja2 import StrictUndefined, TemplateError, TemplateSyntaxError, UndefinedError, nodes
+from jinja2 import StrictUndefined, TemplateError, TemplateSyntaxError, UndefinedError, meta, nodes
 from jinja2.environment import Template
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 
@@ -358,3 +358,25 @@ def render(version: TemplateVersion, *, channel: str, locale: str, payload: dict
 def render_all(version: TemplateVersion, *, locale: str, payload: dict) -> dict[str, RenderedParts]:
     """Render every channel the version serves (those of the default locale); used by the previews."""
     return {channel: render(version, channel=channel, locale=locale, payload=payload) for channel in version.channels}
+
+
+def template_variables(content: Mapping[str, Any]) -> list[str]:
+    """Return the top-level variables the content's templates use (to prefill a sample payload)."""
+    found: set[str] = set()
+
+    def visit(value: Any) -> None:
+        if isinstance(value, str):
+            if any(marker in value for marker in _MARKERS):
+                try:
+                    found.update(meta.find_undeclared_variables(_TEXT_ENV.parse(value)))
+                except TemplateSyntaxError:
+                    pass
+        elif isinstance(value, dict):
+            for item in value.values():
+                visit(item)
+        elif isinstance(value, list):
+            for item in value:
+                visit(item)
+
+    visit(content)
+    return sorted(found - set(_TEXT_ENV.globals))

@@ -149,6 +149,44 @@ def _validate_header(*, key: str, category: str, default_locale: str) -> None:
         raise ValidationError(errors)
 
 
+def _check_draft_keeps_header(*, template: Template, category: str, default_locale: str, publish: bool) -> None:
+    """Refuse a draft that would change the category or default locale of a published template."""
+    if publish or template.pk is None or template.published_version_id is None:
+        return
+    changed = {
+        field: [f"can change only with publish=true (the published version uses '{current}')"]
+        for field, current, new in (
+            ("category", template.category, category),
+            ("default_locale", template.default_locale, default_locale),
+        )
+        if current != new
+    }
+    if changed:
+        raise ValidationError(changed)
+
+
+def template_put_validate(
+    *,
+    key: str,
+    category: str,
+    default_locale: str,
+    content: Any,
+    publish: bool = True,
+    template: Template | None = None,
+) -> tuple[str, dict[str, Any]]:
+    """Validate what template_put would write; return the canonical default locale and content.
+
+    Raises ValidationError naming each bad field. `template`, when given, is the existing template (the
+    admin validates its form with this before saving).
+    """
+    _validate_header(key=key, category=category, default_locale=default_locale)
+    default_locale = canonical_locale(default_locale)
+    canonical = validate_content(content, default_locale=default_locale)
+    if template is not None:
+        _check_draft_keeps_header(template=template, category=category, default_locale=default_locale, publish=publish)
+    return default_locale, canonical
+
+
 def template_put(
     *,
     key: str,
@@ -166,11 +204,11 @@ def template_put(
     version is published: a draft may not change them on a template that already has a published version.
     A non-empty `allowed_categories` (an API client's) restricts both the new and the existing category.
     """
-    _validate_header(key=key, category=category, default_locale=default_locale)
     if allowed_categories and category not in allowed_categories:
         raise ApiError(403, "category_forbidden", f"This API client may not use category '{category}'.")
-    default_locale = canonical_locale(default_locale)
-    canonical = validate_content(content, default_locale=default_locale)
+    default_locale, canonical = template_put_validate(
+        key=key, category=category, default_locale=default_locale, content=content
+    )
     with transaction.atomic():
         template, _ = Template.objects.get_or_create(
             key=key, defaults={"category": category, "default_locale": default_locale}
@@ -178,17 +216,7 @@ def template_put(
         template = Template.objects.select_for_update().get(pk=template.pk)
         if allowed_categories and template.category not in allowed_categories:
             raise ApiError(403, "category_forbidden", f"This API client may not use category '{template.category}'.")
-        if not publish and template.published_version_id is not None:
-            changed = {
-                field: [f"can change only with publish=true (the published version uses '{current}')"]
-                for field, current, new in (
-                    ("category", template.category, category),
-                    ("default_locale", template.default_locale, default_locale),
-                )
-                if current != new
-            }
-            if changed:
-                raise ValidationError(changed)
+        _check_draft_keeps_header(template=template, category=category, default_locale=default_locale, publish=publish)
         last = template.versions.aggregate(last=Max("version"))["last"] or 0
         version = TemplateVersion.objects.create(
             template=template, version=last + 1, content=canonical, created_by=actor[:255]
@@ -229,3 +257,10 @@ def template_version_publish(*, version: TemplateVersion, actor: str = "") -> Te
     logger.info("template %s version %s published by %s", template.key, version.version, actor or "-")
     version.template = template
     return version
+
+
+def template_describe(*, template: Template, description: str) -> Template:
+    """Set a template's description (free text for support staff; not part of any version)."""
+    template.description = description
+    template.save(update_fields=["description", "updated_at"])
+    return template
