@@ -1,0 +1,52 @@
+"""Reads of the in-app inbox."""
+
+from __future__ import annotations
+
+from django.db.models import QuerySet
+
+from notifier.models import Delivery
+from preferences.models import Recipient
+
+INBOX_CHANNEL = "inapp"
+# An in-app delivery shows once the worker has stored it (`sent`); reading it moves it to `opened`.
+INBOX_VISIBLE_STATUSES = (Delivery.Status.SENT, Delivery.Status.DELIVERED, Delivery.Status.OPENED)
+READABLE_STATUSES = (Delivery.Status.SENT, Delivery.Status.DELIVERED)
+
+
+def inbox_recipient_get(*, user_id: str) -> Recipient | None:
+    """Return the recipient whose inbox this is, or None if unknown or erased."""
+    return Recipient.objects.filter(user_id=user_id, erased_at__isnull=True).first()
+
+
+def inbox_queryset(*, recipient: Recipient) -> QuerySet[Delivery]:
+    """Return the recipient's visible inbox deliveries (served by the partial index delivery_inbox_idx)."""
+    return Delivery.objects.filter(recipient=recipient, channel=INBOX_CHANNEL, status__in=INBOX_VISIBLE_STATUSES)
+
+
+def inbox_list(
+    *, recipient: Recipient, unread_only: bool = False, before_id: int | None = None, limit: int = 20
+) -> tuple[list[Delivery], int | None]:
+    """Return one page of the inbox, newest first, and the id to continue before (None on the last page)."""
+    qs = inbox_queryset(recipient=recipient)
+    if unread_only:
+        qs = qs.filter(read_at__isnull=True)
+    if before_id is not None:
+        qs = qs.filter(pk__lt=before_id)
+    rows = list(
+        qs.select_related("notification")
+        .only("id", "content", "created_at", "read_at", "status", "notification__id", "notification__category")
+        .order_by("-id")[: limit + 1]
+    )
+    if len(rows) > limit:
+        return rows[:limit], rows[limit - 1].pk
+    return rows, None
+
+
+def inbox_unread_count(*, recipient: Recipient) -> int:
+    """Return how many visible inbox items the recipient has not read."""
+    return inbox_queryset(recipient=recipient).filter(read_at__isnull=True).count()
+
+
+def inbox_item_get(*, recipient: Recipient, delivery_id: int) -> Delivery | None:
+    """Return one visible inbox item of the recipient, or None."""
+    return inbox_queryset(recipient=recipient).select_related("notification").filter(pk=delivery_id).first()

@@ -1,0 +1,13 @@
+"""Routes of the in-app inbox, included by the root URL conf under `/api/v1/`."""
+
+from __future__ import annotations
+
+from django.urls import path
+
+from notifier.inbox.apis import InboxItemReadApi, InboxListApi, InboxReadAllApi
+
+urlpatterns = [
+    path("recipients/<str:user_id>/inbox", InboxListApi.as_view(), name="inbox"),
+    path("recipients/<str:user_id>/inbox/read-all", InboxReadAllApi.as_view(), name="inbox-read-all"),
+    path("recipients/<str:user_id>/inbox/<int:delivery_id>/read", InboxItemReadApi.as_view(), name="inbox-read"),
+]
