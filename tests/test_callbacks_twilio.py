@@ -174,3 +174,14 @@ def test_json_body_is_a_400() -> None:
     d = sms_delivery()
     resp = APIClient().post("/callbacks/twilio", data={"MessageSid": d.provider_message_id}, format="json")
     assert resp.status_code == 400
+
+
+def test_signature_for_the_configured_status_callback_url_is_accepted(settings: Any) -> None:
+    """Twilio signs the StatusCallback URL sent with the message, which a proxy may map to our path."""
+    settings.TWILIO_STATUS_CALLBACK_URL = "https://hooks.example.com/notifier/twilio-status?k=1"
+    d = sms_delivery()
+    params = status_params(d, "delivered")
+    signature = RequestValidator(TOKEN).compute_signature(settings.TWILIO_STATUS_CALLBACK_URL, params)
+    assert post(params, signature=signature).status_code == 200
+    d.refresh_from_db()
+    assert d.status == "delivered"

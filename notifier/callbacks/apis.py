@@ -59,15 +59,15 @@ class TwilioCallbackApi(APIView):
     parser_classes = [FormParser]
 
     def post(self, request: Request) -> Response:
-        # Twilio signs the URL it called: the public one, which the proxy in front of us may have rewritten.
-        url = conf.public_base_url() + request.get_full_path()
+        # Twilio signs the URL it called: the public one (a proxy in front of us may have rewritten ours).
+        urls = conf.twilio_callback_urls(request.get_full_path())
         try:
             params = request.data
         except (ParseError, UnsupportedMediaType):
             raise _reject(MalformedCallback("body is not form-encoded"), "twilio") from None
         try:
             result = twilio_status_handle(
-                url=url,
+                urls=urls,
                 params=params,
                 signature=request.headers.get("X-Twilio-Signature", ""),
                 headers=request.headers,

@@ -77,3 +77,16 @@ def twilio_auth_token() -> str:
 def public_base_url() -> str:
     """Return the externally visible base URL the providers call (Twilio signs the full URL)."""
     return str(_setting("PUBLIC_BASE_URL", None) or os.environ.get("PUBLIC_BASE_URL", "")).rstrip("/")
+
+
+def twilio_callback_urls(full_path: str) -> list[str]:
+    """Return the public URLs a Twilio callback to `full_path` may have been signed for.
+
+    PUBLIC_BASE_URL + the request's path and query, and TWILIO_STATUS_CALLBACK_URL (the exact URL given to
+    Twilio with each message) when it is set.
+    """
+    urls = [public_base_url() + full_path]
+    configured = str(_setting("TWILIO_STATUS_CALLBACK_URL", None) or os.environ.get("TWILIO_STATUS_CALLBACK_URL", ""))
+    if configured:
+        urls.append(configured)
+    return urls

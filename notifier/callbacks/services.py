@@ -253,10 +253,10 @@ def _apply_ses_bounce(
 
 
 def twilio_status_handle(
-    *, url: str, params: Mapping[str, Any], signature: str, headers: Mapping[str, str]
+    *, urls: Sequence[str], params: Mapping[str, Any], signature: str, headers: Mapping[str, str]
 ) -> CallbackResult:
     """Verify a Twilio message status callback and apply it to the delivery with that MessageSid."""
-    verify_twilio_request(url=url, params=params, signature=signature, headers=headers)
+    verify_twilio_request(urls=urls, params=params, signature=signature, headers=headers)
     sid = params.get("MessageSid") or params.get("SmsSid") or ""
     status = str(params.get("MessageStatus") or params.get("SmsStatus") or "").lower()
     if not sid or not _TWILIO_STATUS_RE.match(status):

@@ -15,7 +15,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
@@ -222,13 +222,17 @@ def visit_subscribe_url(url: str) -> int:
         raise VerificationError(f"SubscribeURL visit failed: {type(exc).__name__}") from exc
 
 
-def verify_twilio_request(*, url: str, params: Any, signature: str, headers: Mapping[str, str]) -> None:
-    """Check X-Twilio-Signature over the public URL and the form parameters; raise VerificationError if bad."""
+def verify_twilio_request(*, urls: Sequence[str], params: Any, signature: str, headers: Mapping[str, str]) -> None:
+    """Check X-Twilio-Signature over the URL Twilio called and the form parameters; raise VerificationError if bad.
+
+    `urls` are the public URLs this request may have been sent to (Twilio signs the exact URL it called).
+    """
     token = conf.twilio_auth_token()
     if not token:
         raise VerificationError("TWILIO_AUTH_TOKEN is not configured")
     if not signature:
         raise VerificationError("request is not signed")
     algorithm = get_signature_algorithm(headers.get(SIGNATURE_SETTINGS_HEADER, ""))
-    if not RequestValidator(token).validate(url, params, signature, algorithm=algorithm):
+    validator = RequestValidator(token)
+    if not any(validator.validate(url, params, signature, algorithm=algorithm) for url in dict.fromkeys(urls)):
         raise VerificationError("signature does not match")
