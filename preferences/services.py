@@ -65,8 +65,8 @@ def recipient_upsert(*, user_id: str, **fields: Any) -> tuple[Recipient, bool]:
 def recipient_erase(*, recipient: Recipient) -> Recipient:
     """Erase a recipient's personal data, keeping the rows that other records point at.
 
-    Wipes contact fields, devices and preferences, marks the recipient erased, and anonymises what was sent
-    to them: delivery addresses and stored content, and the sandbox's record of those deliveries.
+    Wipes contact fields, devices, preferences and topic memberships, marks the recipient erased, and
+    anonymises what was sent to them: delivery addresses and stored content, and the sandbox's record of them.
     """
     from channels_app.models import SandboxMessage
     from notifier.models import Delivery
@@ -87,6 +87,8 @@ def recipient_erase(*, recipient: Recipient) -> Recipient:
         recipient.erased_at = now
         recipient.save()
         recipient.devices.all().delete()
+        # Topic memberships are preferences too; keeping them would make every fan-out write a row for nobody.
+        recipient.subscriptions.all().delete()
         deliveries = Delivery.objects.filter(recipient=recipient)
         SandboxMessage.objects.filter(delivery_id__in=deliveries.values("pk")).update(address="", content={})
         deliveries.update(address="", content=None, updated_at=now)

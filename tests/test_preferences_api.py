@@ -11,7 +11,7 @@ from rest_framework.test import APIClient
 from channels_app.models import SandboxMessage
 from notifier.auth import generate_key, hash_key
 from notifier.models import ApiClient, Delivery, DeliveryEvent, Notification
-from preferences.models import Device, Recipient, Suppression
+from preferences.models import Device, Recipient, Subscription, Suppression, Topic
 
 # Until the lead mounts preferences.urls under /api/v1/, these tests route through this module.
 urlpatterns = [
@@ -203,6 +203,8 @@ def test_erasure_wipes_personal_data_and_keeps_rows(http: APIClient, client_row:
     http.put("/api/v1/recipients/u-e/preferences", PREFS, format="json")
     http.post("/api/v1/recipients/u-e/devices", {"token": "tok-e"}, format="json")
     recipient = Recipient.objects.get(user_id="u-e")
+    topic = Topic.objects.create(key="news")
+    Subscription.objects.create(topic=topic, recipient=recipient)
     other, _ = Recipient.objects.get_or_create(user_id="u-other")
     n = Notification.objects.create(
         client=client_row, category="transactional", template_key="t", recipient=recipient, priority="high"
@@ -227,6 +229,7 @@ def test_erasure_wipes_personal_data_and_keeps_rows(http: APIClient, client_row:
     assert (recipient.email, recipient.phone, recipient.webhook_url) == ("", "", "")
     assert not recipient.opted_out and recipient.channel_prefs == {} and recipient.category_prefs == {}
     assert recipient.quiet_start is None and not Device.objects.filter(recipient=recipient).exists()
+    assert not Subscription.objects.filter(recipient=recipient).exists()
     mine.refresh_from_db()
     assert mine.address == "" and mine.content is None and mine.status == "sent"
     assert mine.events.count() == 1  # history kept
