@@ -544,3 +544,33 @@ def test_cert_url_rule_without_test_hosts(url: str, allowed: bool, settings: Any
     settings.SNS_CERT_URL_ALLOWED_HOSTS = []
     settings.SNS_CERT_URL_ALLOW_HTTP = False
     assert verify.is_allowed_sns_url(url) is allowed
+
+
+def test_with_redis_unreachable_callbacks_still_apply_and_replays_stay_harmless(
+    stub: SnsStub, signing: Any, settings: Any
+) -> None:
+    """Redis is only the fast path: with it down (nothing listens on port 1), the database guards replays."""
+    from notifier.redis import get_redis
+
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"
+    get_redis.cache_clear()
+    try:
+        d = make_delivery(address="angry@example.com")
+        complaint = ses_event(
+            "Complaint",
+            d.provider_message_id,
+            complaint={"complainedRecipients": [{"emailAddress": "angry@example.com"}]},
+        )
+        messages = [
+            notification(ses_event("Delivery", d.provider_message_id), stub, signing[0]),
+            notification(complaint, stub, signing[0]),
+        ]
+        for message in messages:
+            assert post(message).status_code == 200
+        before = snapshot(d)
+        assert before[0] == "delivered" and len(before[1]) == 2 and before[2] == 1
+        for message in messages:
+            assert post(message).status_code == 200
+        assert snapshot(d) == before
+    finally:
+        get_redis.cache_clear()
