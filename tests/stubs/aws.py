@@ -33,7 +33,19 @@ class MotoServer:
         self.server.start()
         host, port = self.server.get_host_and_port()
         self.url = f"http://{host}:{port}"
+        self._warm_up()
         return self
+
+    def _warm_up(self) -> None:
+        # moto loads a service's backend on its first call (over a second): do it now, not under a test's
+        # short read timeout.
+        import boto3
+
+        session = boto3.session.Session(
+            aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SECRET_KEY, region_name=REGION
+        )
+        session.client("sesv2", endpoint_url=self.url).list_email_identities()
+        session.client("sns", endpoint_url=self.url).list_topics()
 
     def stop(self) -> None:
         """Stop serving."""

@@ -117,6 +117,6 @@ def aws_env(aws_stub: AwsFaultProxy) -> dict[str, str]:
         "AWS_SECRET_ACCESS_KEY": aws.SECRET_KEY,
         "SES_ENDPOINT_URL": aws_stub.url,
         "SNS_ENDPOINT_URL": aws_stub.url,
-        "AWS_READ_TIMEOUT_SECONDS": "2",
+        "AWS_READ_TIMEOUT_SECONDS": "5",
         "EMAIL_FROM": EMAIL_FROM,
     }

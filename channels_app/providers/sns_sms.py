@@ -1,0 +1,92 @@
+"""Amazon SNS SMS provider (boto3 `sns` Publish to a phone number), the second SMS provider.
+
+Built like the SES provider: one client per worker process, one attempt per call, `SNS_ENDPOINT_URL` for a
+stand-in. SNS has no batch API for SMS, so the base class's bounded thread pool sends batches.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from botocore.exceptions import BotoCoreError, ClientError
+from django.conf import settings
+
+from channels_app.providers.base import (
+    ConfigurationError,
+    OutboundMessage,
+    PermanentError,
+    Provider,
+    ProviderError,
+    SendResult,
+)
+from channels_app.providers.ses import aws_client_from_settings, common_classification, error_code, transport_error
+
+OPTED_OUT_CODES = {"OptedOut", "OptedOutException"}
+
+
+class SnsProvider(Provider):
+    """Send SMS through Amazon SNS."""
+
+    name: ClassVar[str] = "sns"
+    channels: ClassVar[tuple[str, ...]] = ("sms",)
+
+    def __init__(
+        self, *, client: Any, sms_type: str = "Transactional", sender_id: str = "", origination_number: str = ""
+    ) -> None:
+        self.client = client
+        self.sms_type = sms_type
+        self.sender_id = sender_id
+        self.origination_number = origination_number
+
+    @classmethod
+    def from_settings(cls) -> SnsProvider:
+        """Build the provider from AWS_* and SNS_* settings; name the first missing or wrong variable."""
+        if not settings.SNS_REGION:
+            raise ConfigurationError("SNS_REGION (or AWS_REGION) is not set")
+        if settings.SNS_SMS_TYPE not in ("Transactional", "Promotional"):
+            raise ConfigurationError("SNS_SMS_TYPE must be Transactional or Promotional")
+        client = aws_client_from_settings("sns", region=settings.SNS_REGION, endpoint_url=settings.SNS_ENDPOINT_URL)
+        return cls(
+            client=client,
+            sms_type=settings.SNS_SMS_TYPE,
+            sender_id=settings.SNS_SENDER_ID,
+            origination_number=settings.SNS_ORIGINATION_NUMBER,
+        )
+
+    def build(self, message: OutboundMessage) -> dict[str, Any]:
+        """Return the Publish arguments for one SMS."""
+        sms_type = self.sms_type if message.category != "marketing" else "Promotional"
+        attributes: dict[str, Any] = {"AWS.SNS.SMS.SMSType": {"DataType": "String", "StringValue": sms_type}}
+        if self.sender_id:
+            attributes["AWS.SNS.SMS.SenderID"] = {"DataType": "String", "StringValue": self.sender_id}
+        if self.origination_number:
+            attributes["AWS.MM.SMS.OriginationNumber"] = {"DataType": "String", "StringValue": self.origination_number}
+        return {
+            "PhoneNumber": message.address,
+            "Message": message.content.get("text", ""),
+            "MessageAttributes": attributes,
+        }
+
+    def send(self, message: OutboundMessage) -> SendResult:
+        """Publish one SMS and return SNS's MessageId."""
+        try:
+            response = self.client.publish(**self.build(message))
+        except ClientError as exc:
+            raise self._classify(exc) from None
+        except BotoCoreError as exc:
+            raise transport_error(exc) from None
+        return SendResult(provider_message_id=str(response["MessageId"]))
+
+    @staticmethod
+    def _classify(exc: ClientError) -> ProviderError:
+        code = error_code(exc)
+        common = common_classification(exc, code)
+        if common is not None:
+            return common
+        detail = str(exc.response.get("Error", {}).get("Message", "")).lower()
+        if code in OPTED_OUT_CODES or "opted out" in detail:
+            return PermanentError(f"SNS: number opted out ({code})", code=code, suppress=True)
+        if code in ("InvalidParameter", "InvalidParameterValue") and "phonenumber" in detail.replace(" ", ""):
+            # The number itself is malformed or unusable: suppress it like a hard bounce.
+            return PermanentError(f"SNS: invalid phone number ({code})", code=code, suppress=True)
+        return PermanentError(f"SNS rejected the message ({code})", code=code)
