@@ -13,7 +13,8 @@ from notifier.auth import generate_key, hash_key
 from notifier.models import ApiClient, Delivery, DeliveryEvent, Notification
 from preferences.models import Recipient
 
-urlpatterns = [path("api/v1/", include("notifier.inbox.urls"))]
+# The inbox routes (until the root URL conf includes them) next to the rest of /api/v1/ for the end-to-end test.
+urlpatterns = [path("api/v1/", include("notifier.inbox.urls")), path("api/v1/", include("notifier.urls"))]
 
 pytestmark = [pytest.mark.urls(__name__), pytest.mark.django_db]
 
@@ -222,3 +223,41 @@ def test_requires_an_api_key(service: ApiClient) -> None:
     assert anonymous.post(inbox_url(me.user_id, f"/{d.pk}/read")).status_code == 401
     d.refresh_from_db()
     assert d.status == "sent"
+
+
+@pytest.mark.e2e
+@pytest.mark.django_db(transaction=True)
+def test_end_to_end_sent_through_the_api_stored_by_a_worker_read_in_the_inbox(
+    service: ApiClient, http: APIClient, start_worker: Any
+) -> None:
+    from templates_app.services import template_put
+    from tests.conftest import wait_for
+
+    template_put(
+        key="friend_request",
+        category="social",
+        default_locale="en",
+        content={"en": {"inapp": {"title": "Hi {{ name }}", "body": "{{ name }} wants to be friends"}}},
+    )
+    me = make_recipient("u-e2e")
+    start_worker(queues=["inapp.high", "inapp.low"])
+    resp = http.post(
+        "/api/v1/notifications",
+        {"recipient": {"user_id": me.user_id}, "category": "social", "template": "friend_request",
+         "payload": {"name": "Ada"}, "channels": ["inapp"]},
+        format="json",
+    )  # fmt: skip
+    assert resp.status_code == 202, resp.content
+
+    def stored() -> dict[str, Any] | None:
+        page = http.get(inbox_url(me.user_id)).json()
+        return page if page["items"] else None
+
+    body = wait_for(stored, timeout=60)
+    assert body["unread_count"] == 1
+    item = body["items"][0]
+    assert (item["title"], item["body"], item["category"]) == ("Hi Ada", "Ada wants to be friends", "social")
+    assert http.post(inbox_url(me.user_id, f"/{item['id']}/read")).status_code == 200
+    d = Delivery.objects.get(pk=item["id"])
+    assert d.status == "opened"
+    assert list(d.events.order_by("id").values_list("status", flat=True)) == ["queued", "sending", "sent", "opened"]
