@@ -6,6 +6,8 @@ import json
 import logging
 from typing import Any
 
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema
 from rest_framework.exceptions import ParseError, UnsupportedMediaType
 from rest_framework.parsers import FormParser
 from rest_framework.permissions import AllowAny
@@ -36,6 +38,7 @@ class SesCallbackApi(APIView):
     authentication_classes: list[Any] = []
     permission_classes = [AllowAny]
 
+    @extend_schema(request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT, auth=[])
     def post(self, request: Request) -> Response:
         # SNS posts JSON as text/plain, so the raw body is parsed here rather than by DRF's parsers.
         try:
@@ -58,6 +61,7 @@ class TwilioCallbackApi(APIView):
     permission_classes = [AllowAny]
     parser_classes = [FormParser]
 
+    @extend_schema(request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT, auth=[])
     def post(self, request: Request) -> Response:
         # Twilio signs the URL it called: the public one (a proxy in front of us may have rewritten ours).
         urls = conf.twilio_callback_urls(request.get_full_path())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -55,6 +56,10 @@ class InboxListApi(APIView):
         next_cursor = serializers.CharField(allow_null=True)
         unread_count = serializers.IntegerField()
 
+        class Meta:
+            ref_name = "InboxPage"
+
+    @extend_schema(parameters=[InputSerializer], responses=OutputSerializer)
     def get(self, request: Request, user_id: str) -> Response:
         params = self.InputSerializer(data=request.query_params)
         params.is_valid(raise_exception=True)
@@ -77,6 +82,7 @@ class InboxListApi(APIView):
 class InboxItemReadApi(APIView):
     """Mark one inbox item read; its delivery moves to `opened`."""
 
+    @extend_schema(request=None, responses=InboxItemSerializer)
     def post(self, request: Request, user_id: str, delivery_id: int) -> Response:
         recipient = _recipient_or_404(user_id)
         item = inbox_item_mark_read(recipient=recipient, delivery_id=delivery_id)
@@ -92,6 +98,10 @@ class InboxReadAllApi(APIView):
         marked_read = serializers.IntegerField()
         unread_count = serializers.IntegerField()
 
+        class Meta:
+            ref_name = "InboxReadAll"
+
+    @extend_schema(request=None, responses=OutputSerializer)
     def post(self, request: Request, user_id: str) -> Response:
         recipient = _recipient_or_404(user_id)
         marked = inbox_mark_all_read(recipient=recipient)
