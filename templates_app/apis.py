@@ -57,18 +57,18 @@ class VersionSerializer(VersionSummarySerializer):
 class TemplatePutApi(APIView):
     """PUT /templates/{key} creates a new version; GET /templates/{key} returns the template."""
 
-    class InputSerializer(serializers.Serializer):
+    class TemplatePutInputSerializer(serializers.Serializer):
         category = serializers.CharField(max_length=64)
         default_locale = serializers.CharField(max_length=35, required=False)
         publish = serializers.BooleanField(default=True)
         content = serializers.DictField()
 
-    class PutOutputSerializer(serializers.Serializer):
+    class TemplatePutOutputSerializer(serializers.Serializer):
         key = serializers.CharField()
         version = serializers.IntegerField()
         published = serializers.BooleanField()
 
-    class OutputSerializer(serializers.Serializer):
+    class TemplateOutputSerializer(serializers.Serializer):
         key = serializers.CharField()
         category = serializers.CharField()
         default_locale = serializers.CharField()
@@ -94,9 +94,9 @@ class TemplatePutApi(APIView):
                 version.template = obj
             return VersionSummarySerializer(versions, many=True).data
 
-    @extend_schema(request=InputSerializer, responses={201: PutOutputSerializer})
+    @extend_schema(request=TemplatePutInputSerializer, responses={201: TemplatePutOutputSerializer})
     def put(self, request: Request, key: str) -> Response:
-        serializer = self.InputSerializer(data=request.data)
+        serializer = self.TemplatePutInputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
         version = template_put(
@@ -109,15 +109,15 @@ class TemplatePutApi(APIView):
             allowed_categories=getattr(request.user, "allowed_categories", None),
         )
         body = {"key": version.template.key, "version": version.version, "published": version.published_at is not None}
-        return Response(self.PutOutputSerializer(body).data, status=status.HTTP_201_CREATED)
+        return Response(self.TemplatePutOutputSerializer(body).data, status=status.HTTP_201_CREATED)
 
-    @extend_schema(responses={200: OutputSerializer})
+    @extend_schema(responses={200: TemplateOutputSerializer})
     def get(self, request: Request, key: str) -> Response:
         try:
             template = template_get(key=key)
         except TemplateNotFound as exc:
             raise _not_found(exc) from None
-        return Response(self.OutputSerializer(template).data)
+        return Response(self.TemplateOutputSerializer(template).data)
 
 
 class TemplateVersionApi(APIView):
@@ -135,21 +135,21 @@ class TemplateVersionApi(APIView):
 class TemplatePreviewApi(APIView):
     """POST /templates/{key}/preview: render every channel of a version with a sample payload."""
 
-    class InputSerializer(serializers.Serializer):
+    class TemplatePreviewInputSerializer(serializers.Serializer):
         payload = serializers.DictField(default=dict)
         locale = serializers.CharField(max_length=35, required=False, allow_blank=True, default="")
         version = serializers.IntegerField(min_value=1, required=False)
 
-    class OutputSerializer(serializers.Serializer):
+    class TemplatePreviewOutputSerializer(serializers.Serializer):
         key = serializers.CharField()
         version = serializers.IntegerField()
         published = serializers.BooleanField()
         locale = serializers.CharField(allow_blank=True)
         channels = serializers.DictField()
 
-    @extend_schema(request=InputSerializer, responses={200: OutputSerializer})
+    @extend_schema(request=TemplatePreviewInputSerializer, responses={200: TemplatePreviewOutputSerializer})
     def post(self, request: Request, key: str) -> Response:
-        serializer = self.InputSerializer(data=request.data)
+        serializer = self.TemplatePreviewInputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
         try:
@@ -168,4 +168,4 @@ class TemplatePreviewApi(APIView):
             "locale": data["locale"],
             "channels": {channel: {"locale": r.locale, "parts": r.parts} for channel, r in rendered.items()},
         }
-        return Response(self.OutputSerializer(body).data)
+        return Response(self.TemplatePreviewOutputSerializer(body).data)
