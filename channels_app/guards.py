@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from channels_app.providers import registry
 from channels_app.providers.base import OutboundMessage, Outcome, Provider, ProviderError
+from preferences.compliance import is_optional
+from preferences.services import unsubscribe_url
 
 if TYPE_CHECKING:
     from channels_app.services import _Outcomes
@@ -73,4 +75,7 @@ def note_success(name: str, n: int) -> None:
 
 def message_meta(delivery: Delivery) -> dict[str, Any]:
     """Return per-message extras for the adapter (the one-click unsubscribe link for optional email)."""
+    if delivery.channel == "email" and is_optional(delivery.notification.category):
+        url = unsubscribe_url(recipient=delivery.recipient, category=delivery.notification.category)
+        return {"list_unsubscribe": url}
     return {}

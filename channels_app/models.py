@@ -13,6 +13,10 @@ class SandboxMessage(models.Model):
     provider = models.CharField(max_length=32, default="sandbox")
     address = models.CharField(max_length=4096)
     content = models.JSONField()
+    # How many times the provider was asked to send this delivery. The recipient sees one message (the
+    # sandbox deduplicates on the delivery, like a provider honouring an idempotency key); a count above one
+    # shows a re-send reached the provider, which the fault tests check happens only after a lease expiry.
+    send_count = models.PositiveIntegerField(default=1)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
 
     class Meta:

@@ -27,6 +27,7 @@ from notifier.events import record_events
 from notifier.models import DeadLetter, Delivery, Notification
 from notifier.outbox import publish
 from preferences.compliance import evaluate, suppressed_addresses
+from preferences.digest import is_digest
 from preferences.services import suppression_add
 from templates_app.models import TemplateVersion
 from templates_app.rendering import RenderError, render
@@ -267,6 +268,8 @@ def _recheck_compliance(deliveries: list[Delivery], out: _Outcomes) -> list[Deli
             address=d.address,
             now=out.now,
             suppressed=(d.channel, d.address) in dead,
+            # A digest is never folded into another digest (quiet hours still hold it).
+            digestible=not is_digest(d.notification),
         )
         if verdict.action == "send":
             sendable.append(d)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 from celery import Celery
+from celery.schedules import crontab
 from kombu import Exchange, Queue
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
@@ -98,4 +99,23 @@ app.conf.update(
     worker_hijack_root_logger=False,
     broker_heartbeat=30,
 )
+app.conf.beat_schedule = {
+    "outbox-relay": {
+        "task": "notifier.tasks.outbox_relay",
+        "schedule": float(os.environ.get("OUTBOX_RELAY_INTERVAL_SECONDS", "15")),
+        "options": {"queue": "maintenance", "expires": 60},
+    },
+    "digests-hourly": {
+        "task": "preferences.tasks.flush_digests",
+        "schedule": crontab(minute=0),
+        "args": ["hourly_digest"],
+        "options": {"queue": "maintenance"},
+    },
+    "digests-daily": {
+        "task": "preferences.tasks.flush_digests",
+        "schedule": crontab(minute=0, hour=int(os.environ.get("DIGEST_DAILY_HOUR_UTC", "8"))),
+        "args": ["daily_digest"],
+        "options": {"queue": "maintenance"},
+    },
+}
 app.autodiscover_tasks()

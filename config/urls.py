@@ -15,5 +15,7 @@ urlpatterns = [
         name="docs",
     ),
     path("api/v1/", include("notifier.urls")),
+    path("callbacks/", include("notifier.callbacks.urls")),
     path("", include("notifier.ops_urls")),
+    path("", include("preferences.unsubscribe_urls")),
 ]

@@ -49,3 +49,19 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
 
     def authenticate_header(self, request: Request) -> str:
         return self.keyword
+
+
+try:
+    from drf_spectacular.extensions import OpenApiAuthenticationExtension
+
+    class ApiKeyAuthenticationScheme(OpenApiAuthenticationExtension):
+        """Describe the bearer API key in the OpenAPI schema."""
+
+        target_class = "notifier.auth.ApiKeyAuthentication"
+        name = "ApiKey"
+
+        def get_security_definition(self, auto_schema: object) -> dict[str, str]:
+            return {"type": "http", "scheme": "bearer", "description": "API key from `create_api_client`."}
+
+except ImportError:  # drf-spectacular is a runtime dependency; this only keeps auth importable without it.
+    pass

@@ -17,4 +17,5 @@ urlpatterns = [
     path("sandbox/messages", channel_apis.SandboxMessageListApi.as_view(), name="sandbox-messages"),
     path("", include("templates_app.urls")),
     path("", include("preferences.urls")),
+    path("", include("notifier.inbox.urls")),
 ]

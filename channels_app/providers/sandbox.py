@@ -16,13 +16,15 @@ re-sent delivery is recorded once.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from django.conf import settings
+from django.db import connection
+from django.utils import timezone
 
-from channels_app.models import SandboxMessage
 from channels_app.providers.base import (
     OutboundMessage,
     Outcome,
@@ -73,6 +75,21 @@ class SandboxProvider(Provider):
             return RetriableError("sandbox: simulated throttling", code="429", retry_after=1.0, throttled=True)
         return None
 
+    def _record(self, messages: Sequence[OutboundMessage]) -> None:
+        """Insert one row per delivery; a repeated delivery only bumps its send_count."""
+        rows = [
+            (m.delivery_id, m.channel, self.name, m.address, json.dumps(m.content), timezone.now()) for m in messages
+        ]
+        sql = (
+            "INSERT INTO channels_app_sandboxmessage"
+            " (delivery_id, channel, provider, address, content, send_count, created_at)"
+            " VALUES (%s, %s, %s, %s, %s::jsonb, 1, %s)"
+            " ON CONFLICT (delivery_id) DO UPDATE SET send_count = channels_app_sandboxmessage.send_count + 1"
+        )
+        with connection.cursor() as cursor:
+            # psycopg 3 pipelines executemany: one round trip for the batch, not one per row.
+            cursor.executemany(sql, rows)
+
     def send(self, message: OutboundMessage) -> SendResult:
         outcome = self.send_batch([message])[0]
         if isinstance(outcome, Exception):
@@ -86,17 +103,6 @@ class SandboxProvider(Provider):
         else:
             checks = [self._check(m) for m in messages]
         to_record = [m for m, failure in zip(messages, checks, strict=True) if failure is None]
-        SandboxMessage.objects.bulk_create(
-            [
-                SandboxMessage(
-                    delivery_id=m.delivery_id,
-                    channel=m.channel,
-                    provider=self.name,
-                    address=m.address,
-                    content=m.content,
-                )
-                for m in to_record
-            ],
-            ignore_conflicts=True,
-        )
+        if to_record:
+            self._record(to_record)
         return [failure or SendResult(f"sandbox-{m.delivery_id}") for m, failure in zip(messages, checks, strict=True)]
