@@ -20,6 +20,8 @@ from django.conf import settings
 
 from config.celery import app as celery_app
 
+pytest_plugins = ["tests.stubs.fixtures"]
+
 ROOT = Path(__file__).resolve().parent.parent
 NS = settings.TEST_NAMESPACE
 VHOST = f"notifier_test_{NS}"
