@@ -6,7 +6,14 @@ from django.apps import AppConfig
 
 
 class ChannelsAppConfig(AppConfig):
-    """Configure the channels_app app."""
+    """Configure the channels app: provider checks at start-up."""
 
     name = "channels_app"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from celery.signals import worker_init
+
+        from channels_app import checks
+
+        worker_init.connect(checks.check_providers_on_worker_start, weak=False)
