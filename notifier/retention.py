@@ -57,7 +57,42 @@ def _short_transaction_settings() -> None:
         cursor.execute(f"SET LOCAL statement_timeout = '{STATEMENT_TIMEOUT}'")
 
 
-def _purge_delivery_batch(cutoff: Any, batch: int) -> tuple[int, int, int]:
+def delivery_id_ceiling(cutoff: Any) -> int | None:
+    """Return the highest delivery id created before `cutoff` (None if there is none).
+
+    Ids grow with created_at (both are set at insert), so a binary search over the primary key finds the
+    boundary with a few dozen single-row index probes. The batches then walk the primary key only up to
+    this id: neither the search nor the last, short batch of a run ever scans the recent part of the table.
+    Clock skew between app servers only shifts the boundary by seconds; the created_at filter in every
+    batch keeps the purge exact, and a row just past the boundary is taken by the next run.
+    """
+    table = Delivery._meta.db_table
+    with connection.cursor() as cursor:
+
+        def first_at_or_after(delivery_id: int) -> tuple[int, Any] | None:
+            cursor.execute(
+                f"SELECT id, created_at FROM {table} WHERE id >= %s ORDER BY id LIMIT 1",  # noqa: S608
+                [delivery_id],
+            )
+            row = cursor.fetchone()
+            return (int(row[0]), row[1]) if row else None
+
+        first = first_at_or_after(0)
+        if first is None or first[1] >= cutoff:
+            return None
+        cursor.execute(f"SELECT max(id) FROM {table}")  # noqa: S608
+        low, high = first[0], int(cursor.fetchone()[0])
+        while low < high:
+            middle = (low + high + 1) // 2
+            row = first_at_or_after(middle)
+            if row is None or row[1] >= cutoff:
+                high = middle - 1
+            else:
+                low = row[0]
+        return low
+
+
+def _purge_delivery_batch(cutoff: Any, batch: int, ceiling: int) -> tuple[int, int, int]:
     """Delete one batch of old finished deliveries with their events and dead letters; return the counts."""
     delivery = Delivery._meta.db_table
     event = DeliveryEvent._meta.db_table
@@ -68,7 +103,7 @@ def _purge_delivery_batch(cutoff: Any, batch: int) -> tuple[int, int, int]:
             cursor.execute(
                 f"""
                 SELECT d.id FROM {delivery} d
-                WHERE d.created_at < %s AND d.status = ANY(%s)
+                WHERE d.id <= %s AND d.created_at < %s AND d.status = ANY(%s)
                   AND NOT EXISTS (
                       SELECT 1 FROM {dead} dl WHERE dl.delivery_id = d.id AND dl.status = %s
                   )
@@ -76,7 +111,7 @@ def _purge_delivery_batch(cutoff: Any, batch: int) -> tuple[int, int, int]:
                 LIMIT %s
                 FOR UPDATE OF d SKIP LOCKED
                 """,  # noqa: S608 - table names come from model metadata, values are parameters
-                [cutoff, list(FINAL_DELIVERY_STATUSES), DeadLetter.Status.PENDING, batch],
+                [ceiling, cutoff, list(FINAL_DELIVERY_STATUSES), DeadLetter.Status.PENDING, batch],
             )
             ids = [row[0] for row in cursor.fetchall()]
             if not ids:
@@ -144,6 +179,7 @@ def retention_purge(*, older_than_days: int, batch: int = 5000, max_seconds: flo
     totals = {"deliveries": 0, "events": 0, "dead_letters": 0, "notifications": 0, "sandbox_messages": 0}
     batches = 0
     finished = True
+    ceiling = delivery_id_ceiling(cutoff)
 
     def out_of_time() -> bool:
         return deadline is not None and time.monotonic() >= deadline
@@ -154,7 +190,9 @@ def retention_purge(*, older_than_days: int, batch: int = 5000, max_seconds: flo
                 finished = False
                 break
             if step == "deliveries":
-                deliveries, events, dead_letters = _purge_delivery_batch(cutoff, batch)
+                if ceiling is None:
+                    break
+                deliveries, events, dead_letters = _purge_delivery_batch(cutoff, batch, ceiling)
                 totals["deliveries"] += deliveries
                 totals["events"] += events
                 totals["dead_letters"] += dead_letters

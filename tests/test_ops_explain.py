@@ -1,0 +1,224 @@
+"""Query plans on a 1M-row deliveries table: every hot lookup is served by an index, never a sequential scan.
+
+The table is filled in the test database with INSERT … SELECT generate_series and ANALYZEd, with a realistic
+shape: most deliveries finished, a few percent waiting (queued, deferred, sending), one in five in-app,
+created_at rising with the id (as in production, both being set at insert). The queries are the ones the
+code runs (ORM querysets through `.explain()`, the relay's SQL as written in notifier/outbox.py, the
+retention batch from notifier/retention.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from notifier.models import Delivery
+
+N_DELIVERIES = 1_000_000
+N_NOTIFICATIONS = 100_000
+N_RECIPIENTS = 20_000
+
+
+def _fill() -> None:
+    with connection.cursor() as c:
+        c.execute(
+            """
+            INSERT INTO notifier_apiclient (name, key_prefix, key_hash, allowed_categories, webhook_url,
+                                            webhook_secret, is_active, created_at)
+            VALUES ('explain', 'exp', repeat('e', 64), '{}', '', '', true, now())
+            RETURNING id
+            """
+        )
+        client_id = c.fetchone()[0]
+        c.execute(
+            """
+            INSERT INTO preferences_recipient (user_id, email, phone, locale, timezone, webhook_url, opted_out,
+                                               channel_prefs, category_prefs, created_at, updated_at)
+            SELECT 'exp-' || g, '', '', 'en', 'UTC', '', false, '{}', '{}', now(), now()
+            FROM generate_series(1, %s) g
+            """,
+            [N_RECIPIENTS],
+        )
+        c.execute(
+            """
+            CREATE TEMP TABLE exp_notification ON COMMIT DROP AS
+            SELECT g AS n, gen_random_uuid() AS id FROM generate_series(0, %s - 1) g
+            """,
+            [N_NOTIFICATIONS],
+        )
+        c.execute(
+            """
+            INSERT INTO notifier_notification (id, client_id, request_hash, category, template_key, channels,
+                payload, user_id, priority, locale, status, fanout_cursor, fanout_processed, trace_id,
+                created_at, updated_at)
+            SELECT id, %s, '', 'transactional', 't', '{}', '{}', 'exp-' || n, 'high', '', 'done', 0, 0, '',
+                   now() - make_interval(secs => (%s - n) * 20), now()
+            FROM exp_notification
+            """,
+            [client_id, N_NOTIFICATIONS],
+        )
+        c.execute("SELECT min(id) FROM preferences_recipient WHERE user_id LIKE 'exp-%%'")
+        first_recipient = c.fetchone()[0]
+        # Status mix by g % 200: 0-1 queued (one unpublished), 2 deferred, 3 scheduled, 4 sending, 5 failed,
+        # the rest finished (sent/delivered). Channel by g % 5. Each notification has ten deliveries to ten
+        # different recipients (delivery_target_uniq); each recipient has about fifty.
+        c.execute(
+            """
+            INSERT INTO notifier_delivery (notification_id, recipient_id, channel, priority, address, status, reason,
+                provider, provider_message_id, attempts, last_error, not_before, published_at, claimed_at,
+                sent_at, created_at, updated_at)
+            SELECT en.id,
+                   %(first)s + ((g / %(notifications)s) * 2000 + g %% 2000) %% %(recipients)s,
+                   (ARRAY['push','email','sms','inapp','webhook'])[1 + g %% 5],
+                   'high', '',
+                   s.status, '',
+                   CASE WHEN s.status IN ('sent', 'delivered', 'failed') THEN 'ses' ELSE '' END,
+                   CASE WHEN s.status IN ('sent', 'delivered', 'failed') THEN 'm-' || g ELSE '' END,
+                   1, '',
+                   CASE WHEN s.status IN ('deferred', 'scheduled')
+                        THEN now() + make_interval(secs => g %% 7200 - 3600) END,
+                   CASE WHEN g %% 200 = 0 THEN NULL ELSE created END,
+                   CASE WHEN s.status = 'sending' THEN created END,
+                   CASE WHEN s.status IN ('sent', 'delivered') THEN created END,
+                   created, created
+            FROM generate_series(0, %(n)s - 1) g
+            JOIN exp_notification en ON en.n = g %% %(notifications)s
+            CROSS JOIN LATERAL (SELECT now() - make_interval(secs => (%(n)s - g) * 2) AS created) t
+            CROSS JOIN LATERAL (
+                SELECT CASE g %% 200 WHEN 0 THEN 'queued' WHEN 1 THEN 'queued' WHEN 2 THEN 'deferred'
+                       WHEN 3 THEN 'scheduled' WHEN 4 THEN 'sending' WHEN 5 THEN 'failed'
+                       ELSE CASE WHEN g %% 2 = 0 THEN 'sent' ELSE 'delivered' END END AS status
+            ) s
+            ORDER BY g
+            """,
+            {
+                "first": first_recipient,
+                "recipients": N_RECIPIENTS,
+                "n": N_DELIVERIES,
+                "notifications": N_NOTIFICATIONS,
+            },
+        )
+        c.execute("ANALYZE notifier_delivery")
+        c.execute("ANALYZE notifier_notification")
+        c.execute("ANALYZE preferences_recipient")
+        c.execute("ANALYZE notifier_deadletter")
+
+
+@pytest.fixture
+def million_deliveries(db: None) -> Iterator[None]:
+    """Fill the deliveries table with 1M rows inside the test's transaction (rolled back afterwards)."""
+    _fill()
+    yield
+
+
+def _plan(sql: str, params: list | dict | None = None) -> str:
+    with connection.cursor() as c:
+        c.execute("EXPLAIN " + sql, params)
+        return "\n".join(row[0] for row in c.fetchall())
+
+
+def _assert_indexed(plan: str, index: str | None = None) -> None:
+    assert "Seq Scan on notifier_delivery" not in plan, plan
+    if index:
+        assert index in plan, plan
+
+
+def _sample(column: str, where: str) -> object:
+    with connection.cursor() as c:
+        c.execute(f"SELECT {column} FROM notifier_delivery WHERE {where} LIMIT 1")
+        return c.fetchone()[0]
+
+
+@pytest.mark.slow
+@pytest.mark.django_db
+def test_hot_lookups_use_indexes(million_deliveries: None) -> None:
+    """Every lookup the service runs on deliveries is an index (or bitmap) scan on 1M rows."""
+    assert Delivery.objects.count() == N_DELIVERIES
+    plans: dict[str, str] = {}
+
+    # Deliveries of a notification (GET /notifications/{id}, cancel): delivery_target_uniq's leading column.
+    notification_id = _sample("notification_id", "true")
+    plans["by notification"] = Delivery.objects.filter(notification_id=notification_id).explain()
+    _assert_indexed(plans["by notification"], "delivery_target_uniq")
+
+    # Provider callbacks (SES, Twilio) find their delivery by provider message id.
+    plans["by provider message id"] = Delivery.objects.filter(provider="ses", provider_message_id="m-123456").explain()
+    _assert_indexed(plans["by provider message id"], "delivery_provider_msg_idx")
+
+    # The in-app inbox: newest first, one page.
+    from notifier.inbox.selectors import inbox_queryset
+    from preferences.models import Recipient
+
+    recipient = Recipient.objects.get(pk=_sample("recipient_id", "channel = 'inapp'"))
+    plans["inbox page"] = inbox_queryset(recipient=recipient).order_by("-id")[:21].explain()
+    _assert_indexed(plans["inbox page"], "delivery_inbox_idx")
+    plans["inbox unread count"] = inbox_queryset(recipient=recipient).filter(read_at__isnull=True).explain()
+    _assert_indexed(plans["inbox unread count"], "delivery_inbox_idx")
+
+    # The outbox relay (notifier/outbox.py): unpublished, stale, and due deliveries.
+    plans["relay unpublished"] = _plan(
+        """
+        SELECT id, channel, priority FROM notifier_delivery
+        WHERE status = 'queued' AND published_at IS NULL AND created_at < now() - make_interval(secs => %s)
+        ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED
+        """,
+        [15, 5000],
+    )
+    _assert_indexed(plans["relay unpublished"], "delivery_outbox_idx")
+    plans["relay stale"] = _plan(
+        """
+        SELECT id, channel, priority FROM notifier_delivery
+        WHERE (status = 'queued' AND published_at < now() - make_interval(secs => %s))
+           OR (status = 'sending' AND claimed_at < now() - make_interval(secs => %s))
+        ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED
+        """,
+        [300, 300, 5000],
+    )
+    _assert_indexed(plans["relay stale"], "delivery_outbox_idx")
+    _assert_indexed(plans["relay stale"], "delivery_inflight_idx")
+    plans["due deliveries"] = _plan(
+        """
+        SELECT id FROM notifier_delivery
+        WHERE status IN ('scheduled', 'deferred') AND not_before <= now()
+          AND (published_at IS NULL OR not_before < now() - make_interval(secs => %s))
+        ORDER BY not_before LIMIT %s FOR UPDATE SKIP LOCKED
+        """,
+        [60, 5000],
+    )
+    _assert_indexed(plans["due deliveries"], "delivery_due_idx")
+
+    # Retention (notifier/retention.py): the oldest finished deliveries, one batch.
+    from notifier.retention import FINAL_DELIVERY_STATUSES
+
+    cutoff = timezone.now() - timezone.timedelta(days=7)
+    plans["retention boundary probe"] = _plan(
+        "SELECT id, created_at FROM notifier_delivery WHERE id >= %s ORDER BY id LIMIT 1", [500_000]
+    )
+    _assert_indexed(plans["retention boundary probe"], "notifier_delivery_pkey")
+    from notifier.retention import delivery_id_ceiling
+
+    with connection.cursor() as c:
+        c.execute("SELECT max(id) FROM notifier_delivery WHERE created_at < %s", [cutoff])
+        expected_ceiling = c.fetchone()[0]
+    assert delivery_id_ceiling(cutoff) == expected_ceiling
+    plans["retention batch"] = _plan(
+        """
+        SELECT d.id FROM notifier_delivery d
+        WHERE d.id <= %s AND d.created_at < %s AND d.status = ANY(%s)
+          AND NOT EXISTS (SELECT 1 FROM notifier_deadletter dl WHERE dl.delivery_id = d.id AND dl.status = %s)
+        ORDER BY d.id LIMIT %s
+        FOR UPDATE OF d SKIP LOCKED
+        """,
+        [700_000, cutoff, list(FINAL_DELIVERY_STATUSES), "pending", 5000],
+    )
+    _assert_indexed(plans["retention batch"], "notifier_delivery_pkey")
+
+    # A recipient's deliveries (support look-ups in the admin, erasure).
+    plans["by recipient"] = Delivery.objects.filter(recipient_id=recipient.pk).order_by("-created_at")[:50].explain()
+    _assert_indexed(plans["by recipient"], "delivery_recipient_idx")
+
+    for name, plan in plans.items():
+        print(f"--- {name}\n{plan}")
