@@ -150,15 +150,15 @@ if st == 'open' then
   local untl = tonumber(h[2]) or 0
   if now < untl then return {0, tostring(untl - now), old, st} end
   st = 'half_open'
-  redis.call('HSET', KEYS[1], 'st', st, 'hs', tostring(now), 'probes', '0', 'okp', '0')
-  h[3] = tostring(now)
+  redis.call('HSET', KEYS[1], 'st', st, 'hs', string.format('%.6f', now), 'probes', '0', 'okp', '0')
+  h[3] = now
   h[4] = '0'
 end
 local probes = tonumber(h[4]) or 0
 -- Probes handed out but never reported (their worker died) are forgotten after a cool-down.
 if now - (tonumber(h[3]) or now) > cooldown and probes >= maxprobes then
   probes = 0
-  redis.call('HSET', KEYS[1], 'hs', tostring(now), 'probes', '0', 'okp', '0')
+  redis.call('HSET', KEYS[1], 'hs', string.format('%.6f', now), 'probes', '0', 'okp', '0')
 end
 local allowed = math.min(n, maxprobes - probes)
 if allowed < 0 then allowed = 0 end
@@ -192,7 +192,7 @@ local function clear_window()
 end
 local function open()
   clear_window()
-  redis.call('HSET', KEYS[1], 'st', 'open', 'until', tostring(now + cooldown), 'probes', '0', 'okp', '0')
+  redis.call('HSET', KEYS[1], 'st', 'open', 'until', string.format('%.6f', now + cooldown), 'probes', '0', 'okp', '0')
   st = 'open'
 end
 if st == 'half_open' then

@@ -176,6 +176,7 @@ def bucket_key(provider: str, account: str | None = None) -> str:
 # rate, capacity, reserve. Tokens and the refill clock live in one hash per key: tok, ts, and the AIMD state
 # rate (absent = configured) and cut (time of the last cut). A `ts` in the future is a pause (Retry-After):
 # nothing refills before it. Returns {granted, wait as a string} (Lua numbers would be truncated to integers).
+# Times are written with string.format('%.6f'): tostring keeps 14 digits, too few for epoch microseconds.
 ACQUIRE_LUA = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
@@ -209,7 +210,7 @@ local wait = 0
 for i = 1, #KEYS do
   local s = st[i]
   local tok = s.tok - granted
-  redis.call('HSET', KEYS[i], 'tok', tostring(tok), 'ts', tostring(s.ts))
+  redis.call('HSET', KEYS[i], 'tok', string.format('%.6f', tok), 'ts', string.format('%.6f', s.ts))
   redis.call('EXPIRE', KEYS[i], ttl)
   local need = 1 - tok
   if not high then need = s.reserve + 1 - tok end
@@ -237,10 +238,10 @@ if rate > maxrate then rate = maxrate end
 local cut = tonumber(h[2]) or 0
 if now - cut >= window then
   rate = math.max(minrate, rate * 0.5)
-  redis.call('HSET', KEYS[1], 'rate', tostring(rate), 'cut', tostring(now))
+  redis.call('HSET', KEYS[1], 'rate', tostring(rate), 'cut', string.format('%.6f', now))
 end
 local ts = math.max(tonumber(h[3]) or now, now + retry_after)
-redis.call('HSET', KEYS[1], 'tok', '0', 'ts', tostring(ts))
+redis.call('HSET', KEYS[1], 'tok', '0', 'ts', string.format('%.6f', ts))
 redis.call('EXPIRE', KEYS[1], tonumber(ARGV[5]))
 return tostring(rate)
 """

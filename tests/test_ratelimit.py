@@ -85,12 +85,13 @@ def test_unlimited_provider_grants_everything(settings: Any) -> None:
 
 @pytest.mark.slow
 def test_rate_holds_across_two_processes(settings: Any) -> None:
-    rate, burst, seconds = 40.0, 10.0, 3.0
+    rate, burst, seconds = 40.0, 20.0, 3.0
     _limits(settings, shared={"rate": rate, "burst": burst, "high_reserve": 0})
     totals = _run_hammers("shared", ["high", "high"], seconds)
-    expected = burst + rate * seconds  # 130: what the bucket allows, whoever asks
+    expected = burst + rate * seconds  # 140: what the bucket allows, whoever asks
     assert totals["high"] <= expected * 1.05 + 3
-    assert totals["high"] >= expected * 0.85
+    # Loose: tokens are only lost if both processes stall for half a second (the burst) at once.
+    assert totals["high"] >= expected * 0.8
 
 
 def test_low_priority_never_takes_the_reserve(settings: Any) -> None:
