@@ -46,7 +46,11 @@ SENSITIVE_KEY = re.compile(
 )
 REDACTED = "[redacted]"
 
-_UUID = re.compile(r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b")
+# Our own ids, kept verbatim inside text: UUIDs (notifications) and W3C traceparent values.
+_OWN_IDS = re.compile(
+    r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b"
+    r"|\b[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}\b"
+)
 _EMAIL = re.compile(r"[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]+@[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9-]+)+")
 # International numbers (E.164 with optional separators) and 10-digit national numbers (NANP style); plain
 # dates such as 2026-01-31 do not match either form.
@@ -64,19 +68,19 @@ def mask_text(text: str) -> str:
     """Return `text` with email addresses, phone numbers and long tokens replaced by placeholders."""
     if not text:
         return text
-    uuids: list[str] = []
+    own: list[str] = []
 
-    def _hold_uuid(match: re.Match[str]) -> str:
-        uuids.append(match.group(0))
-        return f"\x00{len(uuids) - 1}\x00"
+    def _hold(match: re.Match[str]) -> str:
+        own.append(match.group(0))
+        return f"\x00{len(own) - 1}\x00"
 
-    # UUIDs are our own ids (notifications): set them aside so the token pattern leaves them alone.
-    held = _UUID.sub(_hold_uuid, text)
+    # Set our own ids aside so the token pattern leaves them alone.
+    held = _OWN_IDS.sub(_hold, text)
     held = _EMAIL.sub("[email]", held)
     held = _TOKEN.sub("[token]", held)
     held = _PHONE.sub("[phone]", held)
-    if uuids:
-        held = re.sub(r"\x00(\d+)\x00", lambda m: uuids[int(m.group(1))], held)
+    if own:
+        held = re.sub(r"\x00(\d+)\x00", lambda m: own[int(m.group(1))], held)
     return held
 
 

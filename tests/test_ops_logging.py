@@ -102,9 +102,10 @@ def test_masking_removes_email_phone_and_token_from_every_field(log_lines: Calla
 
 
 def test_masking_keeps_ids_dates_and_paths() -> None:
-    """What operators need to read stays: UUIDs, dates, times, URL paths and module names."""
+    """What operators need to read stays: UUIDs, traceparents, dates, times, URL paths and module names."""
     text = (
         "notification 0b5c3a4e-1111-4222-8333-444455556666 at 2026-01-31 12:00:05 "
+        "traceparent 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01 "
         "GET /api/v1/notifications/42 in channels_app.tasks.send_deliveries attempt 3"
     )
     assert mask_text(text) == text
