@@ -16,8 +16,12 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from django.conf import settings
+
+from channels_app import breaker, ratelimit
 from channels_app.providers import registry
 from channels_app.providers.base import OutboundMessage, Outcome, Provider, ProviderError
+from notifier import metrics
 from preferences.compliance import is_optional
 from preferences.services import unsubscribe_url
 
@@ -39,38 +43,77 @@ def pick_provider(channel: str, delivery: Delivery, out: _Outcomes) -> str | Non
         # The last attempt failed retriably on this provider: start with the next one.
         start = (names.index(delivery.provider) + 1) % len(names)
         names = names[start:] + names[:start]
+    retry_in = BREAKER_WAIT_SECONDS
     for name in names:
-        if _breaker_allows(name):
+        admitted, wait = _breaker_admits(name, out)
+        if admitted:
             if delivery.provider and name != delivery.provider and delivery.last_error:
                 out.events.append((delivery.pk, "failover", f"{delivery.provider} -> {name}"))
             return name
-    out.wait(delivery, until=out.now + timedelta(seconds=BREAKER_WAIT_SECONDS), reason="breaker_open")
+        retry_in = min(retry_in, wait or BREAKER_WAIT_SECONDS)
+    out.wait(delivery, until=out.now + timedelta(seconds=max(retry_in, 1.0)), reason="breaker_open")
     return None
 
 
-def _breaker_allows(name: str) -> bool:
-    return True
+def _breaker_admits(name: str, out: _Outcomes) -> tuple[bool, float]:
+    """Ask the shared breaker once per provider and batch, then hand out its admitted slots."""
+    slots: dict[str, list[float]] = out.__dict__.setdefault("breaker_slots", {})
+    if name not in slots:
+        admission = breaker.admit(name, settings.SEND_BATCH_SIZE)
+        slots[name] = [admission.allowed, admission.retry_in]
+    allowed, retry_in = slots[name]
+    if allowed <= 0:
+        return False, retry_in
+    slots[name][0] = allowed - 1
+    return True, 0.0
 
 
-def take_tokens(name: str, group: Sequence[tuple[Delivery, OutboundMessage]], out: _Outcomes) -> tuple[int, float]:
-    """Take rate-limit tokens for a provider call; return (how many may be sent now, seconds to wait)."""
-    return len(group), 0.0
+def take_tokens(name: str, group: list[tuple[Delivery, OutboundMessage]], out: _Outcomes) -> tuple[int, float]:
+    """Take shared rate-limit tokens; return (how many of `group` may be sent now, seconds to wait).
+
+    High-priority deliveries are put first and ask first: the limiter keeps a reserve only they may use.
+    """
+    group.sort(key=lambda item: item[0].priority != "high")
+    n_high = sum(1 for delivery, _ in group if delivery.priority == "high")
+    granted, wait = 0, 0.0
+    if n_high:
+        grant = ratelimit.acquire(name, n_high, priority="high")
+        granted, wait = grant.granted, grant.wait
+        if grant.granted < n_high:
+            return granted, wait
+    if len(group) > n_high:
+        grant = ratelimit.acquire(name, len(group) - n_high, priority="low")
+        granted += grant.granted
+        wait = max(wait, grant.wait)
+    return granted, wait
 
 
 def timed_send(provider: Provider, messages: list[OutboundMessage]) -> list[Outcome]:
-    """Send a batch and time it."""
+    """Send a batch and record the call's latency."""
     started = time.monotonic()
     outcomes = provider.send_batch(messages)
-    _ = time.monotonic() - started
+    elapsed = time.monotonic() - started
+    failures = sum(1 for o in outcomes if isinstance(o, ProviderError))
+    outcome = "ok" if not failures else ("error" if failures == len(outcomes) else "partial")
+    metrics.observe_provider_call(provider.name, elapsed, outcome)
     return outcomes
 
 
-def note_failure(name: str, error: ProviderError) -> None:
-    """Feed a retriable failure to the breaker and, if throttled, to the adaptive limiter."""
-
-
-def note_success(name: str, n: int) -> None:
-    """Feed successes to the breaker and the adaptive limiter."""
+def note_outcomes(name: str, outcomes: Sequence[Outcome]) -> None:
+    """Feed a batch's outcomes to the breaker and the adaptive limiter (one call each, not one per message)."""
+    answered = sum(1 for o in outcomes if not isinstance(o, ProviderError) or not o.retriable)
+    transient = [o for o in outcomes if isinstance(o, ProviderError) and o.retriable]
+    throttled = [o for o in transient if o.throttled]
+    if answered:
+        # A permanent error means the provider answered: it is healthy, the message was not.
+        breaker.record(name, ok=True, n=answered)
+        ratelimit.on_success(name, answered)
+    failing = len(transient) - len(throttled)
+    if failing:
+        breaker.record(name, ok=False, n=failing)
+    if throttled:
+        ratelimit.on_throttled(name, max((o.retry_after or 0.0) for o in throttled) or None)
+        metrics.count_throttled(name, len(throttled))
 
 
 def message_meta(delivery: Delivery) -> dict[str, Any]:

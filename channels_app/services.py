@@ -23,6 +23,7 @@ from channels_app import guards
 from channels_app.providers import registry
 from channels_app.providers.base import OutboundMessage, ProviderError, SendResult
 from config.celery import queue_name
+from notifier import metrics
 from notifier.events import record_events
 from notifier.models import DeadLetter, Delivery, Notification
 from notifier.outbox import publish
@@ -180,6 +181,14 @@ class _Outcomes:
         self.republish[delay].append(delivery)
         self.report.retried += 1
 
+    def _count_metrics(self) -> None:
+        counts: dict[tuple[str, str, str], int] = defaultdict(int)
+        for delivery, fields in self.updates:
+            if "status" in fields:
+                counts[(delivery.channel, fields.get("provider") or delivery.provider or "none", fields["status"])] += 1
+        for (channel, provider, status), n in counts.items():
+            metrics.count_deliveries(channel, provider, status, n)
+
     def flush(self) -> None:
         """Write every outcome, then publish the retries and dead letters (after commit)."""
         by_fields: dict[tuple[tuple[str, Any], ...], list[int]] = defaultdict(list)
@@ -197,6 +206,7 @@ class _Outcomes:
                 else:
                     Delivery.objects.filter(pk__in=ids).update(updated_at=self.now, **fields)
             record_events(self.events, at=self.now)
+            self._count_metrics()
             DeadLetter.objects.bulk_create(
                 [
                     DeadLetter(
@@ -216,8 +226,11 @@ class _Outcomes:
             groups: dict[str, list[int]] = defaultdict(list)
             for d in deliveries:
                 groups[queue_name(d.channel, d.priority)].append(d.pk)
-            # Failed publishes leave published_at set; the relay's stale rule re-publishes them.
-            publish(groups, countdown=delay)
+            published = set(publish(groups, countdown=delay))
+            missed = [d.pk for d in deliveries if d.pk not in published]
+            if missed:
+                # The relay publishes these once they are due (it only takes rows with no publish on record).
+                Delivery.objects.filter(pk__in=missed).update(published_at=None)
         if self.dead:
             from channels_app.deadletter import publish_dead_letters
 
@@ -333,14 +346,11 @@ def _send_channel(channel: str, items: list[tuple[Delivery, OutboundMessage]], o
             continue
         provider = registry.get_provider(name)
         outcomes = guards.timed_send(provider, [m for _, m in group])
-        ok = 0
         for (delivery, message), outcome in zip(group, outcomes, strict=True):
             if isinstance(outcome, SendResult):
                 out.sent(delivery, name, outcome, message.content)
-                ok += 1
             elif outcome.retriable:
-                guards.note_failure(name, outcome)
                 out.retry(delivery, outcome, name)
             else:
                 out.failed(delivery, outcome, name)
-        guards.note_success(name, ok)
+        guards.note_outcomes(name, outcomes)

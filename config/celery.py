@@ -11,6 +11,7 @@ import os
 
 from celery import Celery
 from celery.schedules import crontab
+from celery.signals import worker_init
 from kombu import Exchange, Queue
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
@@ -119,3 +120,16 @@ app.conf.beat_schedule = {
     },
 }
 app.autodiscover_tasks()
+
+
+@worker_init.connect(weak=False)
+def declare_topology(sender: object = None, **kwargs: object) -> None:
+    """Declare every queue of the topology at worker start, not only the queues this worker consumes.
+
+    Native delayed delivery binds all of the app's queues to its exchanges when a worker starts; a queue
+    another pool consumes may not exist yet on a fresh broker.
+    """
+    with app.connection_for_write() as conn:
+        channel = conn.default_channel
+        for queue in app.conf.task_queues:
+            queue(channel).declare()

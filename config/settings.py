@@ -6,6 +6,7 @@ RabbitMQ and Redis on 127.0.0.1 so that `make run` works on a laptop with no con
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -156,8 +157,6 @@ NOTIFIER_CATEGORIES: dict[str, dict[str, object]] = {
     "marketing": {"priority": "low", "optional": True, "quiet_hours": True},
 }
 if os.environ.get("NOTIFIER_CATEGORIES"):
-    import json
-
     NOTIFIER_CATEGORIES = json.loads(os.environ["NOTIFIER_CATEGORIES"])
 
 # Deliveries: attempts before a delivery is dead-lettered, the backoff curve, and the lease after which a
@@ -189,6 +188,13 @@ CHANNEL_PROVIDERS: dict[str, list[str]] = {
 }
 # Test-only knob for the sandbox: "fail:N" (retriable N times), "permanent", "slow:MS", "throttle:N".
 SANDBOX_BEHAVIOUR = os.environ.get("SANDBOX_BEHAVIOUR", "")
+
+# Shared provider limits and circuit breakers (JSON per provider; see docs/resilience.md).
+PROVIDER_RATE_LIMITS: dict[str, dict[str, object]] = json.loads(os.environ.get("PROVIDER_RATE_LIMITS") or "{}")
+PROVIDER_CIRCUIT_BREAKERS: dict[str, dict[str, object]] = json.loads(
+    os.environ.get("PROVIDER_CIRCUIT_BREAKERS") or "{}"
+)
+RESILIENCE_ASSUMED_WORKERS = env_int("RESILIENCE_ASSUMED_WORKERS", 4)
 
 # Webhooks reach only public addresses unless this is on (local development and tests only).
 WEBHOOK_ALLOW_PRIVATE_TARGETS = env_bool("WEBHOOK_ALLOW_PRIVATE_TARGETS", default=False)

@@ -7,7 +7,10 @@ from typing import Any
 from django.contrib import admin
 from django.http import HttpRequest
 
-from notifier.models import ApiClient, Delivery, DeliveryEvent, Notification
+from notifier.deadletters.admin import DeadLetterAdmin
+from notifier.models import ApiClient, DeadLetter, Delivery, DeliveryEvent, Notification
+
+admin.site.register(DeadLetter, DeadLetterAdmin)
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):

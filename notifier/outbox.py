@@ -18,7 +18,6 @@ from collections.abc import Iterable, Sequence
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
-from kombu.exceptions import KombuError
 
 from config.celery import app as celery_app
 from config.celery import queue_name
@@ -72,7 +71,7 @@ def publish(
                 for chunk in _chunks(ids, size):
                     celery_app.send_task(SEND_TASK, args=[chunk], queue=queue, producer=producer, **options)
                     published.extend(chunk)
-    except (KombuError, OSError, ConnectionError) as exc:
+    except Exception as exc:  # any broker failure (including channel errors) leaves the rows to the relay
         _mark_broker_down()
         logger.error("publish failed; %d deliveries left to the outbox relay: %s", _count(groups, published), exc)
     return published
@@ -132,6 +131,7 @@ def _relay_unpublished(*, limit: int) -> int:
     sql = """
         SELECT id, channel, priority FROM notifier_delivery
         WHERE status = 'queued' AND published_at IS NULL AND created_at < now() - make_interval(secs => %s)
+          AND (not_before IS NULL OR not_before <= now())
         ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED
     """
     with transaction.atomic(), connection.cursor() as cursor:

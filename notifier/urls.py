@@ -18,4 +18,5 @@ urlpatterns = [
     path("", include("templates_app.urls")),
     path("", include("preferences.urls")),
     path("", include("notifier.inbox.urls")),
+    path("", include("notifier.deadletters.urls")),
 ]
