@@ -1,8 +1,462 @@
-"""Fan-out of topic notifications (expanded by a task on the `fanout` queue)."""
+"""Fan-out of topic notifications: page subscribers by keyset, write deliveries in bulk, publish in batches.
+
+One run of `notifier.tasks.fanout_topic` processes a bounded number of pages and re-enqueues itself, so a
+million-subscriber topic never holds a worker for minutes and memory stays one page deep. Per page:
+
+1. read the page (`topic_id = %s AND id > cursor ORDER BY id LIMIT n`, served by subscription_keyset_idx)
+   with its recipients, their active push devices and the suppression list, in three queries;
+2. decide every (recipient, channel, address) with `evaluate()` and insert the deliveries and their first
+   events in one statement (`INSERT … SELECT unnest(…) ON CONFLICT DO NOTHING`), `published_at` set for the
+   queued ones, in a short transaction;
+3. publish the page's queued deliveries (500 ids per message); if any insert conflicted (the page is being
+   redone after a crash) the queued ids are selected again, so what a crash left unpublished goes now;
+4. advance the checkpoint (`fanout_cursor`, `fanout_processed`) with a compare-and-set on the old cursor.
+
+Crash points: before 2 commits nothing happened; between 2 and 4 the redone page inserts nothing new (the
+unique target constraint) and republishes the page's queued deliveries (a second message for a delivery is
+harmless: the worker's claim takes it once); after 4 the page is done. Two runs racing on one notification
+(a redelivered message next to its successor) insert nothing twice and the loser of the compare-and-set stops.
+
+A campaign's fan-out is paced at its `rate_per_second`: a run does one page, spreads the page's messages over
+`queued / rate` seconds with broker-delayed countdowns, and re-enqueues itself to start when that page's last
+message is due. Deliveries are therefore created at most one page ahead of their send time, which keeps a
+pause or cancel cheap and effective.
+"""
 
 from __future__ import annotations
 
+import json
+import logging
+import math
+import os
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, cast
+
+from django.conf import settings
+from django.db import connection, reset_queries, transaction
+from django.utils import timezone
+
+from config.celery import app as celery_app
+from config.celery import queue_name
+from notifier.models import Campaign, Delivery, Notification
+from notifier.outbox import broker_recently_down, publish
+from preferences.compliance import Verdict, evaluate, suppressed_addresses
+from preferences.models import Recipient
+
+logger = logging.getLogger(__name__)
+
+FANOUT_TASK = "notifier.tasks.fanout_topic"
+S = Delivery.Status
+
+
+def _setting(name: str, default: float) -> float:
+    """Read a tunable from Django settings, else the environment, else `default`."""
+    value = getattr(settings, name, None)
+    if value is None:
+        value = os.environ.get(name) or default
+    return float(value)
+
+
+def page_size() -> int:
+    """Return how many subscribers one page takes (FANOUT_PAGE_SIZE, default 5,000)."""
+    return max(1, int(_setting("FANOUT_PAGE_SIZE", 5000)))
+
+
+def run_budget_seconds() -> float:
+    """Return how long one task run keeps paging before it re-enqueues itself (FANOUT_RUN_SECONDS, default 5)."""
+    return _setting("FANOUT_RUN_SECONDS", 5.0)
+
+
+def pace_window_seconds() -> float:
+    """Return how many seconds of sends one paced page covers at most (FANOUT_PACE_WINDOW_SECONDS, default 10)."""
+    return _setting("FANOUT_PACE_WINDOW_SECONDS", 10.0)
+
+
+def stall_seconds() -> float:
+    """Return after how long without progress a fan-out counts as stalled (FANOUT_STALL_SECONDS, default 300)."""
+    return _setting("FANOUT_STALL_SECONDS", 300.0)
+
+
+def enqueue(notification_id: object, *, countdown: float | None = None) -> bool:
+    """Publish one fan-out task for a notification; return False (and log) if the broker refused it."""
+    options: dict[str, Any] = {"queue": "fanout", "retry": False}
+    if countdown and countdown > 0:
+        options["countdown"] = math.ceil(countdown)
+    try:
+        celery_app.send_task(FANOUT_TASK, args=[str(notification_id)], **options)
+    except Exception as exc:
+        logger.error("fan-out of %s not enqueued (the sweeper will resume it): %s", notification_id, exc)
+        return False
+    return True
+
 
 def fanout_start(*, notification_id: object) -> None:
-    """Start expanding a topic notification into deliveries."""
-    raise NotImplementedError("fan-out is not built yet")
+    """Start expanding a topic notification into deliveries (at its send_at, if that is in the future).
+
+    Never raises: it runs after commit in the API request, and a fan-out that could not be enqueued is
+    picked up by `fanout_sweep`.
+    """
+    if broker_recently_down():
+        logger.warning("broker recently down; fan-out of %s left to the sweeper", notification_id)
+        return
+    send_at = Notification.objects.filter(pk=notification_id).values_list("send_at", flat=True).first()
+    countdown = (send_at - timezone.now()).total_seconds() if send_at else None
+    enqueue(notification_id, countdown=countdown)
+
+
+@dataclass
+class RunResult:
+    """What one task run did; `next_in` is the countdown of the re-enqueued run, None when it stopped."""
+
+    pages: int = 0
+    subscribers: int = 0
+    inserted: int = 0
+    published: int = 0
+    done: bool = False
+    stopped: str = ""
+    next_in: float | None = None
+
+
+class PublishIncomplete(RuntimeError):
+    """The broker did not take every message of a page; the page is redone (its checkpoint did not move)."""
+
+
+def fanout_run(*, notification_id: object, enqueue_next: bool = True) -> RunResult:
+    """Process pages of a topic notification for a bounded time, then re-enqueue the rest (or finish)."""
+    result = RunResult()
+    deadline = time.monotonic() + run_budget_seconds()
+    while True:
+        reset_queries()  # DEBUG keeps every query (with its 5,000-element arrays): keep memory flat anyway
+        step = fanout_page(notification_id=notification_id)
+        result.pages += 1 if step.subscribers else 0
+        result.subscribers += step.subscribers
+        result.inserted += step.inserted
+        result.published += step.published
+        if step.stopped or step.done:
+            result.stopped, result.done = step.stopped, step.done
+            return result
+        if step.pace_seconds is not None:
+            # A paced run does one page and comes back when that page's last message is due.
+            result.next_in = step.pace_seconds
+            break
+        if time.monotonic() >= deadline:
+            result.next_in = 0.0
+            break
+    if enqueue_next and not enqueue(notification_id, countdown=result.next_in):
+        # The checkpoint is saved; the sweeper resumes from it.
+        result.next_in = None
+    return result
+
+
+@dataclass
+class PageResult:
+    """What one page did."""
+
+    subscribers: int = 0
+    inserted: int = 0
+    published: int = 0
+    done: bool = False
+    stopped: str = ""
+    pace_seconds: float | None = None
+
+
+_PAGE_SQL = """
+    SELECT s.id, r.id, r.user_id, r.email, r.phone, r.webhook_url, r.timezone, r.opted_out, r.channel_prefs,
+           r.category_prefs, r.quiet_start, r.quiet_end, r.erased_at
+    FROM preferences_subscription s JOIN preferences_recipient r ON r.id = s.recipient_id
+    WHERE s.topic_id = %s AND s.id > %s
+    ORDER BY s.id
+    LIMIT %s
+"""
+
+# Deliveries and their first events in one round trip; only rows really inserted get an event.
+_INSERT_SQL = """
+    WITH ins AS (
+        INSERT INTO notifier_delivery (
+            notification_id, recipient_id, channel, priority, address, status, reason, not_before, published_at,
+            provider, provider_message_id, attempts, last_error, created_at, updated_at
+        )
+        SELECT %s, t.recipient_id, t.channel, %s, t.address, t.status, t.reason, t.not_before,
+               CASE WHEN t.status = 'queued' THEN %s::timestamptz END, '', '', 0, '', %s, %s
+        FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::text[], %s::text[], %s::timestamptz[])
+             AS t(recipient_id, channel, address, status, reason, not_before)
+        ON CONFLICT ON CONSTRAINT delivery_target_uniq DO NOTHING
+        RETURNING id, channel, status, reason
+    ), events AS (
+        INSERT INTO notifier_deliveryevent (delivery_id, status, detail, at)
+        SELECT id, status, reason, %s FROM ins
+    )
+    SELECT id, channel, status FROM ins
+"""
+
+_REQUEUED_SQL = """
+    SELECT id, channel FROM notifier_delivery
+    WHERE notification_id = %s AND recipient_id = ANY(%s) AND status = 'queued'
+      AND (not_before IS NULL OR not_before <= now())
+    ORDER BY id
+"""
+
+
+class _Row:
+    """The recipient fields compliance reads, without a model instance per subscriber (1M of them)."""
+
+    __slots__ = (
+        "category_prefs",
+        "channel_prefs",
+        "email",
+        "erased_at",
+        "opted_out",
+        "phone",
+        "pk",
+        "quiet_end",
+        "quiet_start",
+        "timezone",
+        "user_id",
+        "webhook_url",
+    )
+
+    def __init__(self, row: Sequence[Any]) -> None:
+        (
+            self.pk,
+            self.user_id,
+            self.email,
+            self.phone,
+            self.webhook_url,
+            self.timezone,
+            self.opted_out,
+            self.channel_prefs,
+            self.category_prefs,
+            self.quiet_start,
+            self.quiet_end,
+            self.erased_at,
+        ) = row
+        # Django's psycopg setup hands jsonb over as text (JSONField decodes it); so do we.
+        if isinstance(self.channel_prefs, str):
+            self.channel_prefs = json.loads(self.channel_prefs)
+        if isinstance(self.category_prefs, str):
+            self.category_prefs = json.loads(self.category_prefs)
+
+
+def _addresses(recipient: _Row, channel: str, webhook_default: str, devices: dict[int, list[str]]) -> list[str]:
+    """Return the addresses of a recipient on a channel, as notifier.services.channel_addresses does."""
+    if channel == "email":
+        return [recipient.email]
+    if channel == "sms":
+        return [recipient.phone]
+    if channel == "inapp":
+        return [recipient.user_id]
+    if channel == "webhook":
+        return [recipient.webhook_url or webhook_default]
+    if channel == "push":
+        return devices.get(recipient.pk) or [""]
+    raise ValueError(f"unknown channel {channel}")
+
+
+def _plan(verdict: Verdict, send_at: datetime | None, now: datetime) -> tuple[str, str, datetime | None]:
+    """Return (status, reason, not_before) for a new delivery, as notifier.services.apply_verdict decides."""
+    if verdict.action == "suppress":
+        return S.SUPPRESSED, verdict.reason, None
+    if verdict.action == "digest":
+        return S.DEFERRED, verdict.reason or "digest", None
+    if verdict.action == "defer":
+        until = verdict.until
+        return S.DEFERRED, verdict.reason or "quiet_hours", max(until, send_at) if send_at and until else until
+    if send_at and send_at > now:
+        return S.SCHEDULED, "", send_at
+    return S.QUEUED, "", None
+
+
+def _stop_reason(notification_id: object, campaign_id: int | None, *, lock: bool) -> str:
+    """Return why the fan-out must stop ("cancelled", "paused", "done", "missing") or ""."""
+    status = Notification.objects.filter(pk=notification_id).values_list("status", flat=True).first()
+    if status is None:
+        return "missing"
+    if status == Notification.Status.CANCELLED:
+        return "cancelled"
+    if status != Notification.Status.FANNING_OUT:
+        return "done"
+    if campaign_id is not None:
+        if lock:
+            # FOR SHARE until the page's insert commits: a pause (an UPDATE of this row) waits for the page
+            # and then holds back what it inserted; a page started after the pause sees it here.
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT status FROM notifier_campaign WHERE id = %s FOR SHARE", [campaign_id])
+                row = cursor.fetchone()
+            campaign_status = row[0] if row else None
+        else:
+            campaign_status = Campaign.objects.filter(pk=campaign_id).values_list("status", flat=True).first()
+        if campaign_status == Campaign.Status.PAUSED:
+            return "paused"
+        if campaign_status == Campaign.Status.CANCELLED:
+            return "cancelled"
+    return ""
+
+
+def fanout_page(*, notification_id: object) -> PageResult:
+    """Process the next page of a topic notification: insert, publish, checkpoint (see the module doc)."""
+    n = (
+        Notification.objects.filter(pk=notification_id)
+        .select_related("client", "campaign")
+        .only(
+            "id",
+            "status",
+            "topic_id",
+            "category",
+            "channels",
+            "priority",
+            "send_at",
+            "fanout_cursor",
+            "fanout_processed",
+            "client__webhook_url",
+            "campaign__id",
+            "campaign__rate_per_second",
+        )
+        .first()
+    )
+    if n is None:
+        return PageResult(stopped="missing")
+    campaign_id = n.campaign_id
+    stop = _stop_reason(n.pk, campaign_id, lock=False)
+    if stop:
+        return PageResult(stopped=stop)
+    rate = n.campaign.rate_per_second if n.campaign is not None and n.campaign.rate_per_second else None
+    size = page_size()
+    if rate:
+        per_subscriber = max(len(n.channels), 1)
+        size = max(1, min(size, int(rate * pace_window_seconds() / per_subscriber)))
+    cursor_before = n.fanout_cursor
+    now = timezone.now()
+
+    with transaction.atomic():
+        if campaign_id is not None:
+            stop = _stop_reason(n.pk, campaign_id, lock=True)
+            if stop:
+                return PageResult(stopped=stop)
+        with connection.cursor() as cursor:
+            cursor.execute(_PAGE_SQL, [n.topic_id, cursor_before, size])
+            page = cursor.fetchall()
+        if not page:
+            return _finish(n, cursor_before)
+        recipients = [_Row(row[1:]) for row in page]
+        devices: dict[int, list[str]] = defaultdict(list)
+        if "push" in n.channels:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT recipient_id, token FROM preferences_device WHERE recipient_id = ANY(%s) AND active "
+                    "ORDER BY id",
+                    [[r.pk for r in recipients]],
+                )
+                for recipient_id, token in cursor.fetchall():
+                    devices[recipient_id].append(token)
+        webhook_default = n.client.webhook_url
+        targets = [
+            (r, channel, address)
+            for r in recipients
+            for channel in n.channels
+            for address in _addresses(r, channel, webhook_default, devices)
+        ]
+        dead = suppressed_addresses([(channel, address) for _, channel, address in targets if address])
+        columns: tuple[list[Any], ...] = ([], [], [], [], [], [])
+        for r, channel, address in targets:
+            verdict = evaluate(
+                recipient=cast(Recipient, r),
+                category=n.category,
+                channel=channel,
+                address=address,
+                now=now,
+                suppressed=(channel, address) in dead if address else False,
+            )
+            status, reason, not_before = _plan(verdict, n.send_at, now)
+            for column, value in zip(columns, (r.pk, channel, address, status, reason, not_before), strict=True):
+                column.append(value)
+        with connection.cursor() as cursor:
+            cursor.execute(_INSERT_SQL, [n.pk, n.priority, now, now, now, *columns, now])
+            inserted = cursor.fetchall()
+    queued = [(row[0], row[1]) for row in inserted if row[2] == S.QUEUED]
+    if len(inserted) < len(targets):
+        # Part of this page was written by an earlier run that did not reach its checkpoint: publish again
+        # every delivery of the page still waiting, whoever inserted it.
+        with connection.cursor() as cursor:
+            cursor.execute(_REQUEUED_SQL, [n.pk, [r.pk for r in recipients]])
+            queued = cursor.fetchall()
+    published, pace = _publish_page(queued, priority=n.priority, rate=rate)
+    if published < len(queued):
+        raise PublishIncomplete(f"{len(queued) - published} of {len(queued)} deliveries not published")
+    last_id = page[-1][0]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE notifier_notification SET fanout_cursor = %s, fanout_processed = fanout_processed + %s, "
+            "updated_at = now() WHERE id = %s AND fanout_cursor = %s AND status = 'fanning_out'",
+            [last_id, len(page), n.pk, cursor_before],
+        )
+        moved = cursor.rowcount
+    result = PageResult(subscribers=len(page), inserted=len(inserted), published=published, pace_seconds=pace)
+    if not moved:
+        # Another run advanced this notification (or it was cancelled) meanwhile: let that run carry on.
+        result.stopped = "superseded"
+    return result
+
+
+def _publish_page(queued: list[tuple[int, str]], *, priority: str, rate: int | None) -> tuple[int, float | None]:
+    """Publish a page's queued deliveries; at a rate cap, spread the messages with countdowns.
+
+    Returns (how many were published, seconds the page's sends span at the rate cap, or None uncapped).
+    """
+    groups: dict[str, list[int]] = defaultdict(list)
+    for delivery_id, channel in queued:
+        groups[queue_name(channel, priority)].append(delivery_id)
+    if not rate:
+        return len(publish(groups)), None
+    # At most one second's worth of sends per message, so the cap holds second by second, not just on average.
+    chunk = max(1, min(settings.SEND_BATCH_SIZE, rate))
+    published, offset = 0, 0
+    for queue, ids in groups.items():
+        for start in range(0, len(ids), chunk):
+            part = ids[start : start + chunk]
+            published += len(publish({queue: part}, countdown=offset / rate, batch_size=chunk))
+            offset += len(part)
+    return published, offset / rate
+
+
+def _finish(n: Notification, cursor_before: int) -> PageResult:
+    """Mark a fan-out done (every subscriber seen) and let its campaign know."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE notifier_notification SET status = 'done', recipients_total = fanout_processed, updated_at = now() "
+            "WHERE id = %s AND status = 'fanning_out' AND fanout_cursor = %s",
+            [n.pk, cursor_before],
+        )
+        finished = cursor.rowcount
+    if finished and n.campaign_id is not None:
+        from notifier.campaigns.services import campaign_fanout_finished
+
+        campaign_fanout_finished(campaign_id=n.campaign_id)
+    return PageResult(done=bool(finished), stopped="" if finished else "superseded")
+
+
+def fanout_sweep(*, limit: int = 100) -> int:
+    """Re-enqueue fan-outs that made no progress for a while (a lost message, a broker outage); return how many.
+
+    A duplicate run next to a live one is harmless (see the module doc); paused campaigns are left alone.
+    """
+    now = timezone.now()
+    stalled = list(
+        Notification.objects.filter(
+            status=Notification.Status.FANNING_OUT,
+            updated_at__lt=now - timedelta(seconds=stall_seconds()),
+        )
+        .exclude(send_at__gt=now)
+        .exclude(campaign__status__in=[Campaign.Status.PAUSED, Campaign.Status.CANCELLED])
+        .order_by("updated_at")
+        .values_list("pk", flat=True)[:limit]
+    )
+    for notification_id in stalled:
+        Notification.objects.filter(pk=notification_id).update(updated_at=now)
+        enqueue(notification_id)
+    if stalled:
+        logger.warning("fan-out sweeper resumed %d stalled fan-outs", len(stalled))
+    return len(stalled)

@@ -1,13 +1,62 @@
-"""Periodic and background tasks of the core (scheduled by beat on the maintenance queue)."""
+"""Periodic and background tasks of the core: outbox relay, fan-out, campaigns (thin: load by id, call a service)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from celery import shared_task
+from django.db import InterfaceError, OperationalError
 
 from notifier.outbox import relay
+
+# Infrastructure errors (the database went away, the broker refused a page's messages) retry with backoff; the
+# checkpoint makes a retried fan-out run resume where it stopped.
+_RETRY: dict[str, Any] = {
+    "autoretry_for": (OperationalError, InterfaceError),
+    "retry_backoff": 2,
+    "retry_backoff_max": 60,
+    "retry_jitter": True,
+    "max_retries": 10,
+}
 
 
 @shared_task(name="notifier.tasks.outbox_relay")
 def outbox_relay() -> dict[str, int]:
     """Publish deliveries the fast path missed and wake those now due."""
     return relay()
+
+
+@shared_task(name="notifier.tasks.fanout_topic", **_RETRY)
+def fanout_topic(notification_id: str) -> dict[str, Any]:
+    """Expand a bounded part of a topic notification into deliveries, then re-enqueue the rest."""
+    from notifier.fanout import PublishIncomplete, fanout_run
+
+    try:
+        result = fanout_run(notification_id=notification_id)
+    except PublishIncomplete as exc:
+        # The page's checkpoint did not move: retrying redoes it and publishes what is missing.
+        raise fanout_topic.retry(exc=exc, countdown=5) from exc
+    return {"pages": result.pages, "subscribers": result.subscribers, "done": result.done, "stopped": result.stopped}
+
+
+@shared_task(name="notifier.tasks.fanout_sweep")
+def fanout_sweep() -> int:
+    """Resume fan-outs that made no progress for a while (their message was lost or never published)."""
+    from notifier.fanout import fanout_sweep as sweep
+
+    return sweep()
+
+
+@shared_task(name="notifier.tasks.run_campaign", **_RETRY)
+def run_campaign(campaign_id: int) -> str | None:
+    """Start one run of a campaign (called by beat; runs once even if two beat processes fire it)."""
+    from notifier.campaigns.services import campaign_run
+
+    notification = campaign_run(campaign_id=int(campaign_id))
+    return str(notification.pk) if notification is not None else None
+
+
+@shared_task(name="notifier.tasks.noop")
+def noop() -> None:
+    """Do nothing: the benchmarks' yardstick for the broker's empty-task rate."""
+    return None
