@@ -21,6 +21,7 @@ migrate: services
 	$(PY) manage.py migrate --noinput
 
 demo: migrate
+	@$(PY) manage.py collectstatic --noinput -v0
 	@$(PY) manage.py bootstrap_demo
 
 ## Serve the API on :$(PORT) with the channel workers, the fan-out worker, beat and Flower (:5555).

@@ -106,6 +106,11 @@ app.conf.beat_schedule = {
         "schedule": float(os.environ.get("OUTBOX_RELAY_INTERVAL_SECONDS", "15")),
         "options": {"queue": "maintenance", "expires": 60},
     },
+    "retention-purge": {
+        "task": "notifier.retention.purge_old_deliveries",
+        "schedule": crontab(minute=30, hour=3),
+        "options": {"queue": "maintenance"},
+    },
     "digests-hourly": {
         "task": "preferences.tasks.flush_digests",
         "schedule": crontab(minute=0),
@@ -120,6 +125,13 @@ app.conf.beat_schedule = {
     },
 }
 app.autodiscover_tasks()
+# Tasks that live outside an app's tasks.py.
+app.conf.imports = ("notifier.retention",)
+
+# Trace context across the broker, task metrics, the worker metrics server and breaker-state gauges.
+from notifier.tracing import connect_signals  # noqa: E402 - needs the app above
+
+connect_signals()
 
 
 @worker_init.connect(weak=False)

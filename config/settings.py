@@ -67,6 +67,8 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "notifier.middleware.RequestContextMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    # Serves the admin's static files under gunicorn (collected into STATIC_ROOT by collectstatic).
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -115,7 +117,9 @@ TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
 STATIC_URL = "static/"
-STATIC_ROOT = BASE_DIR / "var" / "static"
+STATIC_ROOT = Path(os.environ.get("STATIC_ROOT", BASE_DIR / "var" / "static"))
+# WhiteNoise serves from here (filled by collectstatic in `make run` and the image); it must exist.
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)
 
 # Request bodies: the batch endpoint takes up to 1,000 items; anything above this limit is a 413.
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("MAX_REQUEST_BYTES", 5 * 1024 * 1024)

@@ -21,6 +21,7 @@ from django.utils import timezone
 
 from config.celery import app as celery_app
 from config.celery import queue_name
+from notifier import metrics
 from notifier.events import record_events
 from notifier.models import Delivery
 
@@ -121,6 +122,8 @@ def relay(*, limit: int | None = None) -> dict[str, int]:
     unpublished = _relay_unpublished(limit=limit)
     woken = _wake_due(limit=limit, now=now)
     stale = _relay_stale(limit=limit)
+    if unpublished or stale:
+        metrics.count_republished(unpublished + stale)
     if unpublished or woken or stale:
         logger.info("outbox relay: %d unpublished, %d due, %d stale re-published", unpublished, woken, stale)
     return {"unpublished": unpublished, "due": woken, "stale": stale}

@@ -18,7 +18,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from notifier import dedup
+from notifier import dedup, metrics
 from notifier.auth import generate_key, hash_key
 from notifier.errors import ApiError
 from notifier.events import record_events, transition
@@ -140,6 +140,7 @@ def notification_accept(*, client: ApiClient, data: dict[str, Any], trace_id: st
         if dedup_key:
             dedup.release(client_id=client.pk, dedup_key=dedup_key, notification_id=str(notification_id))
         raise
+    metrics.count_accepted(category, client.name)
     return AcceptResult(notification=notification, duplicate=False, deliveries=deliveries)
 
 
