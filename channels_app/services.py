@@ -7,7 +7,6 @@ so a message delivered twice by RabbitMQ (at-least-once) never makes a second se
 
 from __future__ import annotations
 
-import logging
 import random
 from collections import defaultdict
 from collections.abc import Sequence
@@ -25,6 +24,7 @@ from channels_app.providers.base import OutboundMessage, ProviderError, SendResu
 from config.celery import queue_name
 from notifier import metrics
 from notifier.events import record_events
+from notifier.logging import get_logger
 from notifier.models import DeadLetter, Delivery, Notification
 from notifier.outbox import publish
 from preferences.compliance import evaluate, suppressed_addresses
@@ -33,7 +33,7 @@ from preferences.services import suppression_add
 from templates_app.models import TemplateVersion
 from templates_app.rendering import RenderError, render
 
-logger = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 S = Delivery.Status
 
@@ -181,6 +181,23 @@ class _Outcomes:
         self.republish[delay].append(delivery)
         self.report.retried += 1
 
+    def _log_outcomes(self) -> None:
+        """Write one audit line per outcome: who (ids only), which channel and provider, what happened."""
+        for delivery, fields in self.updates:
+            if "status" not in fields:
+                continue
+            extra = {"trace_id": delivery.notification.trace_id} if delivery.notification.trace_id else {}
+            log.info(
+                "delivery " + fields["status"],
+                notification_id=str(delivery.notification_id),
+                delivery_id=delivery.pk,
+                channel=delivery.channel,
+                provider=fields.get("provider") or delivery.provider,
+                attempts=delivery.attempts,
+                reason=fields.get("reason", ""),
+                **extra,
+            )
+
     def _count_metrics(self) -> None:
         counts: dict[tuple[str, str, str], int] = defaultdict(int)
         for delivery, fields in self.updates:
@@ -220,6 +237,7 @@ class _Outcomes:
                     for d, err in self.dead
                 ]
             )
+        self._log_outcomes()
         for channel, address, code in self.suppress:
             suppression_add(channel=channel, address=address, source="invalid", reason=f"provider error {code}")
         for delay, deliveries in self.republish.items():
