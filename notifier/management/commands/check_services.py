@@ -14,7 +14,7 @@ HOW_TO_START = {
     "RabbitMQ": "rabbitmq-server -detached && rabbitmqctl await_startup",
     "Redis": "redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save '' --appendonly no",
 }
-COMPOSE_HINT = "or start all three with: docker compose -f docker/compose.yml up -d postgres rabbitmq redis"
+COMPOSE_HINT = "or start all three with: docker compose -f docker/compose.deps.yml up -d"
 
 
 def _reachable(host: str, port: int, timeout: float = 2.0) -> bool:
