@@ -6,6 +6,8 @@ from typing import Any
 
 from django.contrib import admin
 from django.http import HttpRequest
+from django.urls import reverse
+from django.utils.html import format_html
 
 from notifier.deadletters.admin import DeadLetterAdmin
 from notifier.models import ApiClient, DeadLetter, Delivery, DeliveryEvent, Notification
@@ -63,10 +65,19 @@ class NotificationAdmin(ReadOnlyAdmin):
 class DeliveryAdmin(ReadOnlyAdmin):
     """Deliveries, with the template version used and the full event history (read-only)."""
 
-    list_display = ("id", "channel", "status", "provider", "attempts", "template_version", "created_at")
+    list_display = ("id", "channel", "status", "provider", "attempts", "version_used", "created_at")
     list_filter = ("status", "channel", "provider", "priority")
     search_fields = ("=id", "=notification__id", "=provider_message_id", "=recipient__user_id")
     raw_id_fields = ("notification", "recipient", "template_version")
     list_select_related = ("template_version__template",)
     inlines = [DeliveryEventInline]
     show_full_result_count = False
+    readonly_fields = ("version_used",)
+
+    @admin.display(description="template version")
+    def version_used(self, obj: Delivery) -> str:
+        """Link to the preview of the template version this delivery was rendered from."""
+        if obj.template_version_id is None:
+            return "-"
+        url = reverse("admin:templates_app_templateversion_preview", args=[obj.template_version_id])
+        return format_html('<a href="{}">{}</a>', url, obj.template_version)
