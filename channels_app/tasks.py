@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from celery import shared_task
 from django.db import InterfaceError, OperationalError
 
@@ -18,6 +20,9 @@ from channels_app.services import deliver
     retry_backoff_max=120,
     retry_jitter=True,
     max_retries=8,
+    # A per-process ceiling on messages per second (e.g. "200/s"); off by default. The real provider limit
+    # is the shared Redis bucket in channels_app.ratelimit, which holds across every worker and host.
+    rate_limit=os.environ.get("SEND_TASK_RATE_LIMIT") or None,
 )
 def send_deliveries(delivery_ids: list[int]) -> dict[str, int]:
     """Deliver a batch of deliveries (one id for a transactional send, hundreds on the fan-out path)."""

@@ -210,8 +210,9 @@ class NotificationBatchApi(APIView):
         except (serializers.ValidationError, ApiError) as exc:
             response = exception_handler(exc, {})
             assert response is not None
-            return {"status": response.status_code, **response.data}
-        return {"status": 200 if result.duplicate else 202, **accept_out(result)}
+            return {**response.data, "status": response.status_code}
+        # Each item carries the HTTP status it would have had alone (202 new, 200 duplicate).
+        return {**accept_out(result), "status": 200 if result.duplicate else 202}
 
 
 class NotificationDetailApi(APIView):

@@ -8,6 +8,7 @@ body) get their own status instead of a 500.
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 from django.core.exceptions import PermissionDenied, RequestDataTooBig
@@ -57,7 +58,11 @@ def _flatten(detail: Any, prefix: str = "") -> dict[str, list[str]]:
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     """Render every API exception in the common error format."""
     if isinstance(exc, ApiError):
-        return Response(error_body(exc.error_code, exc.message, exc.fields), status=exc.status_code)
+        headers = {}
+        # DRF's convention for "come back later" (as on Throttled): a `wait` in seconds becomes Retry-After.
+        if getattr(exc, "wait", None) is not None:
+            headers["Retry-After"] = str(math.ceil(exc.wait))
+        return Response(error_body(exc.error_code, exc.message, exc.fields), status=exc.status_code, headers=headers)
     if isinstance(exc, RequestDataTooBig):
         return Response(error_body("payload_too_large", "Request body is too large."), status=413)
     if isinstance(exc, OperationalError | InterfaceError) or type(exc) is DatabaseError:

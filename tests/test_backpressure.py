@@ -67,7 +67,6 @@ def test_low_priority_is_shed_with_429_while_high_priority_flows(api: Any, backl
     assert Notification.objects.count() == 3
 
 
-@pytest.mark.xfail(strict=True, reason="needs the Retry-After hook in notifier.errors.exception_handler (lead)")
 def test_429_carries_retry_after(api: Any, backlog: None, settings: Any) -> None:
     settings.BACKPRESSURE_RETRY_AFTER_SECONDS = 7
     response = send(api, "promo", "marketing")
