@@ -1,0 +1,263 @@
+"""Shared plumbing of the benchmarks: a dedicated database and vhost, real workers, RSS sampling, cleanup.
+
+Benchmarks never touch the development or test databases: they create `bench_notifier` (migrated from
+scratch) and the RabbitMQ vhost `notifier_bench`, start their own `celery worker` subprocesses, and drop both
+at the end (pass --keep to look around afterwards).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+DB_NAME = "bench_notifier"
+VHOST = "notifier_bench"
+DATABASE_URL = f"postgres://postgres@127.0.0.1:5432/{DB_NAME}"
+BROKER_URL = f"amqp://guest:guest@127.0.0.1:5672/{VHOST}"
+ENV = {
+    "DATABASE_URL": DATABASE_URL,
+    "CELERY_BROKER_URL": BROKER_URL,
+    "REDIS_KEY_PREFIX": "notifier-bench:",
+    # DEBUG off: no query log, no debug cursor formatting 5,000-element arrays.
+    "DEBUG": "false",
+    "SECRET_KEY": "bench-only-secret",
+    "LOG_LEVEL": "WARNING",
+    "OUTBOX_RELAY_INTERVAL_SECONDS": "3600",
+    "PYTHONUNBUFFERED": "1",
+    "DJANGO_SETTINGS_MODULE": "config.settings",
+}
+SEND_QUEUES = [f"{c}.{p}" for c in ("push", "email", "sms", "inapp", "webhook") for p in ("high", "low")]
+
+
+def parser(description: str) -> argparse.ArgumentParser:
+    """Return an argument parser with the options every benchmark shares."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--keep", action="store_true", help="keep the bench database and vhost afterwards")
+    p.add_argument("--timeout", type=float, default=600, help="give up after this many seconds")
+    return p
+
+
+def log(message: str) -> None:
+    """Print a progress line with a timestamp."""
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def _psql(sql: str, db: str = "postgres") -> None:
+    subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-d", db, "-qc", sql], check=True, capture_output=True)
+
+
+def prepare() -> None:
+    """Create the bench database and vhost from scratch, migrate, and set up Django in this process."""
+    os.environ.update(ENV)
+    subprocess.run(["rabbitmqctl", "-q", "delete_vhost", VHOST], capture_output=True, check=False)
+    subprocess.run(["rabbitmqctl", "-q", "add_vhost", VHOST], capture_output=True, check=True)
+    permissions = ["rabbitmqctl", "-q", "set_permissions", "-p", VHOST, "guest", ".*", ".*", ".*"]
+    subprocess.run(permissions, capture_output=True, check=True)
+    _psql(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
+    _psql(f"CREATE DATABASE {DB_NAME}")
+    log("migrating the bench database")
+    subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env={**os.environ}, check=True)
+    sys.path.insert(0, str(ROOT))
+    import django
+
+    django.setup()
+
+
+def cleanup(keep: bool) -> None:
+    """Drop the bench database and vhost (unless keep)."""
+    from django.db import connections
+
+    connections.close_all()
+    if keep:
+        log(f"kept database {DB_NAME} and vhost {VHOST}")
+        return
+    _psql(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
+    subprocess.run(["rabbitmqctl", "-q", "delete_vhost", VHOST], capture_output=True, check=False)
+
+
+class Worker:
+    """A `celery worker` subprocess on the bench database and vhost."""
+
+    def __init__(self, name: str, queues: list[str], *, concurrency: int = 2, pool: str = "prefork", **env: str):
+        self.name = name
+        self.log_path = ROOT / "var" / f"bench-{name}-{os.getpid()}.log"
+        self.log_path.parent.mkdir(exist_ok=True)
+        self._log = self.log_path.open("w")
+        self.proc = subprocess.Popen(
+            [
+                sys.executable, "-m", "celery", "-A", "config", "worker", "-Q", ",".join(queues), "--pool", pool,
+                "--concurrency", str(concurrency), "--loglevel", "INFO", "--without-gossip", "--without-mingle",
+                "--without-heartbeat", "-n", f"bench-{name}-{os.getpid()}@%h",
+            ],
+            cwd=ROOT, env={**os.environ, **ENV, **env}, stdout=self._log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+
+    def wait_ready(self, timeout: float = 300) -> Worker:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"worker {self.name} exited:\n{self.log_path.read_text()[-3000:]}")
+            if "ready." in self.log_path.read_text():
+                return self
+            time.sleep(0.2)
+        raise TimeoutError(f"worker {self.name} not ready")
+
+    def rss_bytes(self) -> int:
+        """Return the resident memory of the worker and its pool processes."""
+        import psutil
+
+        try:
+            main = psutil.Process(self.proc.pid)
+            return sum(p.memory_info().rss for p in [main, *main.children(recursive=True)])
+        except psutil.NoSuchProcess:
+            return 0
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+        self._log.close()
+
+
+@contextmanager
+def workers(*started: Worker) -> Iterator[list[Worker]]:
+    """Wait for workers to be ready and stop them all at the end."""
+    try:
+        for w in started:
+            w.wait_ready()
+        yield list(started)
+    finally:
+        for w in started:
+            w.stop()
+
+
+def wait_until(predicate: Callable[[], Any], *, timeout: float, interval: float = 0.2, what: str = "") -> float:
+    """Poll until predicate() is truthy; return the seconds waited, or raise TimeoutError."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        if predicate():
+            return time.monotonic() - started
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def empty_task_rate(n: int = 3000) -> dict[str, float]:
+    """Measure publish and consume rates of an empty task on this broker (a prefork worker of 2, late acks)."""
+    from config.celery import app
+
+    worker = Worker("noop", ["maintenance"], concurrency=2)
+    with workers(worker):
+        started = time.monotonic()
+        with app.producer_or_acquire() as producer:
+            for _ in range(n):
+                app.send_task("notifier.tasks.noop", queue="maintenance", producer=producer)
+        published = time.monotonic() - started
+        wait_until(lambda: worker.log_path.read_text().count("succeeded") >= n, timeout=300, what="noop tasks")
+        total = time.monotonic() - started
+    return {"tasks": n, "publish_per_s": n / published, "end_to_end_per_s": n / total}
+
+
+def make_topic(key: str, n: int) -> int:
+    """Create a topic with n subscribers (recipients with an email) using set-based SQL; return the topic id."""
+    from django.db import connection
+
+    from preferences.models import Topic
+
+    topic = Topic.objects.create(key=key, name=key)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO preferences_recipient (user_id, email, phone, locale, timezone, webhook_url, opted_out, "
+            "channel_prefs, category_prefs, created_at, updated_at) "
+            "SELECT %s || g, %s || g || '@example.com', '', '', '', '', false, '{}', '{}', now(), now() "
+            "FROM generate_series(1, %s) g",
+            [f"{key}-", f"{key}-", n],
+        )
+        cursor.execute(
+            "INSERT INTO preferences_subscription (topic_id, recipient_id, created_at) "
+            "SELECT %s, id, now() FROM preferences_recipient WHERE user_id LIKE %s ORDER BY id",
+            [topic.pk, f"{key}-%"],
+        )
+        cursor.execute("ANALYZE preferences_recipient; ANALYZE preferences_subscription")
+    return topic.pk
+
+
+def make_template(key: str, category: str) -> None:
+    """Create a small template on email and sms."""
+    from templates_app.services import template_put
+
+    content = {"en": {"email": {"subject": "Hi {{ n }}", "text": "Hello {{ n }}"}, "sms": {"text": "Code {{ n }}"}}}
+    template_put(key=key, category=category, default_locale="en", content=content)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Return the q-th percentile (0-100) of values, by nearest rank."""
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    index = max(0, min(len(ordered) - 1, round(q / 100 * len(ordered) + 0.5) - 1))
+    return ordered[index]
+
+
+def mean(values: list[float]) -> float:
+    """Return the mean, NaN for none."""
+    return statistics.fmean(values) if values else float("nan")
+
+
+class ApiServer:
+    """The real HTTP API under gunicorn on a loopback port, on the bench database and vhost."""
+
+    def __init__(self, port: int = 18765, workers: int = 2, threads: int = 4) -> None:
+        self.url = f"http://127.0.0.1:{port}"
+        self.log_path = ROOT / "var" / f"bench-api-{os.getpid()}.log"
+        self._log = self.log_path.open("w")
+        self.proc = subprocess.Popen(
+            [
+                sys.executable, "-m", "gunicorn", "config.wsgi:application", "-b", f"127.0.0.1:{port}",
+                "-w", str(workers), "--threads", str(threads), "--access-logfile", "/dev/null",
+            ],
+            cwd=ROOT, env={**os.environ, **ENV}, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+
+    def wait_ready(self) -> ApiServer:
+        import urllib.request
+
+        def up() -> bool:
+            try:
+                urllib.request.urlopen(f"{self.url}/healthz", timeout=1)
+                return True
+            except OSError:
+                return False
+
+        wait_until(up, timeout=60, what="the API")
+        return self
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        self._log.close()
+
+
+def api_key() -> str:
+    """Create an API client allowed every category and return its raw key."""
+    from notifier.services import api_client_create
+
+    return api_client_create(name=f"bench-{time.time_ns()}")[1]
