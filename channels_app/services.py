@@ -7,6 +7,7 @@ so a message delivered twice by RabbitMQ (at-least-once) never makes a second se
 
 from __future__ import annotations
 
+import json
 import random
 from collections import defaultdict
 from collections.abc import Sequence
@@ -206,22 +207,57 @@ class _Outcomes:
         for (channel, provider, status), n in counts.items():
             metrics.count_deliveries(channel, provider, status, n)
 
+    # The columns an outcome may change; every touched row is written with all of them in one statement.
+    COLUMNS = (
+        ("status", "text"),
+        ("reason", "text"),
+        ("provider", "text"),
+        ("provider_message_id", "text"),
+        ("attempts", "integer"),
+        ("last_error", "text"),
+        ("not_before", "timestamptz"),
+        ("published_at", "timestamptz"),
+        ("sent_at", "timestamptz"),
+        ("template_version_id", "bigint"),
+        ("content", "jsonb"),
+    )
+
+    def _write_rows(self) -> None:
+        """Apply every outcome to its row with a single UPDATE … FROM unnest(…), whatever the batch size.
+
+        Outcomes differ per row (a provider message id each), so grouping rows by identical values would be
+        one statement per delivery; arrays of per-row values keep it one round trip.
+        """
+        rows: dict[int, Delivery] = {}
+        for delivery, fields in self.updates:
+            for name, value in fields.items():
+                setattr(delivery, name, value)
+            rows[delivery.pk] = delivery
+        if not rows:
+            return
+        deliveries = list(rows.values())
+        columns = [name for name, _ in self.COLUMNS]
+        arrays: list[list[Any]] = [[d.pk for d in deliveries]]
+        for name in columns:
+            values = [getattr(d, name) for d in deliveries]
+            if name == "content":
+                values = [json.dumps(v) if v is not None else None for v in values]
+            arrays.append(values)
+        casts = ", ".join(f"%s::{'text' if kind == 'jsonb' else kind}[]" for _, kind in self.COLUMNS)
+        assignments = ", ".join(
+            f"{name} = v.{name}::jsonb" if kind == "jsonb" else f"{name} = v.{name}" for name, kind in self.COLUMNS
+        )
+        sql = (
+            f"UPDATE notifier_delivery AS d SET {assignments}, updated_at = %s"  # noqa: S608 - fixed column names
+            f" FROM unnest(%s::bigint[], {casts}) AS v(id, {', '.join(columns)}) WHERE d.id = v.id"
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [self.now, *arrays])
+
     def flush(self) -> None:
         """Write every outcome, then publish the retries and dead letters (after commit)."""
-        by_fields: dict[tuple[tuple[str, Any], ...], list[int]] = defaultdict(list)
-        for delivery, fields in self.updates:
-            by_fields[tuple(sorted((k, _hashable(v)) for k, v in fields.items()))].append(delivery.pk)
-        contents = {d.pk: f["content"] for d, f in self.updates if "content" in f}
         with transaction.atomic():
-            for items, ids in by_fields.items():
-                fields = dict(items)
-                if "content" in fields:
-                    # Per-delivery content (in-app): one UPDATE per row, still inside the one transaction.
-                    fields.pop("content")
-                    for pk in ids:
-                        Delivery.objects.filter(pk=pk).update(content=contents[pk], updated_at=self.now, **fields)
-                else:
-                    Delivery.objects.filter(pk__in=ids).update(updated_at=self.now, **fields)
+            self._write_rows()
             record_events(self.events, at=self.now)
             self._count_metrics()
             DeadLetter.objects.bulk_create(
@@ -253,12 +289,6 @@ class _Outcomes:
             from channels_app.deadletter import publish_dead_letters
 
             publish_dead_letters([(d.pk, d.channel, d.attempts, err) for d, err in self.dead])
-
-
-def _hashable(value: Any) -> Any:
-    if isinstance(value, dict | list):
-        return id(value)
-    return value
 
 
 def deliver(delivery_ids: Sequence[int]) -> BatchReport:
