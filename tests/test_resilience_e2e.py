@@ -16,6 +16,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -188,6 +189,7 @@ def test_shared_limit_holds_across_two_workers_and_each_delivery_is_sent_once(
     tolerance = 2
     for window in (1.0, 3.0):
         worst = _max_in_window(times, window)
+        print(f"most calls in any {window:.0f}s: {worst} (limit {burst + rate * window:.0f} + {tolerance})")
         assert worst <= burst + rate * window + tolerance, f"{worst} calls in {window:.0f}s, limit {rate}/s + {burst}"
     span = times[-1] - times[0]
     assert total <= burst + rate * span + tolerance
@@ -279,11 +281,12 @@ def test_breaker_opens_on_503s_keeps_calls_away_then_probes_and_closes(
     _assert_sent_exactly_once(receiver, ids)
     hits = receiver.snapshot()
     failures_before_open = [h for h in hits if h.status == 503 and h.at < opened_at + 0.25]
+    during_open = [h for h in hits if opened_at + 0.25 <= h.at < until]
+    print(f"503s before the breaker opened: {len(failures_before_open)}; calls while open: {len(during_open)}")
     assert conf["min_calls"] <= len(failures_before_open) <= conf["min_calls"] + 4, len(failures_before_open)
     assert all(h.status != 503 for h in hits if h.at >= opened_at + 0.25)
     # A call admitted just before the breaker opened may still be on the wire; after that, nothing until the
     # cool-down ends.
-    during_open = [h for h in hits if opened_at + 0.25 <= h.at < until]
     assert during_open == []
     details = _deferred_details(ids)
     assert any(d == "breaker_open" for d in details)
@@ -295,8 +298,22 @@ def test_breaker_opens_on_503s_keeps_calls_away_then_probes_and_closes(
     ]
     assert -1 not in transitions and transitions == sorted(transitions), transitions
     assert breaker.state("webhook") == "closed"
+    # Between half-open and closed only the probes reached the provider, however many deliveries were waiting.
+    half_open_at = _logged_at(worker, "circuit breaker webhook: open -> half_open")
+    closed_at = _logged_at(worker, "circuit breaker webhook: half_open -> closed")
+    probes = [h for h in hits if half_open_at - 0.05 <= h.at < closed_at]
+    print(f"calls while half-open: {len(probes)}")
+    assert 1 <= len(probes) <= conf["half_open_probes"], probes
     # Deliveries that met a 503 were retried on the same provider, not failed.
     assert not DeadLetter.objects.filter(delivery_id__in=ids).exists()
+
+
+def _logged_at(worker: Any, event: str) -> float:
+    """Return the wall-clock time of the first JSON log line of `worker` whose event is `event`."""
+    for line in worker.log().splitlines():
+        if line.startswith("{") and f'"event": "{event}"' in line:
+            return datetime.fromisoformat(json.loads(line)["timestamp"]).timestamp()
+    raise AssertionError(f"the worker never logged {event!r}")
 
 
 def _poll(predicate: Callable[[], bool], timeout: float) -> bool:
