@@ -26,7 +26,7 @@ from config.celery import queue_name
 from notifier import metrics
 from notifier.events import record_events
 from notifier.logging import get_logger
-from notifier.models import DeadLetter, Delivery, Notification
+from notifier.models import Campaign, DeadLetter, Delivery, Notification
 from notifier.outbox import publish
 from preferences.compliance import evaluate, suppressed_addresses
 from preferences.digest import is_digest
@@ -299,7 +299,9 @@ def deliver(delivery_ids: Sequence[int]) -> BatchReport:
     if not ids:
         return report
     deliveries = list(
-        Delivery.objects.filter(pk__in=ids).select_related("notification", "notification__client", "recipient")
+        Delivery.objects.filter(pk__in=ids).select_related(
+            "notification", "notification__client", "notification__campaign", "recipient"
+        )
     )
     out = _Outcomes(report)
     sendable = _recheck_compliance(deliveries, out)
@@ -319,8 +321,15 @@ def _recheck_compliance(deliveries: list[Delivery], out: _Outcomes) -> list[Deli
     dead = suppressed_addresses([(d.channel, d.address) for d in deliveries if d.address])
     sendable = []
     for d in deliveries:
-        if d.notification.status == Notification.Status.CANCELLED:
-            out.set(d, S.CANCELLED, "notification cancelled")
+        campaign = d.notification.campaign
+        if d.notification.status == Notification.Status.CANCELLED or (
+            campaign is not None and campaign.status == Campaign.Status.CANCELLED
+        ):
+            out.set(d, S.CANCELLED, "cancelled")
+            continue
+        if campaign is not None and campaign.status == Campaign.Status.PAUSED:
+            # Held in the database until the campaign is resumed (resume releases reason campaign_paused).
+            out.wait(d, until=out.now + timedelta(days=36500), reason="campaign_paused")
             continue
         verdict = evaluate(
             recipient=d.recipient,

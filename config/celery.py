@@ -106,6 +106,11 @@ app.conf.beat_schedule = {
         "schedule": float(os.environ.get("OUTBOX_RELAY_INTERVAL_SECONDS", "15")),
         "options": {"queue": "maintenance", "expires": 60},
     },
+    "fanout-sweep": {
+        "task": "notifier.tasks.fanout_sweep",
+        "schedule": 60.0,
+        "options": {"queue": "maintenance", "expires": 120},
+    },
     "retention-purge": {
         "task": "notifier.retention.purge_old_deliveries",
         "schedule": crontab(minute=30, hour=3),

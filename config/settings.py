@@ -193,6 +193,15 @@ CHANNEL_PROVIDERS: dict[str, list[str]] = {
 # Test-only knob for the sandbox: "fail:N" (retriable N times), "permanent", "slow:MS", "throttle:N".
 SANDBOX_BEHAVIOUR = os.environ.get("SANDBOX_BEHAVIOUR", "")
 
+# Fan-out pages and pacing, and the backlog beyond which low-priority requests are shed (docs/fanout.md).
+FANOUT_PAGE_SIZE = env_int("FANOUT_PAGE_SIZE", 5000)
+FANOUT_RUN_SECONDS = env_float("FANOUT_RUN_SECONDS", 5.0)
+FANOUT_PACE_WINDOW_SECONDS = env_float("FANOUT_PACE_WINDOW_SECONDS", 10.0)
+FANOUT_STALL_SECONDS = env_int("FANOUT_STALL_SECONDS", 300)
+BACKPRESSURE_LOW_QUEUE_DEPTH = env_int("BACKPRESSURE_LOW_QUEUE_DEPTH", 50_000)
+BACKPRESSURE_CACHE_SECONDS = env_float("BACKPRESSURE_CACHE_SECONDS", 1.0)
+BACKPRESSURE_RETRY_AFTER_SECONDS = env_float("BACKPRESSURE_RETRY_AFTER_SECONDS", 30.0)
+
 # Shared provider limits and circuit breakers (JSON per provider; see docs/resilience.md).
 PROVIDER_RATE_LIMITS: dict[str, dict[str, object]] = json.loads(os.environ.get("PROVIDER_RATE_LIMITS") or "{}")
 PROVIDER_CIRCUIT_BREAKERS: dict[str, dict[str, object]] = json.loads(

@@ -81,3 +81,7 @@ class DeliveryAdmin(ReadOnlyAdmin):
             return "-"
         url = reverse("admin:templates_app_templateversion_preview", args=[obj.template_version_id])
         return format_html('<a href="{}">{}</a>', url, obj.template_version)
+
+
+# Campaign admin lives with the campaigns; importing it registers it.
+import notifier.campaigns.admin  # noqa: E402, F401

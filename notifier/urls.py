@@ -19,4 +19,5 @@ urlpatterns = [
     path("", include("preferences.urls")),
     path("", include("notifier.inbox.urls")),
     path("", include("notifier.deadletters.urls")),
+    path("", include("notifier.campaigns.urls")),
 ]
