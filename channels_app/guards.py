@@ -16,8 +16,6 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.conf import settings
-
 from channels_app import breaker, ratelimit
 from channels_app.providers import registry
 from channels_app.providers.base import OutboundMessage, Outcome, Provider, ProviderError
@@ -33,7 +31,7 @@ AMBIGUOUS_PREFIX = "ambiguous:"
 BREAKER_WAIT_SECONDS = 30.0
 
 
-def pick_provider(channel: str, delivery: Delivery, out: _Outcomes) -> str | None:
+def pick_provider(channel: str, delivery: Delivery, out: _Outcomes, want: int = 1) -> str | None:
     """Return the provider for this attempt, or None after deferring the delivery (no provider available)."""
     names = registry.chain(channel)
     if delivery.reason.startswith(AMBIGUOUS_PREFIX):
@@ -45,7 +43,7 @@ def pick_provider(channel: str, delivery: Delivery, out: _Outcomes) -> str | Non
         names = names[start:] + names[:start]
     retry_in = BREAKER_WAIT_SECONDS
     for name in names:
-        admitted, wait = _breaker_admits(name, out)
+        admitted, wait = _breaker_admits(name, out, want)
         if admitted:
             if delivery.provider and name != delivery.provider and delivery.last_error:
                 out.events.append((delivery.pk, "failover", f"{delivery.provider} -> {name}"))
@@ -55,11 +53,15 @@ def pick_provider(channel: str, delivery: Delivery, out: _Outcomes) -> str | Non
     return None
 
 
-def _breaker_admits(name: str, out: _Outcomes) -> tuple[bool, float]:
-    """Ask the shared breaker once per provider and batch, then hand out its admitted slots."""
+def _breaker_admits(name: str, out: _Outcomes, want: int = 1) -> tuple[bool, float]:
+    """Ask the shared breaker once per provider and batch, then hand out its admitted slots.
+
+    Ask for no more slots than the batch can use: a half-open breaker hands out a few probe slots, and a slot
+    taken but never reported would keep it half-open for another cool-down.
+    """
     slots: dict[str, list[float]] = out.__dict__.setdefault("breaker_slots", {})
     if name not in slots:
-        admission = breaker.admit(name, settings.SEND_BATCH_SIZE)
+        admission = breaker.admit(name, max(1, want))
         slots[name] = [admission.allowed, admission.retry_in]
     allowed, retry_in = slots[name]
     if allowed <= 0:
@@ -86,6 +88,19 @@ def take_tokens(name: str, group: list[tuple[Delivery, OutboundMessage]], out: _
         granted += grant.granted
         wait = max(wait, grant.wait)
     return granted, wait
+
+
+def spread_waits(name: str, wait: float, n: int) -> list[float]:
+    """Return when each of `n` rate-limited deliveries should come back: spaced at the provider's rate.
+
+    Sending them all back after the same wait would have the whole backlog re-claimed and re-deferred every
+    second; spaced out, each returns about when a token will be there for it.
+    """
+    limit, _ = ratelimit.limit_for(name)
+    rate = limit.rate or 0.0
+    if rate <= 0:
+        return [wait] * n
+    return [wait + i / rate for i in range(n)]
 
 
 def timed_send(provider: Provider, messages: list[OutboundMessage]) -> list[Outcome]:

@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from channels_app import guards
@@ -24,6 +24,7 @@ from channels_app.providers import registry
 from channels_app.providers.base import OutboundMessage, ProviderError, SendResult
 from config.celery import queue_name
 from notifier import metrics
+from notifier.db import bound_cursor
 from notifier.events import record_events
 from notifier.logging import get_logger
 from notifier.models import Campaign, DeadLetter, Delivery, Notification
@@ -69,8 +70,8 @@ def claim(delivery_ids: Sequence[int]) -> list[int]:
         )
         RETURNING id
     """
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(sql, [list(delivery_ids), settings.SENDING_LEASE_SECONDS])
+    with transaction.atomic(), bound_cursor() as cursor:
+        cursor.execute(sql, [list(delivery_ids), settings.SENDING_LEASE_SECONDS], binary=True)
         ids = [row[0] for row in cursor.fetchall()]
         record_events((i, S.SENDING, "") for i in ids)
     return ids
@@ -236,23 +237,36 @@ class _Outcomes:
         if not rows:
             return
         deliveries = list(rows.values())
-        columns = [name for name, _ in self.COLUMNS]
-        arrays: list[list[Any]] = [[d.pk for d in deliveries]]
-        for name in columns:
+        # A column with one value across the batch (status, provider, sent_at, …) travels as one parameter;
+        # only the columns that differ per row (the provider's message id) travel as arrays. Dumping arrays
+        # element by element is most of the cost of this statement.
+        assignments, params, array_columns, arrays = [], [], ["id"], [[d.pk for d in deliveries]]
+        for name, kind in self.COLUMNS:
             values = [getattr(d, name) for d in deliveries]
-            if name == "content":
+            if kind == "jsonb":
                 values = [json.dumps(v) if v is not None else None for v in values]
-            arrays.append(values)
-        casts = ", ".join(f"%s::{'text' if kind == 'jsonb' else kind}[]" for _, kind in self.COLUMNS)
-        assignments = ", ".join(
-            f"{name} = v.{name}::jsonb" if kind == "jsonb" else f"{name} = v.{name}" for name, kind in self.COLUMNS
+            cast = "text" if kind == "jsonb" else kind
+            suffix = "::jsonb" if kind == "jsonb" else ""
+            if all(v == values[0] for v in values):
+                assignments.append(f"{name} = %s::{cast}{suffix}")
+                params.append(values[0])
+            else:
+                assignments.append(f"{name} = v.{name}{suffix}")
+                array_columns.append(name)
+                arrays.append(values)
+        casts = ", ".join(
+            ["%s::bigint[]"]
+            + [
+                f"%s::{dict(self.COLUMNS)[c] if dict(self.COLUMNS)[c] != 'jsonb' else 'text'}[]"
+                for c in array_columns[1:]
+            ]
         )
         sql = (
-            f"UPDATE notifier_delivery AS d SET {assignments}, updated_at = %s"  # noqa: S608 - fixed column names
-            f" FROM unnest(%s::bigint[], {casts}) AS v(id, {', '.join(columns)}) WHERE d.id = v.id"
+            f"UPDATE notifier_delivery AS d SET {', '.join(assignments)}, updated_at = %s"  # noqa: S608 - fixed names
+            f" FROM unnest({casts}) AS v({', '.join(array_columns)}) WHERE d.id = v.id"
         )
-        with connection.cursor() as cursor:
-            cursor.execute(sql, [self.now, *arrays])
+        with bound_cursor() as cursor:
+            cursor.execute(sql, [*params, self.now, *arrays], binary=True)
 
     def flush(self) -> None:
         """Write every outcome, then publish the retries and dead letters (after commit)."""
@@ -298,11 +312,13 @@ def deliver(delivery_ids: Sequence[int]) -> BatchReport:
     report.claimed = len(ids)
     if not ids:
         return report
-    deliveries = list(
-        Delivery.objects.filter(pk__in=ids).select_related(
-            "notification", "notification__client", "notification__campaign", "recipient"
-        )
+    deliveries = list(Delivery.objects.filter(pk__in=ids).select_related("recipient"))
+    # A batch usually belongs to one notification: load it (with client and campaign) once, not per row.
+    notifications = Notification.objects.select_related("client", "campaign").in_bulk(
+        {d.notification_id for d in deliveries}
     )
+    for delivery in deliveries:
+        delivery.notification = notifications[delivery.notification_id]
     out = _Outcomes(report)
     sendable = _recheck_compliance(deliveries, out)
     by_channel: dict[str, list[tuple[Delivery, OutboundMessage]]] = defaultdict(list)
@@ -391,13 +407,14 @@ def _send_channel(channel: str, items: list[tuple[Delivery, OutboundMessage]], o
     """Send one channel's part of the batch through its providers, honouring failover, breakers and limits."""
     by_provider: dict[str, list[tuple[Delivery, OutboundMessage]]] = defaultdict(list)
     for delivery, message in items:
-        provider = guards.pick_provider(channel, delivery, out)
+        provider = guards.pick_provider(channel, delivery, out, want=len(items))
         if provider is not None:
             by_provider[provider].append((delivery, message))
     for name, group in by_provider.items():
         granted, wait = guards.take_tokens(name, group, out)
-        for delivery, _ in group[granted:]:
-            out.wait(delivery, until=out.now + timedelta(seconds=wait), reason=f"rate_limited:{name}")
+        waiting = [delivery for delivery, _ in group[granted:]]
+        for delivery, delay in zip(waiting, guards.spread_waits(name, wait, len(waiting)), strict=True):
+            out.wait(delivery, until=out.now + timedelta(seconds=delay), reason=f"rate_limited:{name}")
         group = group[:granted]
         if not group:
             continue

@@ -9,16 +9,38 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from notifier.models import Delivery, DeliveryEvent
+from notifier.db import bound_cursor
+from notifier.models import Delivery
 
 
 def record_events(rows: Iterable[tuple[int, str, str]], *, at: datetime | None = None) -> None:
-    """Append (delivery_id, status, detail) events with one multi-row insert."""
-    at = at or timezone.now()
-    DeliveryEvent.objects.bulk_create(
-        [DeliveryEvent(delivery_id=did, status=status, detail=detail[:1024], at=at) for did, status, detail in rows],
-        batch_size=5000,
-    )
+    """Append (delivery_id, status, detail) events with one INSERT … SELECT FROM unnest(…), however many."""
+    ids: list[int] = []
+    statuses: list[str] = []
+    details: list[str] = []
+    for delivery_id, status, detail in rows:
+        ids.append(delivery_id)
+        statuses.append(status)
+        details.append(detail[:1024])
+    if not ids:
+        return
+    # Status and detail are usually the same for the whole batch: send them once rather than as arrays.
+    same = all(s == statuses[0] for s in statuses) and all(d == details[0] for d in details)
+    with bound_cursor() as cursor:
+        if same:
+            cursor.execute(
+                "INSERT INTO notifier_deliveryevent (delivery_id, status, detail, at)"
+                " SELECT id, %s, %s, %s FROM unnest(%s::bigint[]) AS v(id)",
+                [statuses[0], details[0], at or timezone.now(), ids],
+                binary=True,
+            )
+        else:
+            cursor.execute(
+                "INSERT INTO notifier_deliveryevent (delivery_id, status, detail, at) SELECT id, status, detail, %s"
+                " FROM unnest(%s::bigint[], %s::text[], %s::text[]) AS v(id, status, detail)",
+                [at or timezone.now(), ids, statuses, details],
+                binary=True,
+            )
 
 
 def transition(

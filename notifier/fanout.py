@@ -31,22 +31,21 @@ import math
 import os
 import time
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, cast
 
-import psycopg
 from django.conf import settings
 from django.db import connection, reset_queries, transaction
 from django.utils import timezone
 
 from config.celery import app as celery_app
 from config.celery import queue_name
+from notifier.db import bound_cursor
 from notifier.models import Campaign, Delivery, Notification
 from notifier.outbox import broker_recently_down, publish
-from preferences.compliance import Verdict, evaluate
+from preferences.compliance import Verdict, evaluate, suppressed_addresses
 from preferences.models import Recipient
 
 logger = logging.getLogger(__name__)
@@ -248,34 +247,6 @@ def _json(value: Any) -> Any:
     return {} if value == "{}" else json.loads(value)
 
 
-@contextmanager
-def _bound_cursor() -> Iterator[Any]:
-    """Yield a server-side-binding psycopg cursor in Django's connection and transaction.
-
-    Django's default client-side binding renders every parameter into the SQL text: for arrays of 5,000
-    values that costs more than the query. Errors are still raised as Django's database errors.
-    """
-    connection.ensure_connection()
-    # Django opens its connections with cursor_factory=ClientCursor; ask for the plain (server-binding) one.
-    with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
-        yield cursor
-
-
-def _suppressed(pairs: list[tuple[str, str]]) -> set[tuple[str, str]]:
-    """Return which (channel, address) pairs are on the suppression list: suppressed_addresses in one bound query."""
-    if not pairs:
-        return set()
-    channels, addresses = zip(*pairs, strict=True)
-    with _bound_cursor() as cursor:
-        cursor.execute(
-            "SELECT s.channel, s.address FROM preferences_suppression s "
-            "JOIN unnest(%s::text[], %s::text[]) AS p(channel, address) "
-            "ON s.channel = p.channel AND s.address = p.address",
-            [list(channels), list(addresses)],
-        )
-        return {(c, a) for c, a in cursor.fetchall()}
-
-
 def _addresses(recipient: _Row, channel: str, webhook_default: str, devices: dict[int, list[str]]) -> list[str]:
     """Return the addresses of a recipient on a channel, as notifier.services.channel_addresses does."""
     if channel == "email":
@@ -371,7 +342,7 @@ def fanout_page(*, notification_id: object) -> PageResult:
             stop = _stop_reason(n.pk, campaign_id, lock=True)
             if stop:
                 return PageResult(stopped=stop)
-        with _bound_cursor() as cursor:
+        with bound_cursor() as cursor:
             cursor.execute(_PAGE_SQL, [n.topic_id, cursor_before, size])
             page = cursor.fetchall()
         if not page:
@@ -379,7 +350,7 @@ def fanout_page(*, notification_id: object) -> PageResult:
         recipients = [_Row(row[1:]) for row in page]
         devices: dict[int, list[str]] = defaultdict(list)
         if "push" in n.channels:
-            with _bound_cursor() as cursor:
+            with bound_cursor() as cursor:
                 cursor.execute(
                     "SELECT recipient_id, token FROM preferences_device WHERE recipient_id = ANY(%s) AND active "
                     "ORDER BY id",
@@ -394,7 +365,7 @@ def fanout_page(*, notification_id: object) -> PageResult:
             for channel in n.channels
             for address in _addresses(r, channel, webhook_default, devices)
         ]
-        dead = _suppressed(list({(channel, address) for _, channel, address in targets if address}))
+        dead = suppressed_addresses(list({(channel, address) for _, channel, address in targets if address}))
         columns: tuple[list[Any], ...] = ([], [], [], [], [], [])
         for r, channel, address in targets:
             verdict = evaluate(
@@ -408,14 +379,14 @@ def fanout_page(*, notification_id: object) -> PageResult:
             status, reason, not_before = _plan(verdict, n.send_at, now)
             for column, value in zip(columns, (r.pk, channel, address, status, reason, not_before), strict=True):
                 column.append(value)
-        with _bound_cursor() as cursor:
+        with bound_cursor() as cursor:
             cursor.execute(_INSERT_SQL, [n.pk, n.priority, now, now, now, *columns, now])
             inserted = cursor.fetchall()
     queued = [(row[0], row[1]) for row in inserted if row[2] == S.QUEUED]
     if len(inserted) < len(targets):
         # Part of this page was written by an earlier run that did not reach its checkpoint: publish again
         # every delivery of the page still waiting, whoever inserted it.
-        with _bound_cursor() as cursor:
+        with bound_cursor() as cursor:
             cursor.execute(_REQUEUED_SQL, [n.pk, [r.pk for r in recipients]])
             queued = cursor.fetchall()
     published, pace = _publish_page(queued, priority=n.priority, rate=rate)

@@ -8,17 +8,14 @@ suppression-list lookup, which bulk callers answer themselves with `suppressed_a
 from __future__ import annotations
 
 import datetime as dt
-from collections import defaultdict
 from dataclasses import dataclass
-from functools import reduce
-from operator import or_
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django.conf import settings
-from django.db.models import Q
 from django.utils import timezone
 
+from notifier.db import bound_cursor
 from preferences.models import Recipient, Suppression
 
 SEND = "send"
@@ -154,12 +151,19 @@ def evaluate(
 
 
 def suppressed_addresses(pairs: list[tuple[str, str]]) -> set[tuple[str, str]]:
-    """Return which of the (channel, address) pairs are on the suppression list, in one query."""
-    by_channel: dict[str, set[str]] = defaultdict(set)
-    for channel, address in pairs:
-        if address:
-            by_channel[channel].add(address)
-    if not by_channel:
+    """Return which of the (channel, address) pairs are on the suppression list, in one query.
+
+    The pairs travel as two bound arrays joined with unnest: one query and one plan for a page of 5,000.
+    """
+    wanted = sorted({(channel, address) for channel, address in pairs if address})
+    if not wanted:
         return set()
-    condition = reduce(or_, (Q(channel=c, address__in=sorted(a)) for c, a in by_channel.items()))
-    return set(Suppression.objects.filter(condition).values_list("channel", "address"))
+    channels, addresses = zip(*wanted, strict=True)
+    with bound_cursor() as cursor:
+        cursor.execute(
+            "SELECT s.channel, s.address FROM preferences_suppression s "
+            "JOIN unnest(%s::text[], %s::text[]) AS p(channel, address) "
+            "ON s.channel = p.channel AND s.address = p.address",
+            [list(channels), list(addresses)],
+        )
+        return {(channel, address) for channel, address in cursor.fetchall()}

@@ -204,7 +204,7 @@ UNSUBSCRIBE_SALT = "preferences.unsubscribe"
 
 def unsubscribe_token(*, recipient: Recipient, category: str) -> str:
     """Return a signed, URL-safe token naming a recipient and a category."""
-    return signing.dumps({"r": recipient.user_id, "c": category}, salt=UNSUBSCRIBE_SALT, compress=True)
+    return signing.dumps({"r": recipient.user_id, "c": category}, salt=UNSUBSCRIBE_SALT)
 
 
 def unsubscribe_url(*, recipient: Recipient, category: str) -> str:

@@ -22,7 +22,6 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from django.conf import settings
-from django.db import connection
 from django.utils import timezone
 
 from channels_app.providers.base import (
@@ -33,6 +32,7 @@ from channels_app.providers.base import (
     RetriableError,
     SendResult,
 )
+from notifier.db import bound_cursor
 
 
 def parse_behaviour(spec: str) -> dict[str, tuple[str, int]]:
@@ -76,19 +76,24 @@ class SandboxProvider(Provider):
         return None
 
     def _record(self, messages: Sequence[OutboundMessage]) -> None:
-        """Insert one row per delivery; a repeated delivery only bumps its send_count."""
-        rows = [
-            (m.delivery_id, m.channel, self.name, m.address, json.dumps(m.content), timezone.now()) for m in messages
-        ]
-        sql = (
-            "INSERT INTO channels_app_sandboxmessage"
-            " (delivery_id, channel, provider, address, content, send_count, created_at)"
-            " VALUES (%s, %s, %s, %s, %s::jsonb, 1, %s)"
-            " ON CONFLICT (delivery_id) DO UPDATE SET send_count = channels_app_sandboxmessage.send_count + 1"
-        )
-        with connection.cursor() as cursor:
-            # psycopg 3 pipelines executemany: one round trip for the batch, not one per row.
-            cursor.executemany(sql, rows)
+        """Insert one row per delivery in one statement; a repeated delivery only bumps its send_count."""
+        with bound_cursor() as cursor:
+            cursor.execute(
+                "INSERT INTO channels_app_sandboxmessage"
+                " (delivery_id, channel, provider, address, content, send_count, created_at)"
+                " SELECT id, channel, %s, address, content::jsonb, 1, %s"
+                " FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::text[]) AS v(id, channel, address, content)"
+                " ON CONFLICT (delivery_id) DO UPDATE SET send_count = channels_app_sandboxmessage.send_count + 1",
+                [
+                    self.name,
+                    timezone.now(),
+                    [m.delivery_id for m in messages],
+                    [m.channel for m in messages],
+                    [m.address for m in messages],
+                    [json.dumps(m.content) for m in messages],
+                ],
+                binary=True,
+            )
 
     def send(self, message: OutboundMessage) -> SendResult:
         outcome = self.send_batch([message])[0]

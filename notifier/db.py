@@ -1,0 +1,42 @@
+"""Database helpers for the hot paths: server-side parameter binding for large array parameters."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+from django.db import connection
+
+
+class _LoggedCursor:
+    """A psycopg cursor whose statements still show in Django's query log (assertNumQueries, debug tools)."""
+
+    def __init__(self, cursor: psycopg.Cursor[Any]) -> None:
+        self._cursor = cursor
+
+    def execute(self, sql: str, params: Any = None, **kwargs: Any) -> Any:
+        started = time.monotonic()
+        try:
+            return self._cursor.execute(sql, params, **kwargs)
+        finally:
+            if connection.queries_logged:
+                connection.queries_log.append({"sql": sql, "time": f"{time.monotonic() - started:.3f}"})
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cursor, name)
+
+
+@contextmanager
+def bound_cursor() -> Iterator[Any]:
+    """Yield a server-side-binding psycopg cursor in Django's connection and transaction.
+
+    Django's default client-side binding renders every parameter into the SQL text: for arrays of thousands
+    of values that costs more than the query. Errors are still raised as Django's database errors.
+    """
+    connection.ensure_connection()
+    # Django opens its connections with cursor_factory=ClientCursor; ask for the plain (server-binding) one.
+    with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
+        yield _LoggedCursor(cursor)
