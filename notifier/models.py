@@ -50,7 +50,8 @@ class Notification(models.Model):
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     client = models.ForeignKey(ApiClient, on_delete=models.PROTECT, related_name="notifications")
-    dedup_key = models.CharField(max_length=255, null=True, blank=True)
+    # NULL, not "", for "no key": the unique (client, dedup_key) constraint must not hold between keyless rows.
+    dedup_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
     # SHA-256 of the canonical request body: the same dedup_key with a different body is a 409.
     request_hash = models.CharField(max_length=64, blank=True, default="")
     category = models.CharField(max_length=64)
@@ -119,9 +120,7 @@ class Delivery(models.Model):
 
     id = models.BigAutoField(primary_key=True)
     # Indexed through delivery_target_uniq, whose leading column it is.
-    notification = models.ForeignKey(
-        Notification, on_delete=models.CASCADE, related_name="deliveries", db_index=False
-    )
+    notification = models.ForeignKey(Notification, on_delete=models.CASCADE, related_name="deliveries", db_index=False)
     recipient = models.ForeignKey(
         "preferences.Recipient", on_delete=models.PROTECT, related_name="deliveries", db_index=False
     )
@@ -188,6 +187,9 @@ class DeliveryEvent(models.Model):
         ordering = ["id"]
         indexes = [BrinIndex(fields=["at"], name="event_at_brin")]
 
+    def __str__(self) -> str:
+        return f"#{self.delivery_id} {self.status}"
+
 
 class DeadLetter(models.Model):
     """A delivery that exhausted its attempts (or whose message was poison): the operator's work item."""
@@ -210,6 +212,9 @@ class DeadLetter(models.Model):
 
     class Meta:
         indexes = [models.Index(fields=["status", "-created_at"], name="deadletter_status_idx")]
+
+    def __str__(self) -> str:
+        return f"dead letter #{self.pk} ({self.channel}, {self.status})"
 
 
 class Campaign(models.Model):

@@ -71,6 +71,9 @@ class Subscription(models.Model):
         # Serves the fan-out's keyset page: WHERE topic_id = %s AND id > %s ORDER BY id LIMIT n.
         indexes = [models.Index(fields=["topic", "id"], name="subscription_keyset_idx")]
 
+    def __str__(self) -> str:
+        return f"{self.topic_id}:{self.recipient_id}"
+
 
 class Suppression(models.Model):
     """An address that must not be sent to on a channel (bounce, complaint, STOP, unsubscribe, manual)."""
