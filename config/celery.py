@@ -13,6 +13,10 @@ from celery import Celery
 from celery.schedules import crontab
 from celery.signals import worker_init
 from kombu import Exchange, Queue
+from kombu.transport.native_delayed_delivery import (
+    bind_queue_to_native_delayed_delivery_exchange,
+    declare_native_delayed_delivery_exchanges_and_queues,
+)
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
@@ -139,14 +143,36 @@ from notifier.tracing import connect_signals  # noqa: E402 - needs the app above
 connect_signals()
 
 
-@worker_init.connect(weak=False)
-def declare_topology(sender: object = None, **kwargs: object) -> None:
-    """Declare every queue of the topology at worker start, not only the queues this worker consumes.
+_topology_declared = False
 
-    Native delayed delivery binds all of the app's queues to its exchanges when a worker starts; a queue
-    another pool consumes may not exist yet on a fresh broker.
+
+def declare_topology(*, delayed_delivery: bool = True) -> None:
+    """Declare every queue of the topology and, with it, native delayed delivery's exchanges and bindings.
+
+    Workers do this at start (not only for the queues they consume: the delayed-delivery step binds all the
+    app's queues). Publishers do it once before their first delayed publish, because on a fresh broker a
+    countdown published before any worker has started would find no `celery_delayed_27` exchange.
     """
+    global _topology_declared
     with app.connection_for_write() as conn:
         channel = conn.default_channel
         for queue in app.conf.task_queues:
             queue(channel).declare()
+        if delayed_delivery:
+            declare_native_delayed_delivery_exchanges_and_queues(conn, "quorum")
+            for queue in app.conf.task_queues:
+                if not queue.name.startswith("dead."):
+                    bind_queue_to_native_delayed_delivery_exchange(conn, queue)
+    _topology_declared = True
+
+
+def ensure_topology() -> None:
+    """Declare the topology once per process (see declare_topology)."""
+    if not _topology_declared:
+        declare_topology()
+
+
+@worker_init.connect(weak=False)
+def _declare_topology_on_worker_start(sender: object = None, **kwargs: object) -> None:
+    # The worker's own delayed-delivery step declares its exchanges and bindings right after this.
+    declare_topology(delayed_delivery=False)

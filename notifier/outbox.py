@@ -20,7 +20,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from config.celery import app as celery_app
-from config.celery import queue_name
+from config.celery import ensure_topology, queue_name
 from notifier import metrics
 from notifier.events import record_events
 from notifier.models import Delivery
@@ -67,6 +67,8 @@ def publish(
         # fine where arriving early would find the delivery not yet due.
         options["countdown"] = math.ceil(countdown)
     try:
+        if "countdown" in options:
+            ensure_topology()
         with celery_app.producer_or_acquire() as producer:
             for queue, ids in groups.items():
                 for chunk in _chunks(ids, size):

@@ -104,10 +104,14 @@ def test_broker_down_during_accept_then_everything_delivered_once(start_worker: 
             ).status_code
             for i in range(total)
         ]
+        ready = api.get("/readyz")
     finally:
         _rabbitmq("start_app")
         subprocess.run(["rabbitmqctl", "-q", "await_startup"], check=True, timeout=120)
     assert codes == [202] * total, "the API must keep accepting while the broker is down"
+    assert ready.status_code == 503
+    assert ready.json()["checks"]["broker"]["ok"] is False
+    assert ready.json()["checks"]["database"]["ok"] is True
     unpublished = Delivery.objects.filter(status="queued", published_at__isnull=True).count()
     assert unpublished == total
 
