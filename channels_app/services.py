@@ -273,6 +273,9 @@ class _Outcomes:
         with transaction.atomic():
             self._write_rows()
             record_events(self.events, at=self.now)
+            # In the same transaction as the failure: once a delivery reads failed, its address is suppressed.
+            for channel, address, code in self.suppress:
+                suppression_add(channel=channel, address=address, source="invalid", reason=f"provider error {code}")
             self._count_metrics()
             DeadLetter.objects.bulk_create(
                 [
@@ -288,8 +291,6 @@ class _Outcomes:
                 ]
             )
         self._log_outcomes()
-        for channel, address, code in self.suppress:
-            suppression_add(channel=channel, address=address, source="invalid", reason=f"provider error {code}")
         for delay, deliveries in self.republish.items():
             groups: dict[str, list[int]] = defaultdict(list)
             for d in deliveries:
