@@ -118,9 +118,11 @@ class _Outcomes:
         self.events.append((delivery.pk, status, detail))
         self.report.outcomes[delivery.pk] = status
 
-    def sent(self, delivery: Delivery, provider: str, result: SendResult, content: dict[str, Any]) -> None:
+    def sent(
+        self, delivery: Delivery, provider: str, result: SendResult, content: dict[str, Any], at: datetime
+    ) -> None:
         fields: dict[str, Any] = {"provider": provider, "provider_message_id": result.provider_message_id}
-        fields["sent_at"] = self.now
+        fields["sent_at"] = at  # when the provider accepted it, not when the batch started
         fields["last_error"] = ""
         if delivery.channel == "inapp":
             fields["content"] = content
@@ -421,9 +423,10 @@ def _send_channel(channel: str, items: list[tuple[Delivery, OutboundMessage]], o
             continue
         provider = registry.get_provider(name)
         outcomes = guards.timed_send(provider, [m for _, m in group])
+        answered_at = timezone.now()
         for (delivery, message), outcome in zip(group, outcomes, strict=True):
             if isinstance(outcome, SendResult):
-                out.sent(delivery, name, outcome, message.content)
+                out.sent(delivery, name, outcome, message.content, at=answered_at)
             elif outcome.retriable:
                 out.retry(delivery, outcome, name)
             else:
