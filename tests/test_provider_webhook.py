@@ -12,8 +12,8 @@ import requests
 from standardwebhooks import Webhook
 from standardwebhooks.webhooks import WebhookVerificationError
 
-from channels_app.providers.base import OutboundMessage, PermanentError, RetriableError
-from channels_app.providers.webhook import WebhookProvider, parse_retry_after
+from channels_app.providers.base import OutboundMessage, PermanentError, RetriableError, parse_retry_after
+from channels_app.providers.webhook import WebhookProvider
 from channels_app.ssrf import UnsafeTargetError, address_refusal, resolve_target
 from tests.stubs.config import WEBHOOK_SECRET, configure_settings
 from tests.stubs.webhook import WebhookReceiver

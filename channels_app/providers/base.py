@@ -7,9 +7,11 @@ After healthchecks' `hc/integrations/*/transport.py`: one adapter per provider, 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from email.utils import parsedate_to_datetime
 from typing import Any, ClassVar
 
 
@@ -98,6 +100,24 @@ class RetriableError(ProviderError):
         super().__init__(
             message, retriable=True, code=code, retry_after=retry_after, throttled=throttled, maybe_sent=maybe_sent
         )
+
+
+def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
+    """Turn a Retry-After header (seconds or an HTTP date) into seconds from now; None if absent or bad."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when is None:
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
 class ConfigurationError(Exception):

@@ -35,8 +35,8 @@ from channels_app.providers.base import (
     ProviderError,
     RetriableError,
     SendResult,
+    parse_retry_after,
 )
-from channels_app.providers.webhook import parse_retry_after
 
 FCM_MAX_BATCH = 500
 # firebase-admin 7.7 deprecates Message.token in favour of Message.fid (Firebase installation ids), but our

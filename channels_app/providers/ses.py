@@ -30,8 +30,8 @@ from channels_app.providers.base import (
     ProviderError,
     RetriableError,
     SendResult,
+    parse_retry_after,
 )
-from channels_app.providers.webhook import parse_retry_after
 
 THROTTLE_CODES = {"Throttling", "TooManyRequests", "Throttled", "LimitExceeded", "RequestLimitExceeded"}
 RETRIABLE_CODES = {"InternalFailure", "InternalError", "ServiceUnavailable", "RequestTimeout"}

@@ -27,8 +27,8 @@ from channels_app.providers.base import (
     Provider,
     RetriableError,
     SendResult,
+    parse_retry_after,
 )
-from channels_app.providers.webhook import parse_retry_after
 
 # Twilio error codes that say the message can never go to this number. Those about the number itself
 # (not a mobile, unsubscribed, unreachable) also put it on the suppression list.

@@ -14,7 +14,6 @@ import hmac
 import json
 import time
 from collections.abc import Mapping
-from email.utils import parsedate_to_datetime
 from typing import Any, ClassVar
 
 import requests
@@ -29,28 +28,11 @@ from channels_app.providers.base import (
     Provider,
     RetriableError,
     SendResult,
+    parse_retry_after,
 )
 from channels_app.ssrf import GuardedAdapter, UnsafeTargetError
 
 SECRET_PREFIX = "whsec_"
-
-
-def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
-    """Turn a Retry-After header (seconds or an HTTP date) into seconds from now; None if absent or bad."""
-    if not value:
-        return None
-    value = value.strip()
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
-        return None
-    if when is None:
-        return None
-    return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
 def decode_secret(secret: str) -> bytes:
