@@ -41,9 +41,10 @@ def env_list(name: str, default: str = "") -> list[str]:
 
 
 # The secret key signs admin sessions and unsubscribe links. A fixed development value is only used when
-# DEBUG is on; production must set it (checked in notifier.apps).
+# DEBUG is on; with DEBUG off and no SECRET_KEY the start-up check notifier.E001 refuses to run.
 DEBUG = env_bool("DEBUG", default=True)
 SECRET_KEY = os.environ.get("SECRET_KEY", "dev-only-insecure-secret-key-change-me" if DEBUG else "")
+_SECRET_KEY_FROM_ENV = bool(os.environ.get("SECRET_KEY"))
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "127.0.0.1,localhost,[::1],testserver")
 PUBLIC_BASE_URL = os.environ.get("PUBLIC_BASE_URL", f"http://127.0.0.1:{os.environ.get('PORT', '8000')}")
 

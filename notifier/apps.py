@@ -10,3 +10,6 @@ class NotifierConfig(AppConfig):
 
     name = "notifier"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from notifier import checks  # noqa: F401 - registers the start-up checks
