@@ -153,8 +153,8 @@ def configure_structlog() -> None:
     _configured = True
 
 
-def json_formatter() -> structlog.stdlib.ProcessorFormatter:
-    """Return the formatter that renders every record as one masked JSON object (named in LOGGING)."""
+def _formatter(renderer: Processor) -> structlog.stdlib.ProcessorFormatter:
+    """Return a formatter that masks personal data, then renders with `renderer`."""
     # Django applies LOGGING in every process before any of our code logs: the right moment to configure
     # structlog too, without asking each entry point to remember it.
     configure_structlog()
@@ -165,23 +165,19 @@ def json_formatter() -> structlog.stdlib.ProcessorFormatter:
             # Tracebacks become text before masking, so a personal value inside an exception is masked too.
             structlog.processors.format_exc_info,
             mask_personal_data,
-            structlog.processors.JSONRenderer(default=str),
+            renderer,
         ],
     )
+
+
+def json_formatter() -> structlog.stdlib.ProcessorFormatter:
+    """Return the formatter that renders every record as one masked JSON object (named in LOGGING)."""
+    return _formatter(structlog.processors.JSONRenderer(default=str))
 
 
 def console_formatter() -> structlog.stdlib.ProcessorFormatter:
     """Return a human-readable (still masked) formatter for local development (LOG_FORMAT=console)."""
-    configure_structlog()
-    return structlog.stdlib.ProcessorFormatter(
-        foreign_pre_chain=_shared_processors(),
-        processors=[
-            structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-            structlog.processors.format_exc_info,
-            mask_personal_data,
-            structlog.dev.ConsoleRenderer(colors=False),
-        ],
-    )
+    return _formatter(structlog.dev.ConsoleRenderer(colors=False))
 
 
 def get_logger(name: str | None = None) -> structlog.stdlib.BoundLogger:

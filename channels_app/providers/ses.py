@@ -7,6 +7,7 @@ throttling. `SES_ENDPOINT_URL` points the real SDK at a stand-in (moto's server 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import boto3
@@ -109,6 +110,19 @@ def transport_error(exc: BotoCoreError) -> ProviderError:
     return RetriableError(f"AWS client error: {type(exc).__name__}", code="client_error", maybe_sent=True)
 
 
+def aws_send(
+    call: Callable[..., dict[str, Any]], classify: Callable[[ClientError], ProviderError], args: dict[str, Any]
+) -> SendResult:
+    """Make one AWS send call (SES send_email, SNS publish); sort its errors; return its MessageId."""
+    try:
+        response = call(**args)
+    except ClientError as exc:
+        raise classify(exc) from None
+    except BotoCoreError as exc:
+        raise transport_error(exc) from None
+    return SendResult(provider_message_id=str(response["MessageId"]))
+
+
 def common_classification(exc: ClientError, code: str) -> ProviderError | None:
     """Classify what SES and SNS share: throttling, server errors, credential trouble."""
     meta = exc.response.get("ResponseMetadata", {})
@@ -188,13 +202,7 @@ class SesProvider(Provider):
 
     def send(self, message: OutboundMessage) -> SendResult:
         """Send one email and return SES's MessageId."""
-        try:
-            response = self.client.send_email(**self.build(message))
-        except ClientError as exc:
-            raise self._classify(exc) from None
-        except BotoCoreError as exc:
-            raise transport_error(exc) from None
-        return SendResult(provider_message_id=str(response["MessageId"]))
+        return aws_send(self.client.send_email, self._classify, self.build(message))
 
     @staticmethod
     def _classify(exc: ClientError) -> ProviderError:

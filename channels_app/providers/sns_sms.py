@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import ClientError
 from django.conf import settings
 
 from channels_app.providers.base import (
@@ -19,7 +19,7 @@ from channels_app.providers.base import (
     ProviderError,
     SendResult,
 )
-from channels_app.providers.ses import aws_client_from_settings, common_classification, error_code, transport_error
+from channels_app.providers.ses import aws_client_from_settings, aws_send, common_classification, error_code
 
 OPTED_OUT_CODES = {"OptedOut", "OptedOutException"}
 
@@ -69,13 +69,7 @@ class SnsProvider(Provider):
 
     def send(self, message: OutboundMessage) -> SendResult:
         """Publish one SMS and return SNS's MessageId."""
-        try:
-            response = self.client.publish(**self.build(message))
-        except ClientError as exc:
-            raise self._classify(exc) from None
-        except BotoCoreError as exc:
-            raise transport_error(exc) from None
-        return SendResult(provider_message_id=str(response["MessageId"]))
+        return aws_send(self.client.publish, self._classify, self.build(message))
 
     @staticmethod
     def _classify(exc: ClientError) -> ProviderError:
