@@ -1,10 +1,12 @@
-"""Database helpers for the hot paths: server-side parameter binding for large array parameters."""
+"""Database helpers for the hot paths: server-side parameter binding, and bulk rows as one JSON parameter."""
 
 from __future__ import annotations
 
+import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -40,3 +42,19 @@ def bound_cursor() -> Iterator[Any]:
     # Django opens its connections with cursor_factory=ClientCursor; ask for the plain (server-binding) one.
     with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
         yield _LoggedCursor(cursor)
+
+
+def _encode(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    raise TypeError(f"cannot encode {type(value).__name__} for json_rows")
+
+
+def json_rows(rows: Iterable[Sequence[Any]]) -> str:
+    """Encode rows of values as one JSON text, to read back with `json_array_elements(%s::json) AS e`.
+
+    Each row is a JSON array (`e->>0`, `e->>1`, … cast to their types in SQL). For thousands of rows this is
+    about three times cheaper than one bound array per column: psycopg dumps arrays element by element in
+    Python, json.dumps runs in C, and each row travels whole, so no two arrays have to be zipped in order.
+    """
+    return json.dumps(list(rows), separators=(",", ":"), default=_encode)

@@ -6,8 +6,8 @@ million-subscriber topic never holds a worker for minutes and memory stays one p
 1. read the page (`topic_id = %s AND id > cursor ORDER BY id LIMIT n`, served by subscription_keyset_idx)
    with its recipients, their active push devices and the suppression list, in three queries;
 2. decide every (recipient, channel, address) with `evaluate()` and insert the deliveries and their first
-   events in one statement (`INSERT … SELECT unnest(…) ON CONFLICT DO NOTHING`), `published_at` set for the
-   queued ones, in a short transaction;
+   events in one statement (`INSERT … SELECT … FROM json_array_elements(…) ON CONFLICT DO NOTHING`),
+   `published_at` set for the queued ones, in a short transaction;
 3. publish the page's queued deliveries (500 ids per message); if any insert conflicted (the page is being
    redone after a crash) the queued ids are selected again, so what a crash left unpublished goes now;
 4. advance the checkpoint (`fanout_cursor`, `fanout_processed`) with a compare-and-set on the old cursor.
@@ -42,7 +42,7 @@ from django.utils import timezone
 
 from config.celery import app as celery_app
 from config.celery import queue_name
-from notifier.db import bound_cursor
+from notifier.db import bound_cursor, json_rows
 from notifier.models import Campaign, Delivery, Notification
 from notifier.outbox import broker_recently_down, publish
 from preferences.compliance import Verdict, evaluate, suppressed_addresses
@@ -174,17 +174,17 @@ _PAGE_SQL = """
     LIMIT %s
 """
 
-# Deliveries and their first events in one round trip; only rows really inserted get an event.
+# Deliveries and their first events in one round trip; only rows really inserted get an event. The page's
+# targets travel as one JSON parameter of [recipient_id, channel, address, status, reason, not_before] rows.
 _INSERT_SQL = """
     WITH ins AS (
         INSERT INTO notifier_delivery (
             notification_id, recipient_id, channel, priority, address, status, reason, not_before, published_at,
             provider, provider_message_id, attempts, last_error, created_at, updated_at
         )
-        SELECT %s, t.recipient_id, t.channel, %s, t.address, t.status, t.reason, t.not_before,
-               CASE WHEN t.status = 'queued' THEN %s::timestamptz END, '', '', 0, '', %s, %s
-        FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::text[], %s::text[], %s::timestamptz[])
-             AS t(recipient_id, channel, address, status, reason, not_before)
+        SELECT %s, (e->>0)::bigint, e->>1, %s, e->>2, e->>3, e->>4, (e->>5)::timestamptz,
+               CASE WHEN e->>3 = 'queued' THEN %s::timestamptz END, '', '', 0, '', %s, %s
+        FROM json_array_elements(%s::json) AS e
         ON CONFLICT ON CONSTRAINT delivery_target_uniq DO NOTHING
         RETURNING id, channel, status, reason
     ), events AS (
@@ -370,7 +370,7 @@ def fanout_page(*, notification_id: object) -> PageResult:
             for address in _addresses(r, channel, webhook_default, devices)
         ]
         dead = suppressed_addresses(list({(channel, address) for _, channel, address in targets if address}))
-        columns: tuple[list[Any], ...] = ([], [], [], [], [], [])
+        rows: list[tuple[Any, ...]] = []
         for r, channel, address in targets:
             verdict = evaluate(
                 recipient=cast(Recipient, r),
@@ -381,10 +381,9 @@ def fanout_page(*, notification_id: object) -> PageResult:
                 suppressed=(channel, address) in dead if address else False,
             )
             status, reason, not_before = _plan(verdict, n.send_at, now)
-            for column, value in zip(columns, (r.pk, channel, address, status, reason, not_before), strict=True):
-                column.append(value)
+            rows.append((r.pk, channel, address, status, reason, not_before))
         with bound_cursor() as cursor:
-            cursor.execute(_INSERT_SQL, [n.pk, n.priority, now, now, now, *columns, now])
+            cursor.execute(_INSERT_SQL, [n.pk, n.priority, now, now, now, json_rows(rows), now])
             inserted = cursor.fetchall()
     queued = [(row[0], row[1]) for row in inserted if row[2] == S.QUEUED]
     if len(inserted) < len(targets):

@@ -119,10 +119,19 @@ class Delivery(models.Model):
         DIGESTED = "digested"
 
     id = models.BigAutoField(primary_key=True)
-    # Indexed through delivery_target_uniq, whose leading column it is.
-    notification = models.ForeignKey(Notification, on_delete=models.CASCADE, related_name="deliveries", db_index=False)
+    # Indexed through delivery_target_uniq, whose leading column it is. No database FK constraints here or on
+    # DeliveryEvent (db_constraint=False): checking them was a third of the fan-out's database time, and every
+    # row is written by code that has just read its parents in the same transaction. CASCADE and PROTECT still
+    # hold through the ORM, and retention deletes children before parents (docs/decisions.md).
+    notification = models.ForeignKey(
+        Notification, on_delete=models.CASCADE, related_name="deliveries", db_index=False, db_constraint=False
+    )
     recipient = models.ForeignKey(
-        "preferences.Recipient", on_delete=models.PROTECT, related_name="deliveries", db_index=False
+        "preferences.Recipient",
+        on_delete=models.PROTECT,
+        related_name="deliveries",
+        db_index=False,
+        db_constraint=False,
     )
     channel = models.CharField(max_length=16)
     priority = models.CharField(max_length=8)
@@ -178,7 +187,7 @@ class DeliveryEvent(models.Model):
     """One status transition of a delivery; appended, never updated."""
 
     id = models.BigAutoField(primary_key=True)
-    delivery = models.ForeignKey(Delivery, on_delete=models.CASCADE, related_name="events")
+    delivery = models.ForeignKey(Delivery, on_delete=models.CASCADE, related_name="events", db_constraint=False)
     status = models.CharField(max_length=16)
     detail = models.CharField(max_length=1024, blank=True, default="")
     at = models.DateTimeField()

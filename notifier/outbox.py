@@ -72,7 +72,11 @@ def publish(
         with celery_app.producer_or_acquire() as producer:
             for queue, ids in groups.items():
                 for chunk in _chunks(ids, size):
-                    celery_app.send_task(SEND_TASK, args=[chunk], queue=queue, producer=producer, **options)
+                    # argsrepr: Celery would otherwise saferepr() 500 ids per message for its logs and Flower.
+                    argsrepr = f"[<{len(chunk)} delivery ids {chunk[0]}..{chunk[-1]}>]"
+                    celery_app.send_task(
+                        SEND_TASK, args=[chunk], queue=queue, producer=producer, argsrepr=argsrepr, **options
+                    )
                     published.extend(chunk)
     except Exception as exc:  # any broker failure (including channel errors) leaves the rows to the relay
         _mark_broker_down()

@@ -15,7 +15,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from django.conf import settings
 from django.utils import timezone
 
-from notifier.db import bound_cursor
+from notifier.db import bound_cursor, json_rows
 from preferences.models import Recipient, Suppression
 
 SEND = "send"
@@ -153,17 +153,15 @@ def evaluate(
 def suppressed_addresses(pairs: list[tuple[str, str]]) -> set[tuple[str, str]]:
     """Return which of the (channel, address) pairs are on the suppression list, in one query.
 
-    The pairs travel as two bound arrays joined with unnest: one query and one plan for a page of 5,000.
+    The pairs travel as one JSON parameter (notifier.db.json_rows): one query and one plan for a page of 5,000.
     """
-    wanted = sorted({(channel, address) for channel, address in pairs if address})
+    wanted = {(channel, address) for channel, address in pairs if address}
     if not wanted:
         return set()
-    channels, addresses = zip(*wanted, strict=True)
     with bound_cursor() as cursor:
         cursor.execute(
             "SELECT s.channel, s.address FROM preferences_suppression s "
-            "JOIN unnest(%s::text[], %s::text[]) AS p(channel, address) "
-            "ON s.channel = p.channel AND s.address = p.address",
-            [list(channels), list(addresses)],
+            "JOIN json_array_elements(%s::json) AS e ON s.channel = e->>0 AND s.address = e->>1",
+            [json_rows(wanted)],
         )
         return {(channel, address) for channel, address in cursor.fetchall()}
