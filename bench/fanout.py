@@ -1,6 +1,6 @@
 """Fan-out of a topic of 1,000,000 subscribers: time until every delivery is created and queued, worker RSS.
 
-    .venv/bin/python bench/fanout.py [--subscribers 1000000] [--page 5000] [--keep]
+    .venv/bin/python bench/fanout.py [--subscribers 1000000] [--page 5000] [--lanes 2] [--keep]
 
 Prints the time from accept to the notification's fan-out done (all deliveries inserted, published in
 messages of 500 ids, checkpoints saved), deliveries per second, the fan-out worker's RSS sampled every half
@@ -24,15 +24,16 @@ def main() -> None:
     p = parser(__doc__ or "")
     p.add_argument("--subscribers", type=int, default=1_000_000)
     p.add_argument("--page", type=int, default=5000)
+    p.add_argument("--lanes", type=int, default=2, help="FANOUT_LANES, and the fan-out worker's concurrency")
     args = p.parse_args()
     prepare()
     try:
-        run(args.subscribers, args.page, args.timeout)
+        run(args.subscribers, args.page, args.lanes, args.timeout)
     finally:
         cleanup(args.keep)
 
 
-def run(subscribers: int, page: int, timeout: float) -> None:
+def run(subscribers: int, page: int, lanes: int, timeout: float) -> None:
     from notifier.models import Delivery, Notification
     from notifier.services import api_client_create, notification_accept
 
@@ -45,7 +46,7 @@ def run(subscribers: int, page: int, timeout: float) -> None:
     log(f"created {subscribers} subscribers in {time.monotonic() - started:.1f}s")
     client = api_client_create(name="bench-fanout")[0]
 
-    worker = Worker("fanout", ["fanout"], concurrency=1, FANOUT_PAGE_SIZE=str(page))
+    worker = Worker("fanout", ["fanout"], concurrency=lanes, FANOUT_PAGE_SIZE=str(page), FANOUT_LANES=str(lanes))
     samples: list[int] = []
     with workers(worker):
         stop = threading.Event()
@@ -83,7 +84,7 @@ def run(subscribers: int, page: int, timeout: float) -> None:
     mb = [s / 2**20 for s in samples if s]
     tenth = max(1, len(mb) // 10)
     print("\n=== bench/fanout.py ===")
-    print(f"topic subscribers           {subscribers}")
+    print(f"topic subscribers           {subscribers}   (lanes {lanes}, page {page})")
     print(f"fan-out status              {n.status} (recipients_total={n.recipients_total})")
     print(f"deliveries created          {deliveries}   queued-but-unpublished: {queued_unpublished}")
     print(f"messages in email.low       {messages}   (500 ids each)")

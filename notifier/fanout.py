@@ -1,21 +1,27 @@
 """Fan-out of topic notifications: page subscribers by keyset, write deliveries in bulk, publish in batches.
 
-One run of `notifier.tasks.fanout_topic` processes a bounded number of pages and re-enqueues itself, so a
-million-subscriber topic never holds a worker for minutes and memory stays one page deep. Per page:
+One run of `notifier.tasks.fanout_topic` processes a bounded number of pages of one lane and re-enqueues
+itself, so a million-subscriber topic never holds a worker for minutes and memory stays one page deep. A large
+topic is split at its first run into FANOUT_LANES ranges of subscription ids (FanoutLane rows, each with its
+own checkpoint), whose runs go on at once on the fan-out worker's processes: while one lane's page is written
+by PostgreSQL, another's is decided in Python. Per page of a lane:
 
-1. read the page (`topic_id = %s AND id > cursor ORDER BY id LIMIT n`, served by subscription_keyset_idx)
+1. read the page (`topic_id = %s AND id > cursor AND id <= upper ORDER BY id LIMIT n`, served by
+   subscription_keyset_idx)
    with its recipients, their active push devices and the suppression list, in three queries;
 2. decide every (recipient, channel, address) with `evaluate()` and insert the deliveries and their first
    events in one statement (`INSERT … SELECT … FROM json_array_elements(…) ON CONFLICT DO NOTHING`),
    `published_at` set for the queued ones, in a short transaction;
 3. publish the page's queued deliveries (500 ids per message); if any insert conflicted (the page is being
    redone after a crash) the queued ids are selected again, so what a crash left unpublished goes now;
-4. advance the checkpoint (`fanout_cursor`, `fanout_processed`) with a compare-and-set on the old cursor.
+4. advance the lane's checkpoint (its `cursor`, with a compare-and-set on the old one) and the notification's
+   `fanout_processed`, in one transaction. The last lane to find no more subscribers marks the notification
+   done, under the notification's row lock, so exactly one does.
 
 Crash points: before 2 commits nothing happened; between 2 and 4 the redone page inserts nothing new (the
 unique target constraint) and republishes the page's queued deliveries (a second message for a delivery is
-harmless: the worker's claim takes it once); after 4 the page is done. Two runs racing on one notification
-(a redelivered message next to its successor) insert nothing twice and the loser of the compare-and-set stops.
+harmless: the worker's claim takes it once); after 4 the page is done. Two runs racing on one lane (a
+redelivered message next to its successor) insert nothing twice and the loser of the compare-and-set stops.
 
 A campaign's fan-out is paced at its `rate_per_second`: a run does one page, spreads the page's messages over
 `queued / rate` seconds with broker-delayed countdowns, and re-enqueues itself to start when that page's last
@@ -43,7 +49,7 @@ from django.utils import timezone
 from config.celery import app as celery_app
 from config.celery import queue_name
 from notifier.db import bound_cursor, json_rows
-from notifier.models import Campaign, Delivery, Notification
+from notifier.models import Campaign, Delivery, FanoutLane, Notification
 from notifier.outbox import broker_recently_down, publish
 from preferences.compliance import Verdict, evaluate, suppressed_addresses
 from preferences.models import Recipient
@@ -82,17 +88,36 @@ def stall_seconds() -> float:
     return _setting("FANOUT_STALL_SECONDS", 300.0)
 
 
-def enqueue(notification_id: object, *, countdown: float | None = None) -> bool:
-    """Publish one fan-out task for a notification; return False (and log) if the broker refused it."""
+def lanes_wanted() -> int:
+    """Return into how many lanes a large topic is split (FANOUT_LANES, default 2)."""
+    return max(1, int(_setting("FANOUT_LANES", 2)))
+
+
+def lane_min_subscribers() -> int:
+    """Return the topic size from which it is split into lanes (FANOUT_LANE_MIN_SUBSCRIBERS, default 50,000)."""
+    return int(_setting("FANOUT_LANE_MIN_SUBSCRIBERS", 50_000))
+
+
+def enqueue(notification_id: object, *, lane: int = 0, countdown: float | None = None) -> bool:
+    """Publish one fan-out task for a lane of a notification; return False (and log) if the broker refused it."""
     options: dict[str, Any] = {"queue": "fanout", "retry": False}
     if countdown and countdown > 0:
         options["countdown"] = math.ceil(countdown)
+    args: list[Any] = [str(notification_id)] if lane == 0 else [str(notification_id), lane]
     try:
-        celery_app.send_task(FANOUT_TASK, args=[str(notification_id)], **options)
+        celery_app.send_task(FANOUT_TASK, args=args, **options)
     except Exception as exc:
-        logger.error("fan-out of %s not enqueued (the sweeper will resume it): %s", notification_id, exc)
+        logger.error("fan-out of %s lane %d not enqueued (the sweeper will resume it): %s", notification_id, lane, exc)
         return False
     return True
+
+
+def enqueue_unfinished(notification_id: object, *, countdown: float | None = None) -> int:
+    """Enqueue a run for every lane of a notification not yet done (lane 0 before it is split); return how many."""
+    lanes = list(FanoutLane.objects.filter(notification_id=notification_id, done=False).values_list("lane", flat=True))
+    if not lanes and not FanoutLane.objects.filter(notification_id=notification_id).exists():
+        lanes = [0]
+    return sum(enqueue(notification_id, lane=lane, countdown=countdown) for lane in lanes)
 
 
 def fanout_start(*, notification_id: object) -> None:
@@ -126,13 +151,13 @@ class PublishIncomplete(RuntimeError):
     """The broker did not take every message of a page; the page is redone (its checkpoint did not move)."""
 
 
-def fanout_run(*, notification_id: object, enqueue_next: bool = True) -> RunResult:
-    """Process pages of a topic notification for a bounded time, then re-enqueue the rest (or finish)."""
+def fanout_run(*, notification_id: object, lane: int = 0, enqueue_next: bool = True) -> RunResult:
+    """Process pages of one lane of a topic notification for a bounded time, then re-enqueue the rest (or finish)."""
     result = RunResult()
     deadline = time.monotonic() + run_budget_seconds()
     while True:
         reset_queries()  # DEBUG keeps every query (with its 5,000-element arrays): keep memory flat anyway
-        step = fanout_page(notification_id=notification_id)
+        step = fanout_page(notification_id=notification_id, lane=lane)
         result.pages += 1 if step.subscribers else 0
         result.subscribers += step.subscribers
         result.inserted += step.inserted
@@ -147,7 +172,7 @@ def fanout_run(*, notification_id: object, enqueue_next: bool = True) -> RunResu
         if time.monotonic() >= deadline:
             result.next_in = 0.0
             break
-    if enqueue_next and not enqueue(notification_id, countdown=result.next_in):
+    if enqueue_next and not enqueue(notification_id, lane=lane, countdown=result.next_in):
         # The checkpoint is saved; the sweeper resumes from it.
         result.next_in = None
     return result
@@ -169,7 +194,7 @@ _PAGE_SQL = """
     SELECT s.id, r.id, r.user_id, r.email, r.phone, r.webhook_url, r.timezone, r.opted_out, r.channel_prefs,
            r.category_prefs, r.quiet_start, r.quiet_end, r.erased_at
     FROM preferences_subscription s JOIN preferences_recipient r ON r.id = s.recipient_id
-    WHERE s.topic_id = %s AND s.id > %s
+    WHERE s.topic_id = %s AND s.id > %s AND s.id <= %s
     ORDER BY s.id
     LIMIT %s
 """
@@ -302,8 +327,52 @@ def _stop_reason(notification_id: object, campaign_id: int | None, *, lock: bool
     return ""
 
 
-def fanout_page(*, notification_id: object) -> PageResult:
-    """Process the next page of a topic notification: insert, publish, checkpoint (see the module doc)."""
+_NO_UPPER = 2**63 - 1
+
+
+def _split(topic_id: int, lanes: int) -> list[int | None]:
+    """Return the inclusive upper bounds of `lanes` ranges holding as many subscribers each (None: no bound).
+
+    One index-only count and one keyset lookup per boundary: a few tens of milliseconds for a million.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM preferences_subscription WHERE topic_id = %s", [topic_id])
+        total = cursor.fetchone()[0]
+        if lanes < 2 or total < max(lane_min_subscribers(), lanes):
+            return [None]
+        bounds: list[int | None] = []
+        for k in range(1, lanes):
+            cursor.execute(
+                "SELECT id FROM preferences_subscription WHERE topic_id = %s ORDER BY id OFFSET %s LIMIT 1",
+                [topic_id, total * k // lanes - 1],
+            )
+            bounds.append(cursor.fetchone()[0])
+    return [*bounds, None]
+
+
+def _lane(n: Notification, lane: int) -> FanoutLane | None:
+    """Return a lane of a fan-out; at the first run (lane 0) split the topic into lanes and start the others."""
+    found = FanoutLane.objects.filter(notification_id=n.pk, lane=lane).first()
+    if found is not None or lane != 0:
+        return found
+    with transaction.atomic():
+        # The notification's row lock makes the split happen once, whoever gets here first.
+        Notification.objects.select_for_update().filter(pk=n.pk).values_list("pk", flat=True).first()
+        if not FanoutLane.objects.filter(notification_id=n.pk).exists():
+            # A rate-capped campaign is paced page by page: one lane, so the cap holds over the whole topic.
+            bounds = _split(n.topic_id, 1 if n.campaign_id is not None else lanes_wanted())
+            lowers = [0, *bounds[:-1]]
+            FanoutLane.objects.bulk_create(
+                FanoutLane(notification_id=n.pk, lane=k, cursor=lower or 0, upper=upper)
+                for k, (lower, upper) in enumerate(zip(lowers, bounds, strict=True))
+            )
+            others = range(1, len(bounds))
+            transaction.on_commit(lambda: [enqueue(n.pk, lane=k) for k in others])
+    return FanoutLane.objects.filter(notification_id=n.pk, lane=0).first()
+
+
+def fanout_page(*, notification_id: object, lane: int = 0) -> PageResult:
+    """Process the next page of a lane of a topic notification: insert, publish, checkpoint (the module doc)."""
     n = (
         Notification.objects.filter(pk=notification_id)
         .select_related("client", "campaign")
@@ -315,7 +384,6 @@ def fanout_page(*, notification_id: object) -> PageResult:
             "channels",
             "priority",
             "send_at",
-            "fanout_cursor",
             "fanout_processed",
             "client__webhook_url",
             "campaign__id",
@@ -334,7 +402,12 @@ def fanout_page(*, notification_id: object) -> PageResult:
     if rate:
         per_subscriber = max(len(n.channels), 1)
         size = max(1, min(size, int(rate * pace_window_seconds() / per_subscriber)))
-    cursor_before = n.fanout_cursor
+    current = _lane(n, lane)
+    if current is None:
+        return PageResult(stopped="missing")
+    if current.done:
+        return PageResult(stopped="lane done")
+    cursor_before = current.cursor
     now = timezone.now()
 
     with transaction.atomic():
@@ -347,10 +420,11 @@ def fanout_page(*, notification_id: object) -> PageResult:
             if stop:
                 return PageResult(stopped=stop)
         with bound_cursor() as cursor:
-            cursor.execute(_PAGE_SQL, [n.topic_id, cursor_before, size])
+            upper = _NO_UPPER if current.upper is None else current.upper
+            cursor.execute(_PAGE_SQL, [n.topic_id, cursor_before, upper, size])
             page = cursor.fetchall()
         if not page:
-            return _finish(n, cursor_before)
+            return _finish(n, lane, cursor_before)
         recipients = [_Row(row[1:]) for row in page]
         devices: dict[int, list[str]] = defaultdict(list)
         if "push" in n.channels:
@@ -396,16 +470,22 @@ def fanout_page(*, notification_id: object) -> PageResult:
     if published < len(queued):
         raise PublishIncomplete(f"{len(queued) - published} of {len(queued)} deliveries not published")
     last_id = page[-1][0]
-    with connection.cursor() as cursor:
+    with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(
-            "UPDATE notifier_notification SET fanout_cursor = %s, fanout_processed = fanout_processed + %s, "
-            "updated_at = now() WHERE id = %s AND fanout_cursor = %s AND status = 'fanning_out'",
-            [last_id, len(page), n.pk, cursor_before],
+            "UPDATE notifier_fanoutlane SET cursor = %s, processed = processed + %s, updated_at = now() "
+            "WHERE notification_id = %s AND lane = %s AND cursor = %s AND NOT done",
+            [last_id, len(page), n.pk, lane, cursor_before],
         )
         moved = cursor.rowcount
+        if moved:
+            cursor.execute(
+                "UPDATE notifier_notification SET fanout_processed = fanout_processed + %s, updated_at = now() "
+                "WHERE id = %s AND status = 'fanning_out'",
+                [len(page), n.pk],
+            )
     result = PageResult(subscribers=len(page), inserted=len(inserted), published=published, pace_seconds=pace)
     if not moved:
-        # Another run advanced this notification (or it was cancelled) meanwhile: let that run carry on.
+        # Another run advanced this lane meanwhile: let that run carry on.
         result.stopped = "superseded"
     return result
 
@@ -431,41 +511,60 @@ def _publish_page(queued: list[tuple[int, str]], *, priority: str, rate: int | N
     return published, offset / rate
 
 
-def _finish(n: Notification, cursor_before: int) -> PageResult:
-    """Mark a fan-out done (every subscriber seen) and let its campaign know."""
-    with connection.cursor() as cursor:
+def _finish(n: Notification, lane: int, cursor_before: int) -> PageResult:
+    """Mark a lane done (every subscriber of its range seen); the last lane marks the fan-out done."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        # Under the notification's row lock, so that of two lanes finishing at once exactly one sees the other
+        # done and marks the notification.
+        cursor.execute("SELECT status FROM notifier_notification WHERE id = %s FOR UPDATE", [n.pk])
+        cursor.execute(
+            "UPDATE notifier_fanoutlane SET done = true, updated_at = now() "
+            "WHERE notification_id = %s AND lane = %s AND cursor = %s AND NOT done",
+            [n.pk, lane, cursor_before],
+        )
+        if not cursor.rowcount:
+            return PageResult(stopped="superseded")
         cursor.execute(
             "UPDATE notifier_notification SET status = 'done', recipients_total = fanout_processed, updated_at = now() "
-            "WHERE id = %s AND status = 'fanning_out' AND fanout_cursor = %s",
-            [n.pk, cursor_before],
+            "WHERE id = %s AND status = 'fanning_out' "
+            "AND NOT EXISTS (SELECT 1 FROM notifier_fanoutlane WHERE notification_id = %s AND NOT done)",
+            [n.pk, n.pk],
         )
         finished = cursor.rowcount
-    if finished and n.campaign_id is not None:
+    if not finished:
+        return PageResult(stopped="lane done")
+    if n.campaign_id is not None:
         from notifier.campaigns.services import campaign_fanout_finished
 
         campaign_fanout_finished(campaign_id=n.campaign_id)
-    return PageResult(done=bool(finished), stopped="" if finished else "superseded")
+    return PageResult(done=True)
 
 
 def fanout_sweep(*, limit: int = 100) -> int:
-    """Re-enqueue fan-outs that made no progress for a while (a lost message, a broker outage); return how many.
+    """Re-enqueue fan-out lanes that made no progress for a while (a lost message, a broker outage).
 
+    Returns how many runs were enqueued. A fan-out not yet split into lanes counts by its own `updated_at`.
     A duplicate run next to a live one is harmless (see the module doc); paused campaigns are left alone.
     """
     now = timezone.now()
-    stalled = list(
-        Notification.objects.filter(
-            status=Notification.Status.FANNING_OUT,
-            updated_at__lt=now - timedelta(seconds=stall_seconds()),
-        )
-        .exclude(send_at__gt=now)
-        .exclude(campaign__status__in=[Campaign.Status.PAUSED, Campaign.Status.CANCELLED])
+    cutoff = now - timedelta(seconds=stall_seconds())
+    live = Notification.objects.filter(status=Notification.Status.FANNING_OUT).exclude(send_at__gt=now)
+    live = live.exclude(campaign__status__in=[Campaign.Status.PAUSED, Campaign.Status.CANCELLED])
+    unsplit = list(
+        live.filter(updated_at__lt=cutoff, fanout_lanes__isnull=True)
         .order_by("updated_at")
         .values_list("pk", flat=True)[:limit]
     )
-    for notification_id in stalled:
-        Notification.objects.filter(pk=notification_id).update(updated_at=now)
-        enqueue(notification_id)
-    if stalled:
-        logger.warning("fan-out sweeper resumed %d stalled fan-outs", len(stalled))
-    return len(stalled)
+    lanes = list(
+        FanoutLane.objects.filter(done=False, updated_at__lt=cutoff, notification__in=live)
+        .order_by("updated_at")
+        .values_list("pk", "notification_id", "lane")[:limit]
+    )
+    Notification.objects.filter(pk__in=unsplit).update(updated_at=now)
+    FanoutLane.objects.filter(pk__in=[pk for pk, _, _ in lanes]).update(updated_at=now)
+    runs = [(notification_id, 0) for notification_id in unsplit] + [(nid, lane) for _, nid, lane in lanes]
+    for notification_id, lane in runs:
+        enqueue(notification_id, lane=lane)
+    if runs:
+        logger.warning("fan-out sweeper resumed %d stalled fan-out runs", len(runs))
+    return len(runs)

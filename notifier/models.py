@@ -73,9 +73,8 @@ class Notification(models.Model):
     locale = models.CharField(max_length=35, blank=True, default="")
     send_at = models.DateTimeField(null=True, blank=True)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.ACCEPTED)
-    # Fan-out progress: subscribers seen so far and the last subscription id done (the resume point).
+    # Fan-out progress: subscribers seen so far, over all lanes (FanoutLane holds each lane's resume point).
     recipients_total = models.PositiveIntegerField(null=True, blank=True)
-    fanout_cursor = models.BigIntegerField(default=0)
     fanout_processed = models.PositiveIntegerField(default=0)
     trace_id = models.CharField(max_length=32, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
@@ -181,6 +180,30 @@ class Delivery(models.Model):
 
     def __str__(self) -> str:
         return f"{self.channel} #{self.pk} {self.status}"
+
+
+class FanoutLane(models.Model):
+    """One range of a topic's subscription ids, paged by its own fan-out task from its own checkpoint.
+
+    A large topic is split into a few lanes that run at once on the fan-out worker's processes: while one
+    lane's page is in PostgreSQL, another's is being decided in Python (notifier/fanout.py).
+    """
+
+    notification = models.ForeignKey(Notification, on_delete=models.CASCADE, related_name="fanout_lanes")
+    lane = models.PositiveSmallIntegerField()
+    # The last subscription id done (exclusive lower bound of the next page) and the inclusive upper bound
+    # of the lane; the last lane has none, so subscribers added during the fan-out are still reached.
+    cursor = models.BigIntegerField(default=0)
+    upper = models.BigIntegerField(null=True, blank=True)
+    processed = models.PositiveIntegerField(default=0)
+    done = models.BooleanField(default=False)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["notification", "lane"], name="fanout_lane_uniq")]
+
+    def __str__(self) -> str:
+        return f"{self.notification_id} lane {self.lane}"
 
 
 class DeliveryEvent(models.Model):

@@ -27,12 +27,12 @@ def outbox_relay() -> dict[str, int]:
 
 
 @shared_task(name="notifier.tasks.fanout_topic", **_RETRY)
-def fanout_topic(notification_id: str) -> dict[str, Any]:
-    """Expand a bounded part of a topic notification into deliveries, then re-enqueue the rest."""
+def fanout_topic(notification_id: str, lane: int = 0) -> dict[str, Any]:
+    """Expand a bounded part of one lane of a topic notification into deliveries, then re-enqueue the rest."""
     from notifier.fanout import PublishIncomplete, fanout_run
 
     try:
-        result = fanout_run(notification_id=notification_id)
+        result = fanout_run(notification_id=notification_id, lane=int(lane))
     except PublishIncomplete as exc:
         # The page's checkpoint did not move: retrying redoes it and publishes what is missing.
         raise fanout_topic.retry(exc=exc, countdown=5) from exc

@@ -14,7 +14,7 @@ from django.utils import timezone
 from channels_app.models import SandboxMessage
 from config.celery import app as celery_app
 from notifier import fanout
-from notifier.models import ApiClient, Delivery, DeliveryEvent, Notification
+from notifier.models import ApiClient, Delivery, DeliveryEvent, FanoutLane, Notification
 from notifier.services import api_client_create, notification_accept, notification_cancel
 from preferences.models import Device, Recipient, Suppression, Topic
 from templates_app.services import template_put
@@ -147,7 +147,8 @@ def test_a_page_redone_after_a_crash_inserts_nothing_twice_and_republishes_what_
     page_ids = sorted(Delivery.objects.filter(notification=notification).values_list("id", flat=True))
     # One of them was sent meanwhile; then the crash: the checkpoint and the publish are lost.
     Delivery.objects.filter(pk=page_ids[0]).update(status="sent")
-    Notification.objects.filter(pk=notification.pk).update(fanout_cursor=0, fanout_processed=0)
+    FanoutLane.objects.filter(notification=notification).update(cursor=0, processed=0)
+    Notification.objects.filter(pk=notification.pk).update(fanout_processed=0)
     purge_all_queues()
 
     redo = fanout.fanout_page(notification_id=notification.pk)
@@ -192,7 +193,8 @@ def test_a_run_re_enqueues_itself_on_the_fanout_queue(settings: Any, clean_queue
     assert result.pages == 1 and result.next_in == 0.0
     assert queue_depth("fanout") == 1
     notification.refresh_from_db()
-    assert notification.fanout_cursor > 0 and notification.fanout_processed == 5
+    assert FanoutLane.objects.get(notification=notification, lane=0).cursor > 0
+    assert notification.fanout_processed == 5
 
 
 @pytest.mark.django_db(transaction=True)
@@ -217,12 +219,67 @@ def test_the_sweeper_resumes_a_stalled_fanout_only(settings: Any, clean_queues: 
 
 def drain_ids_raw(queue: str) -> list[str]:
     """Consume the fan-out messages of a queue and return the notification ids they carry."""
-    out: list[str] = []
+    return [args[0] for args in drain_args(queue)]
+
+
+def drain_args(queue: str) -> list[list[Any]]:
+    """Consume the fan-out messages of a queue and return their task arguments."""
+    out: list[list[Any]] = []
     with celery_app.connection_for_write() as conn:
         channel = conn.channel()
         while (message := channel.basic_get(queue, no_ack=True)) is not None:
-            out.append(json.loads(message.body)[0][0])
+            out.append(json.loads(message.body)[0])
     return out
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_large_topic_is_split_into_lanes_that_each_cover_their_range_once(settings: Any, clean_queues: None) -> None:
+    settings.FANOUT_PAGE_SIZE = 7
+    settings.FANOUT_LANES = 3
+    settings.FANOUT_LANE_MIN_SUBSCRIBERS = 20
+    make_template()
+    topic = make_topic("laned", 50)
+    notification = accept_topic(make_client(), topic.key, ["email"])
+    purge_all_queues()  # the accept's own fan-out message (lane 0)
+
+    first = fanout.fanout_page(notification_id=notification.pk)
+
+    lanes = list(FanoutLane.objects.filter(notification=notification).order_by("lane"))
+    assert [lane.lane for lane in lanes] == [0, 1, 2]
+    assert lanes[-1].upper is None and lanes[0].upper < lanes[1].upper
+    assert [lane.cursor for lane in lanes[1:]] == [lanes[0].upper, lanes[1].upper]
+    # Lanes 1 and 2 were started next to this run; lane 0 did its first page.
+    assert sorted(drain_args("fanout")) == sorted([[str(notification.pk), 1], [str(notification.pk), 2]])
+    assert first.subscribers == 7
+    for lane in (2, 0):  # lane 1 last: the notification is done only when every lane is
+        while not fanout.fanout_run(notification_id=notification.pk, lane=lane, enqueue_next=False).stopped:
+            pass
+        notification.refresh_from_db()
+        assert notification.status == Notification.Status.FANNING_OUT
+    assert fanout.fanout_run(notification_id=notification.pk, lane=1, enqueue_next=False).done
+    notification.refresh_from_db()
+    assert notification.status == Notification.Status.DONE and notification.recipients_total == 50
+    processed = {lane.lane: lane.processed for lane in FanoutLane.objects.filter(notification=notification)}
+    assert processed == {0: 16, 1: 17, 2: 17}
+    per_recipient = Counter(Delivery.objects.filter(notification=notification).values_list("recipient_id", flat=True))
+    assert len(per_recipient) == 50 and set(per_recipient.values()) == {1}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_sweeper_resumes_a_stalled_lane(settings: Any, clean_queues: None) -> None:
+    settings.FANOUT_LANES = 2
+    settings.FANOUT_LANE_MIN_SUBSCRIBERS = 4
+    make_template()
+    topic = make_topic("stalled-lane", 10)
+    notification = accept_topic(make_client(), topic.key, ["email"])
+    fanout.fanout_page(notification_id=notification.pk)  # splits; lane 1's message is lost below
+    purge_all_queues()
+    old = timezone.now() - timezone.timedelta(hours=1)
+    FanoutLane.objects.filter(notification=notification, lane=1).update(updated_at=old)
+
+    assert fanout.fanout_sweep() == 1
+
+    assert drain_args("fanout") == [[str(notification.pk), 1]]
 
 
 @pytest.mark.django_db(transaction=True)
@@ -232,8 +289,14 @@ def test_killed_fanout_worker_resumes_from_its_checkpoint(start_worker: Any) -> 
     make_template()
     topic = make_topic("big", total)
     client = make_client()
-    env = {"FANOUT_PAGE_SIZE": "100", "FANOUT_RUN_SECONDS": "1"}
-    first = start_worker(queues=["fanout"], env=env, concurrency=1)
+    # Two lanes on two processes: the kill interrupts both checkpoints.
+    env = {
+        "FANOUT_PAGE_SIZE": "100",
+        "FANOUT_RUN_SECONDS": "1",
+        "FANOUT_LANES": "2",
+        "FANOUT_LANE_MIN_SUBSCRIBERS": "1",
+    }
+    first = start_worker(queues=["fanout"], env=env, concurrency=2)
 
     notification = accept_topic(client, topic.key, ["email"])
 
@@ -246,8 +309,9 @@ def test_killed_fanout_worker_resumes_from_its_checkpoint(start_worker: Any) -> 
     at_kill = processed()
     assert 0 < at_kill < total, "the worker must die mid-way for this test to mean anything"
 
-    start_worker(queues=["fanout"], env=env, concurrency=1)
+    start_worker(queues=["fanout"], env=env, concurrency=2)
     wait_for(lambda: Notification.objects.filter(pk=notification.pk, status="done").exists(), timeout=120, interval=0.5)
+    assert FanoutLane.objects.filter(notification=notification, done=True).count() == 2
     notification.refresh_from_db()
     assert notification.recipients_total == total
     per_recipient = Counter(Delivery.objects.filter(notification=notification).values_list("recipient_id", flat=True))

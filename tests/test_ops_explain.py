@@ -52,9 +52,9 @@ def _fill() -> None:
         c.execute(
             """
             INSERT INTO notifier_notification (id, client_id, request_hash, category, template_key, channels,
-                payload, user_id, priority, locale, status, fanout_cursor, fanout_processed, trace_id,
+                payload, user_id, priority, locale, status, fanout_processed, trace_id,
                 created_at, updated_at)
-            SELECT id, %s, '', 'transactional', 't', '{}', '{}', 'exp-' || n, 'high', '', 'done', 0, 0, '',
+            SELECT id, %s, '', 'transactional', 't', '{}', '{}', 'exp-' || n, 'high', '', 'done', 0, '',
                    now() - make_interval(secs => (%s - n) * 20), now()
             FROM exp_notification
             """,

@@ -319,7 +319,7 @@ def campaign_resume(*, campaign: Campaign) -> int:
     span = len(released) / rate if rate else None
     for notification_id in fanning:
         # The fan-out continues once the released deliveries have had their share of the rate.
-        fanout.enqueue(notification_id, countdown=span)
+        fanout.enqueue_unfinished(notification_id, countdown=span)
     return len(released)
 
 
