@@ -9,12 +9,12 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from notifier.db import bound_cursor
+from notifier.db import bound_cursor, int_array, json_rows
 from notifier.models import Delivery
 
 
 def record_events(rows: Iterable[tuple[int, str, str]], *, at: datetime | None = None) -> None:
-    """Append (delivery_id, status, detail) events with one INSERT … SELECT FROM unnest(…), however many."""
+    """Append (delivery_id, status, detail) events with one INSERT … SELECT, however many."""
     ids: list[int] = []
     statuses: list[str] = []
     details: list[str] = []
@@ -31,15 +31,13 @@ def record_events(rows: Iterable[tuple[int, str, str]], *, at: datetime | None =
             cursor.execute(
                 "INSERT INTO notifier_deliveryevent (delivery_id, status, detail, at)"
                 " SELECT id, %s, %s, %s FROM unnest(%s::bigint[]) AS v(id)",
-                [statuses[0], details[0], at or timezone.now(), ids],
-                binary=True,
+                [statuses[0], details[0], at or timezone.now(), int_array(ids)],
             )
         else:
             cursor.execute(
-                "INSERT INTO notifier_deliveryevent (delivery_id, status, detail, at) SELECT id, status, detail, %s"
-                " FROM unnest(%s::bigint[], %s::text[], %s::text[]) AS v(id, status, detail)",
-                [at or timezone.now(), ids, statuses, details],
-                binary=True,
+                "INSERT INTO notifier_deliveryevent (delivery_id, status, detail, at)"
+                " SELECT (e->>0)::bigint, e->>1, e->>2, %s FROM json_array_elements(%s::json) AS e",
+                [at or timezone.now(), json_rows(zip(ids, statuses, details, strict=True))],
             )
 
 

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import pytest
+from django.core import signing
 from django.test import Client
 from django.urls import include, path
 
 from preferences.compliance import evaluate
 from preferences.models import Recipient
-from preferences.services import recipient_upsert, unsubscribe_url
+from preferences.services import (
+    UNSUBSCRIBE_SALT,
+    recipient_upsert,
+    unsubscribe_token,
+    unsubscribe_token_read,
+    unsubscribe_url,
+)
 
 urlpatterns = [path("", include("preferences.unsubscribe_urls"))]
 
@@ -53,6 +60,24 @@ def test_tampered_or_foreign_tokens_are_rejected(settings: object) -> None:
     assert Client().get("/unsubscribe/garbage").status_code == 404
     Recipient.objects.filter(pk=recipient.pk).update(erased_at="2025-01-01T00:00:00Z")
     assert Client().post(url).status_code == 404
+
+
+def test_a_token_names_its_recipient_and_category_and_any_change_breaks_it() -> None:
+    recipient, _ = recipient_upsert(user_id="team/u-7")
+    token = unsubscribe_token(recipient=recipient, category="social")
+    assert unsubscribe_token_read(token) == ("team/u-7", "social")
+    other, _ = recipient_upsert(user_id="team/u-8")
+    forged = unsubscribe_token(recipient=other, category="social").split(".")[0] + "." + token.split(".")[1]
+    with pytest.raises(signing.BadSignature):
+        unsubscribe_token_read(forged)
+
+
+def test_links_signed_in_the_earlier_format_still_work() -> None:
+    recipient, _ = recipient_upsert(user_id="u-old", category_prefs={})
+    token = signing.dumps({"r": "u-old", "c": "social"}, salt=UNSUBSCRIBE_SALT)
+    assert Client().post(f"/unsubscribe/{token}").status_code == 200
+    recipient.refresh_from_db()
+    assert recipient.category_prefs["social"]["enabled"] is False
 
 
 def test_no_link_for_categories_that_cannot_be_switched_off() -> None:

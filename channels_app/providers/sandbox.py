@@ -16,7 +16,6 @@ re-sent delivery is recorded once.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -32,7 +31,7 @@ from channels_app.providers.base import (
     RetriableError,
     SendResult,
 )
-from notifier.db import bound_cursor
+from notifier.db import bound_cursor, json_rows
 
 
 def parse_behaviour(spec: str) -> dict[str, tuple[str, int]]:
@@ -81,18 +80,14 @@ class SandboxProvider(Provider):
             cursor.execute(
                 "INSERT INTO channels_app_sandboxmessage"
                 " (delivery_id, channel, provider, address, content, send_count, created_at)"
-                " SELECT id, channel, %s, address, content::jsonb, 1, %s"
-                " FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::text[]) AS v(id, channel, address, content)"
+                " SELECT (e->>0)::bigint, e->>1, %s, e->>2, (e->3)::jsonb, 1, %s"
+                " FROM json_array_elements(%s::json) AS e"
                 " ON CONFLICT (delivery_id) DO UPDATE SET send_count = channels_app_sandboxmessage.send_count + 1",
                 [
                     self.name,
                     timezone.now(),
-                    [m.delivery_id for m in messages],
-                    [m.channel for m in messages],
-                    [m.address for m in messages],
-                    [json.dumps(m.content) for m in messages],
+                    json_rows((m.delivery_id, m.channel, m.address, m.content) for m in messages),
                 ],
-                binary=True,
             )
 
     def send(self, message: OutboundMessage) -> SendResult:
