@@ -123,6 +123,16 @@ class Worker:
         except psutil.NoSuchProcess:
             return 0
 
+    def cpu_seconds(self) -> float:
+        """Return the CPU time (user + system) used so far by the worker and its pool processes."""
+        import psutil
+
+        try:
+            main = psutil.Process(self.proc.pid)
+            return sum(sum(p.cpu_times()[:2]) for p in [main, *main.children(recursive=True)])
+        except psutil.NoSuchProcess:
+            return 0.0
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
@@ -144,6 +154,23 @@ def workers(*started: Worker) -> Iterator[list[Worker]]:
     finally:
         for w in started:
             w.stop()
+
+
+def service_cpu_seconds() -> dict[str, float]:
+    """Return the CPU time used so far by the PostgreSQL, RabbitMQ and Redis server processes on this box.
+
+    Exited children count through their parent's children_user/children_system (PostgreSQL backends of
+    closed connections).
+    """
+    import psutil
+
+    totals = {"postgresql": 0.0, "rabbitmq": 0.0, "redis": 0.0}
+    names = {"postgres": "postgresql", "beam.smp": "rabbitmq", "redis-server": "redis"}
+    for proc in psutil.process_iter(["name", "cpu_times"]):
+        service = names.get(proc.info["name"] or "")
+        if service and proc.info["cpu_times"] is not None:
+            totals[service] += sum(proc.info["cpu_times"][:4])
+    return totals
 
 
 def wait_until(predicate: Callable[[], Any], *, timeout: float, interval: float = 0.2, what: str = "") -> float:

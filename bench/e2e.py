@@ -32,6 +32,7 @@ from bench._common import (
     make_topic,
     parser,
     prepare,
+    service_cpu_seconds,
     wait_until,
     workers,
 )
@@ -62,18 +63,22 @@ def main() -> None:
 
 
 def topic_to_sent(args: argparse.Namespace) -> float:
+    from django.db.models import Max
+
     from notifier.models import Delivery
     from notifier.services import api_client_create, notification_accept
 
     make_template("news", "social")
     make_topic("all", args.subscribers)
     client = api_client_create(name="bench-e2e")[0]
-    fan = Worker("e2e-fanout", ["fanout"], concurrency=1)
+    fan = Worker("e2e-fanout", ["fanout"], concurrency=2)
     send = Worker("e2e-send", ["email.low"], concurrency=args.send_concurrency, pool=args.send_pool)
     with workers(fan, send):
-        t0 = time.monotonic()
+        cpu_before = {"fan-out worker": fan.cpu_seconds(), "send workers": send.cpu_seconds()}
+        cpu_before |= service_cpu_seconds()
         data = {"topic": "all", "category": "social", "template": "news", "channels": ["email"], "payload": {"n": 1}}
         notification = notification_accept(client=client, data=data).notification
+        t0 = time.monotonic()
         total = args.subscribers
 
         def sent() -> bool:
@@ -81,7 +86,16 @@ def topic_to_sent(args: argparse.Namespace) -> float:
             log(f"  {count} sent after {time.monotonic() - t0:.0f}s")
             return count >= total
 
-        elapsed = wait_until(sent, timeout=args.timeout, interval=5, what="all sent")
+        wait_until(sent, timeout=args.timeout, interval=2, what="all sent")
+        cpu_after = {"fan-out worker": fan.cpu_seconds(), "send workers": send.cpu_seconds()}
+        cpu_after |= service_cpu_seconds()
+    # From the accept's commit to the provider's answer for the last delivery, as the database recorded them.
+    last = Delivery.objects.filter(notification=notification).aggregate(last=Max("sent_at"))["last"]
+    elapsed = (last - notification.created_at).total_seconds()
+    print(f"\nCPU per 1,000 deliveries, topic -> sent ({elapsed:.1f} s on 2 cores = {2 * elapsed:.0f} CPU-s):")
+    for name, before in cpu_before.items():
+        used = cpu_after[name] - before
+        print(f"  {name:<16} {used / total * 1000 * 1000:6.0f} ms   ({used:.1f} s)")
     return total / elapsed
 
 
