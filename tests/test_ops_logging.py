@@ -18,6 +18,7 @@ from notifier.logging import (
     json_formatter,
     mask_text,
 )
+from notifier.logging import log_lines as write_lines
 
 EMAIL = "jane.doe+news@example.com"
 PHONE = "+14155550123"
@@ -109,3 +110,29 @@ def test_masking_keeps_ids_dates_and_paths() -> None:
         "GET /api/v1/notifications/42 in channels_app.tasks.send_deliveries attempt 3"
     )
     assert mask_text(text) == text
+
+
+def test_bulk_lines_come_out_one_json_object_each_with_context_and_masking(
+    log_lines: Callable[[], list[dict[str, Any]]],
+) -> None:
+    """`log_lines` writes what one call per line would: a line each, bound context, personal data masked."""
+    logger = logging.getLogger("channels_app.services")
+    with bind_delivery_context(task_id="task-7"):
+        write_lines(
+            logger,
+            logging.INFO,
+            [
+                {"event": "delivery sent", "delivery_id": 1, "provider": "sandbox"},
+                {"event": "delivery failed", "delivery_id": 2, "reason": f"rejected {EMAIL}"},
+            ],
+        )
+    write_lines(logger, logging.DEBUG, [{"event": "not kept", "delivery_id": 3}])  # below the level
+
+    sent, failed = log_lines()
+    assert sent["event"] == "delivery sent" and sent["delivery_id"] == 1 and sent["provider"] == "sandbox"
+    assert failed["event"] == "delivery failed" and failed["delivery_id"] == 2
+    assert EMAIL not in failed["reason"] and "[email]" in failed["reason"]
+    for line in (sent, failed):
+        assert line["task_id"] == "task-7"
+        assert line["level"] == "info" and line["logger"] == "channels_app.services"
+        assert line["timestamp"].endswith("Z")
