@@ -97,7 +97,9 @@ class RowLoader(Generic[M]):
         """Return an instance holding `values`, in the order of `columns()`."""
         row = list(values)
         for i, field in self.converters:
-            row[i] = field.from_db_value(row[i], None, connection)  # type: ignore[attr-defined]
+            value = row[i]
+            # Most preference columns hold an empty object: no JSON parse for that.
+            row[i] = {} if value == "{}" else field.from_db_value(value, None, connection)  # type: ignore[attr-defined]
         instance = self.model.__new__(self.model)
         instance.__dict__.update(zip(self.attnames, row, strict=True))
         state = instance._state = ModelState()

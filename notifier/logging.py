@@ -10,6 +10,7 @@ Celery workers and beat, manage.py), which is also where structlog itself is con
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from collections.abc import Iterator, Mapping, Sequence
@@ -88,11 +89,23 @@ def mask_text(text: str) -> str:
     return held
 
 
+_KEEP, _REDACT, _SCAN = 0, 1, 2
+
+
+@functools.lru_cache(maxsize=4096)
+def _key_policy(key: str) -> int:
+    """Return how a field is masked by its name: _KEEP (our ids), _REDACT (secrets as a whole) or _SCAN."""
+    if key in SAFE_KEYS:
+        return _KEEP
+    return _REDACT if SENSITIVE_KEY.search(key) else _SCAN
+
+
 def mask_value(value: Any, key: str | None = None, _depth: int = 0) -> Any:
     """Return `value` with personal data masked, descending into mappings and sequences."""
-    if key is not None and key in SAFE_KEYS:
+    policy = _SCAN if key is None else _key_policy(key)
+    if policy == _KEEP:
         return value
-    if key is not None and SENSITIVE_KEY.search(key) and value not in (None, "", [], {}):
+    if policy == _REDACT and value not in (None, "", [], {}):
         if not isinstance(value, (Mapping, list, tuple)):
             return REDACTED
     if _depth > _MAX_DEPTH:
