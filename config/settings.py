@@ -105,7 +105,14 @@ DATABASES = {
 }
 # Fail fast instead of hanging when PostgreSQL is unreachable, so the API can answer 503.
 DATABASES["default"].setdefault("OPTIONS", {})["connect_timeout"] = env_int("DATABASE_CONNECT_TIMEOUT", 3)
-# Parallel test runs (one per developer sandbox) each get their own test database.
+# The hot-path statements (notifier.db.bound_cursor: fan-out pages, claims, outcomes) bind on the server; after
+# this many runs on a connection psycopg prepares them, so PostgreSQL stops planning them again for every batch.
+# Django's own queries bind on the client and are never prepared. "off" turns it off (e.g. behind a pooler in
+# transaction mode that does not track prepared statements).
+_prepare_threshold = os.environ.get("DATABASE_PREPARE_THRESHOLD", "5").strip().lower()
+DATABASES["default"]["OPTIONS"]["prepare_threshold"] = (
+    None if _prepare_threshold in {"", "off", "none"} else int(_prepare_threshold)
+)
 # Parallel test runs (one per developer sandbox) each get their own test database, vhost and Redis prefix
 # by setting NOTIFIER_TEST_NS; see tests/conftest.py.
 TEST_NAMESPACE = os.environ.get("NOTIFIER_TEST_NS", "main")
