@@ -50,6 +50,8 @@ def main() -> None:
 
 
 def run(args: argparse.Namespace) -> None:
+    from django.db.models import Max
+
     from notifier.campaigns.services import campaign_create
     from notifier.models import ApiClient, Delivery
     from preferences.models import Recipient
@@ -90,18 +92,25 @@ def run(args: argparse.Namespace) -> None:
             otps = Delivery.objects.filter(notification_id__in=ids)
             wait_until(lambda: otps.filter(status="sent").count() == len(ids), timeout=120, what="otps sent")
             during = campaign_sent.count()
+            drained_at = campaign_sent.aggregate(last=Max("sent_at"))["last"]
     finally:
         server.stop()
-    latencies = [
-        (d.sent_at - d.notification.created_at).total_seconds() * 1000 for d in otps.select_related("notification")
-    ]
+    rows = [(d.notification.created_at, d.sent_at) for d in otps.select_related("notification")]
+    latencies = [(sent - accepted).total_seconds() * 1000 for accepted, sent in rows]
+    # The OTPs that were accepted while campaign deliveries were still being sent: the ones the target is about.
+    draining = [(sent - accepted).total_seconds() * 1000 for accepted, sent in rows if accepted <= drained_at]
     print("\n=== bench/priority.py ===")
     print(f"campaign                    {args.recipients} recipients, cap {args.rate}/s")
     print(f"campaign deliveries sent while OTPs ran  {during}")
     print(f"OTPs                        {len(latencies)} (one a second through the HTTP API)")
     print(
-        f"OTP accept -> provider (ms) p50 {percentile(latencies, 50):.0f}, p99 {percentile(latencies, 99):.0f}, "
-        f"max {max(latencies):.0f}  (target p99 <= 500)"
+        f"OTP accept -> provider (ms) while the campaign drained ({len(draining)} OTPs): "
+        f"p50 {percentile(draining, 50):.0f}, p99 {percentile(draining, 99):.0f}, max {max(draining, default=0):.0f}"
+        "  (target p99 <= 500)"
+    )
+    print(
+        f"OTP accept -> provider (ms) all {len(latencies)}: p50 {percentile(latencies, 50):.0f}, "
+        f"p99 {percentile(latencies, 99):.0f}, max {max(latencies):.0f}"
     )
     print(f"empty Celery task           {noop['end_to_end_per_s']:.0f}/s publish+consume")
 
