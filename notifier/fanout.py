@@ -367,7 +367,12 @@ def _lane(n: Notification, lane: int) -> FanoutLane | None:
                 for k, (lower, upper) in enumerate(zip(lowers, bounds, strict=True))
             )
             others = range(1, len(bounds))
-            transaction.on_commit(lambda: [enqueue(n.pk, lane=k) for k in others])
+
+            def start_others() -> None:
+                for k in others:
+                    enqueue(n.pk, lane=k)
+
+            transaction.on_commit(start_others)
     return FanoutLane.objects.filter(notification_id=n.pk, lane=0).first()
 
 

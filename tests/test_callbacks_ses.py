@@ -28,8 +28,9 @@ from django.urls import include, path
 from rest_framework.test import APIClient
 
 from notifier.callbacks import verify
-from notifier.models import ApiClient, Delivery, DeliveryEvent, Notification
-from preferences.models import Recipient, Suppression
+from notifier.models import Delivery, DeliveryEvent
+from preferences.models import Suppression
+from tests import factories
 
 urlpatterns = [path("callbacks/", include("notifier.callbacks.urls"))]
 
@@ -185,36 +186,11 @@ def post(message: Any) -> Any:
 
 
 def make_delivery(
-    *,
-    provider: str = "ses",
-    channel: str = "email",
-    address: str = "reader@example.com",
-    status: str = Delivery.Status.SENT,
-    provider_message_id: str | None = None,
+    *, provider: str = "ses", provider_message_id: str | None = None, address: str = "reader@example.com", **kw: Any
 ) -> Delivery:
-    """Create a sent delivery (and the client, recipient and notification it belongs to) with the ORM."""
-    tag = uuid.uuid4().hex[:12]
-    client = ApiClient.objects.create(name=f"svc-{tag}", key_prefix=tag[:8], key_hash=uuid.uuid4().hex * 2)
-    recipient = Recipient.objects.create(user_id=f"u-{tag}", email=address)
-    note = Notification.objects.create(
-        client=client,
-        category="transactional",
-        template_key="order_shipped",
-        channels=[channel],
-        priority="high",
-        recipient=recipient,
-        user_id=recipient.user_id,
-    )
-    return Delivery.objects.create(
-        notification=note,
-        recipient=recipient,
-        channel=channel,
-        priority="high",
-        address=address,
-        status=status,
-        provider=provider,
-        provider_message_id=provider_message_id or f"0100-{tag}",
-    )
+    """Create a sent SES delivery with a provider message id of its own (tests.factories does the rest)."""
+    message_id = provider_message_id or f"0100-{uuid.uuid4().hex[:12]}"
+    return factories.make_delivery(provider=provider, provider_message_id=message_id, address=address, **kw)
 
 
 def snapshot(delivery: Delivery) -> tuple[str, list[tuple[str, str]], int]:

@@ -10,8 +10,9 @@ from django.urls import include, path
 from rest_framework.test import APIClient
 
 from notifier.auth import generate_key, hash_key
-from notifier.models import ApiClient, Delivery, DeliveryEvent, Notification
+from notifier.models import ApiClient, Delivery, DeliveryEvent
 from preferences.models import Recipient
+from tests.factories import make_delivery
 
 # The inbox routes (until the root URL conf includes them) next to the rest of /api/v1/ for the end-to-end test.
 urlpatterns = [path("api/v1/", include("notifier.inbox.urls")), path("api/v1/", include("notifier.urls"))]
@@ -48,22 +49,15 @@ def make_inapp(
     channel: str = "inapp",
 ) -> Delivery:
     """Create an in-app delivery as the worker leaves it once stored: `sent`, content {title, body}."""
-    note = Notification.objects.create(
+    return make_delivery(
         client=service,
-        category=category,
-        template_key="friend_request",
-        channels=[channel],
-        priority="normal",
-        recipient=recipient,
-        user_id=recipient.user_id,
-    )
-    return Delivery.objects.create(
-        notification=note,
         recipient=recipient,
         channel=channel,
+        status=status,
+        category=category,
+        template_key="friend_request",
         priority="normal",
         address=recipient.user_id,
-        status=status,
         provider="inapp",
         content={"title": title, "body": f"body of {title}"},
     )

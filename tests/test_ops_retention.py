@@ -2,38 +2,15 @@
 
 from __future__ import annotations
 
-import itertools
 from typing import Any
 
 import pytest
 from django.db import connection
 from django.utils import timezone
 
-from notifier.models import ApiClient, DeadLetter, Delivery, DeliveryEvent, Notification
+from notifier.models import DeadLetter, Delivery, DeliveryEvent, Notification
 from notifier.retention import purge_old_deliveries, retention_purge
-
-_seq = itertools.count()
-
-
-def make_delivery(
-    *, channel: str = "email", status: str = "sent", notification: Notification | None = None
-) -> Delivery:
-    """Create a delivery (with its client, recipient and notification) through the ORM."""
-    from preferences.models import Recipient
-
-    n = next(_seq)
-    if notification is None:
-        client, _ = ApiClient.objects.get_or_create(
-            name="ops-retention", defaults={"key_prefix": "ops", "key_hash": "0" * 64}
-        )
-        notification = Notification.objects.create(
-            client=client, category="transactional", template_key="t", priority="high", user_id=f"u-{n}"
-        )
-    recipient = Recipient.objects.create(user_id=f"ops-r-{n}")
-    return Delivery.objects.create(
-        notification=notification, recipient=recipient, channel=channel, priority="high", status=status,
-        address=f"user{n}@example.com",
-    )  # fmt: skip
+from tests.factories import make_delivery
 
 
 def backdate(model: Any, ids: list[Any], days: int) -> None:
