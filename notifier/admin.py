@@ -10,7 +10,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from notifier.deadletters.admin import DeadLetterAdmin
-from notifier.models import ApiClient, DeadLetter, Delivery, DeliveryEvent, Notification
+from notifier.models import ApiClient, DeadLetter, Delivery, DeliveryEvent, FanoutLane, Notification
 
 admin.site.register(DeadLetter, DeadLetterAdmin)
 
@@ -50,15 +50,30 @@ class DeliveryEventInline(admin.TabularInline):
         return False
 
 
+class FanoutLaneInline(admin.TabularInline):
+    """Where each lane of a topic fan-out stands: its range, checkpoint and count (docs/fanout.md)."""
+
+    model = FanoutLane
+    fields = ("lane", "cursor", "upper", "processed", "done", "updated_at")
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+    ordering = ("lane",)
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
 @admin.register(Notification)
 class NotificationAdmin(ReadOnlyAdmin):
-    """Accepted notifications."""
+    """Accepted notifications; a topic notification shows its fan-out lanes."""
 
     list_display = ("id", "client", "category", "template_key", "template_version", "user_id", "topic", "status")
     list_filter = ("status", "category", "priority")
     search_fields = ("=id", "=user_id", "=dedup_key", "template_key")
     list_select_related = ("client", "topic")
     show_full_result_count = False
+    inlines = (FanoutLaneInline,)
 
 
 @admin.register(Delivery)
