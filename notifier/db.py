@@ -84,14 +84,14 @@ class RowLoader(Generic[M]):
         self.model = model
         fields: list[Field[Any, Any]] = [f for f in model._meta.concrete_fields if f.attname not in skip]
         self.attnames = [f.attname for f in fields]
+        self._columns = [f.column for f in fields]
         self.width = len(fields)
         # Only JSON fields convert here (Django's psycopg setup hands jsonb over as text).
         self.converters = [(i, f) for i, f in enumerate(fields) if hasattr(f, "from_db_value")]
 
     def columns(self, alias: str) -> str:
         """Return the select list for this model's loaded fields under a table alias."""
-        fields = [f for f in self.model._meta.concrete_fields if f.attname in self.attnames]
-        return ", ".join(f'{alias}."{f.column}"' for f in fields)
+        return ", ".join(f'{alias}."{column}"' for column in self._columns)
 
     def build(self, values: Sequence[Any]) -> M:
         """Return an instance holding `values`, in the order of `columns()`."""
