@@ -283,6 +283,25 @@ def test_the_sweeper_resumes_a_stalled_lane(settings: Any, clean_queues: None) -
 
 
 @pytest.mark.django_db(transaction=True)
+def test_resuming_enqueues_every_unfinished_lane_or_lane_0_before_the_split(settings: Any, clean_queues: None) -> None:
+    settings.FANOUT_LANES = 3
+    settings.FANOUT_LANE_MIN_SUBSCRIBERS = 6
+    make_template()
+    topic = make_topic("resumable", 9)
+    client = make_client()
+    unsplit = accept_topic(client, topic.key, ["email"])
+    split = accept_topic(client, topic.key, ["email"], dedup_key="split")
+    fanout.fanout_page(notification_id=split.pk)
+    FanoutLane.objects.filter(notification=split, lane=2).update(done=True)
+    purge_all_queues()
+
+    assert fanout.enqueue_unfinished(unsplit.pk) == 1
+    assert fanout.enqueue_unfinished(split.pk) == 2
+
+    assert sorted(drain_args("fanout")) == sorted([[str(unsplit.pk)], [str(split.pk)], [str(split.pk), 1]])
+
+
+@pytest.mark.django_db(transaction=True)
 def test_killed_fanout_worker_resumes_from_its_checkpoint(start_worker: Any) -> None:
     """SIGKILL the fan-out worker mid-way: every subscriber gets exactly one delivery, and every one is sent."""
     total = 20_000
