@@ -63,6 +63,7 @@ INSTALLED_APPS = [
     "channels_app",
     "templates_app",
     "preferences",
+    "audit",
 ]
 
 MIDDLEWARE = [
