@@ -284,7 +284,8 @@ class ApiServer:
 
 
 def api_key() -> str:
-    """Create an API client allowed every category and return its raw key."""
+    """Create an API client allowed every category and scope and return its raw key."""
+    from notifier.scopes import SCOPES
     from notifier.services import api_client_create
 
-    return api_client_create(name=f"bench-{time.time_ns()}")[1]
+    return api_client_create(name=f"bench-{time.time_ns()}", scopes=list(SCOPES))[1]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django import forms
 from django.contrib import admin
 from django.http import HttpRequest
 from django.urls import reverse
@@ -11,6 +12,7 @@ from django.utils.html import format_html
 
 from notifier.deadletters.admin import DeadLetterAdmin
 from notifier.models import ApiClient, DeadLetter, Delivery, DeliveryEvent, FanoutLane, Notification
+from notifier.scopes import DEFAULT_SCOPES, SCOPES
 
 admin.site.register(DeadLetter, DeadLetterAdmin)
 
@@ -28,11 +30,24 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return False
 
 
+class ApiClientForm(forms.ModelForm):
+    """An API client's editable fields, with its scopes as checkboxes of the known names."""
+
+    scopes = forms.MultipleChoiceField(
+        choices=list(SCOPES.items()), widget=forms.CheckboxSelectMultiple, required=False, initial=list(DEFAULT_SCOPES)
+    )
+
+    class Meta:
+        model = ApiClient
+        fields = ("name", "scopes", "allowed_categories", "webhook_url", "webhook_secret", "is_active")
+
+
 @admin.register(ApiClient)
 class ApiClientAdmin(admin.ModelAdmin):
     """Calling services. Keys are created with `create_api_client`; only their hash is stored."""
 
-    list_display = ("name", "key_prefix", "allowed_categories", "is_active", "created_at", "last_used_at")
+    form = ApiClientForm
+    list_display = ("name", "key_prefix", "scopes", "allowed_categories", "is_active", "created_at", "last_used_at")
     list_filter = ("is_active",)
     search_fields = ("name", "key_prefix")
     readonly_fields = ("key_prefix", "key_hash", "created_at", "last_used_at")

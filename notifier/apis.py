@@ -155,6 +155,8 @@ def trace_id_of(request: Request) -> str:
 class NotificationListCreateApi(APIView):
     """POST: accept a notification. GET: list the client's notifications."""
 
+    required_scope = "send"
+
     def post(self, request: Request) -> Response:
         serializer = NotificationInput(data=request.data)
         serializer.is_valid(raise_exception=True)
@@ -187,6 +189,8 @@ def _shed_if_overloaded(data: dict[str, Any]) -> None:
 class NotificationBatchApi(APIView):
     """Accept up to 1,000 notifications in one call; one result (or error) per item, in order."""
 
+    required_scope = "send"
+
     def post(self, request: Request) -> Response:
         items = request.data.get("notifications") if isinstance(request.data, dict) else request.data
         if not isinstance(items, list) or not items:
@@ -218,6 +222,8 @@ class NotificationBatchApi(APIView):
 class NotificationDetailApi(APIView):
     """GET one notification with its deliveries and their event history."""
 
+    required_scope = "send"
+
     def get(self, request: Request, notification_id: str) -> Response:
         notification = notification_get(client=request.user, notification_id=str(notification_id))
         if notification is None:
@@ -230,6 +236,8 @@ class NotificationDetailApi(APIView):
 
 class NotificationCancelApi(APIView):
     """Cancel the deliveries of a notification that are not yet sent."""
+
+    required_scope = "send"
 
     def post(self, request: Request, notification_id: str) -> Response:
         notification = Notification.objects.filter(client=request.user, pk=notification_id).first()

@@ -24,6 +24,7 @@ from notifier.errors import ApiError
 from notifier.events import record_events, transition
 from notifier.models import ApiClient, Delivery, Notification
 from notifier.outbox import publish_now
+from notifier.scopes import DEFAULT_SCOPES, SCOPES
 from preferences.compliance import evaluate
 from preferences.models import Device, Recipient
 from preferences.services import recipient_upsert
@@ -34,14 +35,27 @@ logger = logging.getLogger(__name__)
 CANCELLABLE = (Delivery.Status.SCHEDULED, Delivery.Status.DEFERRED, Delivery.Status.QUEUED)
 
 
-def api_client_create(*, name: str, allowed_categories: list[str] | None = None) -> tuple[ApiClient, str]:
-    """Create an API client and return it with its raw key (shown once, stored only hashed)."""
+def api_client_create(
+    *, name: str, allowed_categories: list[str] | None = None, scopes: list[str] | None = None
+) -> tuple[ApiClient, str]:
+    """Create an API client and return it with its raw key (shown once, stored only hashed).
+
+    `scopes` defaults to `send` only (notifier.scopes.DEFAULT_SCOPES).
+    """
     unknown = sorted(set(allowed_categories or []) - set(settings.NOTIFIER_CATEGORIES))
     if unknown:
         raise ValueError(f"unknown categories: {', '.join(unknown)}")
+    scopes = list(DEFAULT_SCOPES) if scopes is None else scopes
+    unknown = sorted(set(scopes) - set(SCOPES))
+    if unknown:
+        raise ValueError(f"unknown scopes: {', '.join(unknown)}")
     raw_key, prefix = generate_key()
     client = ApiClient.objects.create(
-        name=name, key_prefix=prefix, key_hash=hash_key(raw_key), allowed_categories=allowed_categories or []
+        name=name,
+        key_prefix=prefix,
+        key_hash=hash_key(raw_key),
+        allowed_categories=allowed_categories or [],
+        scopes=scopes,
     )
     return client, raw_key
 

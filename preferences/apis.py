@@ -17,6 +17,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from notifier.errors import ApiError
+from notifier.scopes import RECIPIENT_SCOPES
 from preferences import selectors, services
 from preferences.compliance import FREQUENCIES, is_optional
 from preferences.models import Recipient, Suppression, Topic
@@ -127,6 +128,8 @@ class RecipientOutputSerializer(serializers.Serializer):
 class RecipientApi(APIView):
     """PUT creates or updates a recipient, GET shows it, DELETE erases its personal data."""
 
+    required_scopes = RECIPIENT_SCOPES
+
     def put(self, request: Request, user_id: str) -> Response:
         if len(user_id) > 255:
             raise ApiError(400, "invalid", "user_id is too long.", {"user_id": ["At most 255 characters."]})
@@ -155,6 +158,8 @@ class DeviceInputSerializer(serializers.Serializer):
 class DeviceListApi(APIView):
     """POST registers a push token for a recipient (idempotent)."""
 
+    required_scopes = RECIPIENT_SCOPES
+
     def post(self, request: Request, user_id: str) -> Response:
         recipient = _recipient_or_404(user_id)
         data = DeviceInputSerializer(data=request.data)
@@ -167,6 +172,8 @@ class DeviceListApi(APIView):
 
 class DeviceDetailApi(APIView):
     """DELETE removes one of a recipient's push tokens."""
+
+    required_scopes = RECIPIENT_SCOPES
 
     def delete(self, request: Request, user_id: str, token: str) -> Response:
         if not services.device_remove(recipient=_recipient_or_404(user_id), token=token):
@@ -250,6 +257,8 @@ class PreferencesSerializer(serializers.Serializer):
 class PreferencesApi(APIView):
     """GET shows a recipient's preferences; PUT replaces them."""
 
+    required_scopes = RECIPIENT_SCOPES
+
     def get(self, request: Request, user_id: str) -> Response:
         return Response(selectors.recipient_preferences(recipient=_recipient_or_404(user_id)))
 
@@ -303,6 +312,8 @@ class SuppressionFilterSerializer(serializers.Serializer):
 class SuppressionListApi(APIView):
     """GET pages the suppression list by keyset cursor; POST adds an address (idempotent)."""
 
+    required_scope = "suppressions"
+
     def get(self, request: Request) -> Response:
         params = SuppressionFilterSerializer(data=request.query_params)
         params.is_valid(raise_exception=True)
@@ -334,6 +345,8 @@ class SuppressionListApi(APIView):
 
 class SuppressionDetailApi(APIView):
     """DELETE takes an address off the suppression list."""
+
+    required_scope = "suppressions"
 
     def delete(self, request: Request, suppression_id: int) -> Response:
         suppression = selectors.suppression_get(suppression_id=suppression_id)
@@ -367,6 +380,8 @@ class TopicOutputSerializer(serializers.Serializer):
 class TopicApi(APIView):
     """PUT creates or renames a topic; GET shows it with its subscriber count."""
 
+    required_scope = "topics"
+
     def put(self, request: Request, key: str) -> Response:
         if len(key) > 128:
             raise ApiError(400, "invalid", "Topic key is too long.", {"key": ["At most 128 characters."]})
@@ -392,6 +407,8 @@ class SubscribersInputSerializer(serializers.Serializer):
 class TopicSubscribersApi(APIView):
     """POST subscribes user ids to a topic in bulk, creating unknown recipients."""
 
+    required_scope = "topics"
+
     def post(self, request: Request, key: str) -> Response:
         topic = _topic_or_404(key)
         data = SubscribersInputSerializer(data=request.data)
@@ -402,6 +419,8 @@ class TopicSubscribersApi(APIView):
 
 class TopicSubscriberApi(APIView):
     """DELETE unsubscribes one user id from a topic."""
+
+    required_scope = "topics"
 
     def delete(self, request: Request, key: str, user_id: str) -> Response:
         services.topic_unsubscribe(topic=_topic_or_404(key), user_id=user_id)

@@ -57,6 +57,8 @@ class VersionSerializer(VersionSummarySerializer):
 class TemplatePutApi(APIView):
     """PUT /templates/{key} creates a new version; GET /templates/{key} returns the template."""
 
+    required_scope = "templates"
+
     class TemplatePutInputSerializer(serializers.Serializer):
         category = serializers.CharField(max_length=64)
         default_locale = serializers.CharField(max_length=35, required=False)
@@ -123,6 +125,8 @@ class TemplatePutApi(APIView):
 class TemplateVersionApi(APIView):
     """GET /templates/{key}/versions/{version}: one version with its content (drafts included)."""
 
+    required_scope = "templates"
+
     @extend_schema(responses={200: VersionSerializer})
     def get(self, request: Request, key: str, version: int) -> Response:
         try:
@@ -134,6 +138,8 @@ class TemplateVersionApi(APIView):
 
 class TemplatePreviewApi(APIView):
     """POST /templates/{key}/preview: render every channel of a version with a sample payload."""
+
+    required_scope = "templates"
 
     class TemplatePreviewInputSerializer(serializers.Serializer):
         payload = serializers.DictField(default=dict)

@@ -90,6 +90,8 @@ def _get(request: Request, campaign_id: int) -> Campaign:
 class CampaignListCreateApi(APIView):
     """POST: create (and schedule) a campaign. GET: the client's campaigns."""
 
+    required_scope = "campaigns"
+
     def post(self, request: Request) -> Response:
         serializer = CampaignInput(data=request.data)
         serializer.is_valid(raise_exception=True)
@@ -102,6 +104,8 @@ class CampaignListCreateApi(APIView):
 
 class CampaignDetailApi(APIView):
     """GET: a campaign with its progress. PATCH: change a draft or scheduled campaign."""
+
+    required_scope = "campaigns"
 
     def get(self, request: Request, campaign_id: int) -> Response:
         return Response(campaign_out(_get(request, campaign_id), detail=True))
@@ -120,6 +124,8 @@ ACTIONS = {"pause": campaign_pause, "resume": campaign_resume, "cancel": campaig
 
 class CampaignActionApi(APIView):
     """POST /campaigns/{id}/pause|resume|cancel."""
+
+    required_scope = "campaigns"
 
     def post(self, request: Request, campaign_id: int, action: str) -> Response:
         service = ACTIONS.get(action)
