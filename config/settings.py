@@ -161,13 +161,15 @@ CELERY_TASK_ALWAYS_EAGER = False
 
 # --- Channels, priorities and categories -------------------------------------------------------------
 CHANNELS = ["push", "email", "sms", "inapp", "webhook"]
-# A category decides the default priority, whether a recipient may switch it off, and whether quiet hours
-# hold it back. Override with NOTIFIER_CATEGORIES as JSON of the same shape.
+# A category decides the default priority, the highest priority a request may ask for (max_priority; when left
+# out, the default priority is also the highest), whether a recipient may switch it off, and whether quiet
+# hours hold it back. A send's category is its template's (notifier/policy.py). Override with
+# NOTIFIER_CATEGORIES as JSON of the same shape.
 NOTIFIER_CATEGORIES: dict[str, dict[str, object]] = {
-    "security": {"priority": "high", "optional": False, "quiet_hours": False},
-    "transactional": {"priority": "high", "optional": False, "quiet_hours": False},
-    "social": {"priority": "normal", "optional": True, "quiet_hours": True},
-    "marketing": {"priority": "low", "optional": True, "quiet_hours": True},
+    "security": {"priority": "high", "max_priority": "high", "optional": False, "quiet_hours": False},
+    "transactional": {"priority": "high", "max_priority": "high", "optional": False, "quiet_hours": False},
+    "social": {"priority": "normal", "max_priority": "normal", "optional": True, "quiet_hours": True},
+    "marketing": {"priority": "low", "max_priority": "normal", "optional": True, "quiet_hours": True},
 }
 if os.environ.get("NOTIFIER_CATEGORIES"):
     NOTIFIER_CATEGORIES = json.loads(os.environ["NOTIFIER_CATEGORIES"])

@@ -37,7 +37,7 @@ class NotificationInput(serializers.Serializer):
 
     recipient = RecipientInput(required=False)
     topic = serializers.SlugField(max_length=128, required=False)
-    category = serializers.CharField(max_length=64)
+    category = serializers.CharField(max_length=64, required=False)  # default: the template's
     template = serializers.CharField(max_length=140)
     channels = serializers.ListField(
         child=serializers.ChoiceField(choices=settings.CHANNELS), required=False, allow_empty=False, max_length=5
@@ -182,8 +182,15 @@ class NotificationListCreateApi(APIView):
 def _shed_if_overloaded(data: dict[str, Any]) -> None:
     """Answer 429 to low-priority requests while the low-priority backlog is too deep (see backpressure)."""
     from notifier.backpressure import check_backpressure
+    from templates_app.selectors import TemplateNotFound, template_version_resolve
 
-    check_backpressure(category=data["category"], priority=data.get("priority"))
+    category = data.get("category")
+    if not category and data.get("priority") != "high":
+        try:
+            category = template_version_resolve(data["template"]).template.category
+        except TemplateNotFound:
+            return  # accepting answers the 400
+    check_backpressure(category=category or "", priority=data.get("priority"))
 
 
 class NotificationBatchApi(APIView):

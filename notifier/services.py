@@ -24,6 +24,7 @@ from notifier.errors import ApiError
 from notifier.events import record_events, transition
 from notifier.models import ApiClient, Delivery, Notification
 from notifier.outbox import publish_now
+from notifier.policy import send_policy
 from notifier.scopes import DEFAULT_SCOPES, SCOPES
 from preferences.compliance import evaluate
 from preferences.models import Device, Recipient
@@ -91,16 +92,18 @@ def category_settings(category: str) -> dict[str, Any]:
 def notification_accept(*, client: ApiClient, data: dict[str, Any], trace_id: str = "") -> AcceptResult:
     """Accept one validated request: deduplicate, resolve, write in one transaction, publish after commit.
 
-    `data` is the validated body of POST /notifications (see API.md). Raises ApiError for a category the
-    client may not use (403), an unknown template (400) and a reused dedup_key with another body (409).
+    `data` is the validated body of POST /notifications (see API.md). Raises ApiError for an unknown template
+    (400), what notifier.policy.send_policy refuses (category and priority) and a reused dedup_key with another
+    body (409).
     """
-    category = data["category"]
-    if client.allowed_categories and category not in client.allowed_categories:
-        raise ApiError(403, "category_forbidden", f"This API client may not send category '{category}'.")
     try:
         version = template_version_resolve(data["template"])
     except TemplateNotFound as exc:
         raise ApiError(400, "invalid", str(exc), {"template": [str(exc)]}) from None
+    category, priority = send_policy(
+        client=client, template_category=version.template.category, category=data.get("category"),
+        priority=data.get("priority"),
+    )  # fmt: skip
     template_channels = version.channels
     channels = list(dict.fromkeys(data.get("channels") or template_channels))
     missing = [c for c in channels if c not in template_channels]
@@ -120,7 +123,6 @@ def notification_accept(*, client: ApiClient, data: dict[str, Any], trace_id: st
             if found is not None:
                 return found
 
-    priority = data.get("priority") or category_settings(category)["priority"]
     notification = Notification(
         id=notification_id,
         client=client,

@@ -30,7 +30,7 @@ class CampaignInput(serializers.Serializer):
     name = serializers.CharField(max_length=255)
     template = serializers.RegexField(r"^[-a-zA-Z0-9_]+(@[1-9][0-9]*)?$", max_length=140)
     topic = serializers.SlugField(max_length=128)
-    category = serializers.CharField(max_length=64, default="marketing")
+    category = serializers.CharField(max_length=64, required=False)  # default: the template's
     channels = serializers.ListField(
         child=serializers.ChoiceField(choices=settings.CHANNELS), required=False, allow_empty=False, max_length=5
     )
