@@ -14,7 +14,6 @@ from rest_framework.views import APIView
 from notifier.errors import ApiError, error_body
 from notifier.models import Delivery, Notification
 from notifier.selectors import (
-    decode_cursor,
     notification_delivery_counts,
     notification_get,
     notification_list,
@@ -171,10 +170,8 @@ class NotificationListCreateApi(APIView):
             raise ApiError(400, "invalid", "Unknown status.", {"status": ["Unknown status."]})
         cursor = request.query_params.get("cursor")
         try:
-            if cursor:
-                decode_cursor(cursor)
             page, next_cursor = notification_list(client=request.user, filters=filters, cursor=cursor)
-        except (ValueError, KeyError):
+        except ValueError:
             raise ApiError(400, "invalid", "Invalid cursor.", {"cursor": ["Invalid cursor."]}) from None
         return Response({"results": [notification_out(n) for n in page], "next_cursor": next_cursor})
 

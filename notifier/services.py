@@ -61,12 +61,39 @@ def api_client_create(
     return client, raw_key
 
 
-def api_client_rotate_key(*, client: ApiClient) -> str:
-    """Give a client a new key (the old one stops working at once) and return it."""
+def api_client_assign_key(*, client: ApiClient) -> str:
+    """Give an (unsaved or saved) client a new key's prefix and hash without saving; return the raw key."""
     raw_key, prefix = generate_key()
     client.key_prefix, client.key_hash = prefix, hash_key(raw_key)
+    return raw_key
+
+
+def api_client_rotate_key(*, client: ApiClient) -> str:
+    """Give a client a new key (the old one stops working at once) and return it."""
+    raw_key = api_client_assign_key(client=client)
     client.save(update_fields=["key_prefix", "key_hash"])
     return raw_key
+
+
+# Standard Webhooks secrets carry 24 to 64 random bytes.
+WEBHOOK_SECRET_BYTES = (24, 64)
+
+
+def webhook_secret_problem(secret: str) -> str | None:
+    """Return why `secret` is not a usable "whsec_<base64>" signing secret, or None when it is one."""
+    from channels_app.providers.base import ConfigurationError
+    from channels_app.providers.webhook import SECRET_PREFIX, decode_secret
+
+    if not secret.startswith(SECRET_PREFIX):
+        return f"Must start with '{SECRET_PREFIX}' followed by base64 (Standard Webhooks)."
+    try:
+        raw = decode_secret(secret)
+    except ConfigurationError:
+        return f"The part after '{SECRET_PREFIX}' must be base64."
+    low, high = WEBHOOK_SECRET_BYTES
+    if not low <= len(raw) <= high:
+        return f"The secret must decode to {low} to {high} bytes, not {len(raw)}."
+    return None
 
 
 @dataclass
