@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from django import forms
 from django.contrib import admin
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest
 
 from preferences.models import Device, Recipient, Suppression, Topic
+from preferences.phones import InvalidPhoneNumber, phone_normalize
 
 
 class DeviceInline(admin.TabularInline):
@@ -18,10 +20,28 @@ class DeviceInline(admin.TabularInline):
     readonly_fields = ("created_at", "deactivated_at")
 
 
+class RecipientForm(forms.ModelForm):
+    """A recipient's fields; the phone number is checked and stored in E.164 as over the API."""
+
+    class Meta:
+        model = Recipient
+        exclude: tuple[str, ...] = ()
+
+    def clean_phone(self) -> str:
+        value = (self.cleaned_data.get("phone") or "").strip()
+        if not value:
+            return ""
+        try:
+            return phone_normalize(value)
+        except InvalidPhoneNumber as exc:
+            raise forms.ValidationError(str(exc)) from None
+
+
 @admin.register(Recipient)
 class RecipientAdmin(admin.ModelAdmin):
     """Support staff look recipients up by user_id; contact data is shown only on the detail page."""
 
+    form = RecipientForm
     list_display = ("user_id", "locale", "timezone", "opted_out", "erased_at", "created_at")
     list_filter = ("opted_out", ("erased_at", admin.EmptyFieldListFilter))
     search_fields = ("=user_id", "user_id")

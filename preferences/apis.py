@@ -21,8 +21,8 @@ from notifier.scopes import RECIPIENT_SCOPES
 from preferences import selectors, services
 from preferences.compliance import FREQUENCIES, is_optional
 from preferences.models import Recipient, Suppression, Topic
+from preferences.phones import InvalidPhoneNumber, phone_normalize
 
-E164 = re.compile(r"^\+[1-9]\d{1,14}$")
 # BCP 47 in the shape callers send it ("de", "de-DE", "zh-Hant-TW"); underscores are accepted and normalised.
 LOCALE = re.compile(r"^[A-Za-z]{2,3}(?:-[A-Za-z0-9]{1,8})*$")
 HHMM = re.compile(r"^([01]\d|2[0-3]):([0-5]\d)$")
@@ -74,15 +74,18 @@ class RecipientInputSerializer(serializers.Serializer):
     """Contact data of a recipient; fields left out keep their current value, null or "" clears them."""
 
     email = serializers.EmailField(max_length=320, required=False, allow_blank=True, allow_null=True)
-    phone = serializers.CharField(max_length=20, required=False, allow_blank=True, allow_null=True)
+    phone = serializers.CharField(max_length=32, required=False, allow_blank=True, allow_null=True)
     locale = serializers.CharField(max_length=35, required=False, allow_blank=True, allow_null=True)
     timezone = serializers.CharField(max_length=64, required=False, allow_blank=True, allow_null=True)
     webhook_url = serializers.URLField(max_length=2048, required=False, allow_blank=True, allow_null=True)
 
     def validate_phone(self, value: str | None) -> str:
-        if value and not E164.match(value):
-            raise serializers.ValidationError("Must be an E.164 number such as +4915112345678.")
-        return value or ""
+        if not value:
+            return ""
+        try:
+            return phone_normalize(value)
+        except InvalidPhoneNumber as exc:
+            raise serializers.ValidationError(f"{exc} Expected E.164 such as +4915112345678.") from None
 
     def validate_locale(self, value: str | None) -> str:
         value = (value or "").replace("_", "-")
