@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -40,13 +41,38 @@ def env_list(name: str, default: str = "") -> list[str]:
     return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
 
 
-# The secret key signs admin sessions and unsubscribe links. A fixed development value is only used when
-# DEBUG is on; with DEBUG off and no SECRET_KEY the start-up check notifier.E001 refuses to run.
-DEBUG = env_bool("DEBUG", default=True)
-SECRET_KEY = os.environ.get("SECRET_KEY", "dev-only-insecure-secret-key-change-me" if DEBUG else "")
+# Safe by default: production unless DEVELOPMENT=true says otherwise (`make run` and the test suite say so).
+# Development mode allows the built-in SECRET_KEY and plain-HTTP cookies; DEBUG is off unless set, in any mode.
+DEVELOPMENT = env_bool("DEVELOPMENT", default=False)
+DEBUG = env_bool("DEBUG", default=False)
+# The secret key signs admin sessions, unsubscribe links, preference links and inbox tokens: with a known
+# value they are forgeable, so outside development there is no start without one.
 _SECRET_KEY_FROM_ENV = bool(os.environ.get("SECRET_KEY"))
+if not _SECRET_KEY_FROM_ENV and not DEVELOPMENT:
+    raise ImproperlyConfigured(
+        "SECRET_KEY is not set. Set it in the environment (50+ random characters), or DEVELOPMENT=true on a laptop."
+    )
+SECRET_KEY = os.environ.get("SECRET_KEY") or "dev-only-insecure-secret-key-change-me"
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "127.0.0.1,localhost,[::1],testserver")
 PUBLIC_BASE_URL = os.environ.get("PUBLIC_BASE_URL", f"http://127.0.0.1:{os.environ.get('PORT', '8000')}")
+
+# --- Behind a TLS-terminating proxy (docs/operations.md, docs/security.md) ------------------------------
+# "HTTP_X_FORWARDED_PROTO,https": trust that header from the proxy to know a request came over HTTPS. Only set
+# it when the proxy always sets (or strips) the header.
+_proxy_ssl = env_list("SECURE_PROXY_SSL_HEADER")
+SECURE_PROXY_SSL_HEADER = (_proxy_ssl[0], _proxy_ssl[1]) if len(_proxy_ssl) == 2 else None
+# The admin's origin(s) as the browser sees them ("https://notifier.example.com"), for the CSRF origin check.
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS")
+# Cookies only over HTTPS, except in development (plain http://127.0.0.1).
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", default=not DEVELOPMENT)
+CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", default=not DEVELOPMENT)
+SESSION_COOKIE_HTTPONLY = True
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", default=False)
+# Probes and scrapes inside the cluster speak plain HTTP to the process: never redirect them.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", default=False)
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", default=False)
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -146,6 +172,9 @@ SPECTACULAR_SETTINGS = {
     "TITLE": "Notifier API",
     "DESCRIPTION": "Send notifications over push, email, SMS, in-app and webhooks.",
     "VERSION": "1.0.0",
+    # `check --deploy` is about the deployment (docs/operations.md); the schema's own warnings (views without a
+    # serializer_class) are reported by `manage.py spectacular --validate` instead.
+    "ENABLE_DJANGO_DEPLOY_CHECK": False,
 }
 
 # --- Redis -------------------------------------------------------------------------------------------
