@@ -253,6 +253,13 @@ PROVIDER_CIRCUIT_BREAKERS: dict[str, dict[str, object]] = json.loads(
 )
 RESILIENCE_ASSUMED_WORKERS = env_int("RESILIENCE_ASSUMED_WORKERS", 4)
 
+# Template budgets (templates_app/budget.py): per rendering of one channel, for sends and previews alike.
+TEMPLATE_MAX_PART_CHARS = env_int("TEMPLATE_MAX_PART_CHARS", 100_000)
+TEMPLATE_MAX_RENDER_CHARS = env_int("TEMPLATE_MAX_RENDER_CHARS", 1_000_000)
+TEMPLATE_MAX_LOOP_ITERATIONS = env_int("TEMPLATE_MAX_LOOP_ITERATIONS", 10_000)
+TEMPLATE_MAX_RENDER_SECONDS = env_float("TEMPLATE_MAX_RENDER_SECONDS", 1.0)
+TEMPLATE_MAX_WIDTH = env_int("TEMPLATE_MAX_WIDTH", 1_000)
+
 # Webhooks reach only public addresses unless this is on (local development and tests only).
 WEBHOOK_ALLOW_PRIVATE_TARGETS = env_bool("WEBHOOK_ALLOW_PRIVATE_TARGETS", default=False)
 

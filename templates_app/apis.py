@@ -166,7 +166,7 @@ class TemplatePreviewApi(APIView):
             rendered = render_all(version, locale=data["locale"], payload=data["payload"])
         except RenderError as exc:
             fields = {f"payload.{exc.variable}": [f"is required by {exc.path}"]} if exc.variable else {}
-            raise ApiError(400, "render_error", exc.message, fields) from None
+            raise ApiError(400, exc.code, exc.message, fields) from None
         body = {
             "key": version.template.key,
             "version": version.version,
