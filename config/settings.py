@@ -165,6 +165,7 @@ REST_FRAMEWORK = {
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
     "EXCEPTION_HANDLER": "notifier.errors.exception_handler",
+    "DEFAULT_THROTTLE_CLASSES": ["notifier.throttle.ApiClientRateThrottle"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": None,
 }
@@ -252,6 +253,9 @@ PROVIDER_CIRCUIT_BREAKERS: dict[str, dict[str, object]] = json.loads(
     os.environ.get("PROVIDER_CIRCUIT_BREAKERS") or "{}"
 )
 RESILIENCE_ASSUMED_WORKERS = env_int("RESILIENCE_ASSUMED_WORKERS", 4)
+
+# Requests per API client across every API process unless the client has its own rate_limit (docs/security.md).
+API_CLIENT_RATE_LIMIT = os.environ.get("API_CLIENT_RATE_LIMIT", "200/s")
 
 # Template budgets (templates_app/budget.py): per rendering of one channel, for sends and previews alike.
 TEMPLATE_MAX_PART_CHARS = env_int("TEMPLATE_MAX_PART_CHARS", 100_000)

@@ -15,6 +15,7 @@ from notifier.deadletters.admin import DeadLetterAdmin
 from notifier.models import ApiClient, DeadLetter, Delivery, DeliveryEvent, FanoutLane, Notification
 from notifier.scopes import DEFAULT_SCOPES, SCOPES
 from notifier.services import api_client_assign_key, api_client_rotate_key, webhook_secret_problem
+from notifier.throttle import parse_rate
 
 admin.site.register(DeadLetter, DeadLetterAdmin)
 
@@ -41,7 +42,16 @@ class ApiClientForm(forms.ModelForm):
 
     class Meta:
         model = ApiClient
-        fields = ("name", "scopes", "allowed_categories", "webhook_url", "webhook_secret", "is_active")
+        fields = ("name", "scopes", "allowed_categories", "rate_limit", "webhook_url", "webhook_secret", "is_active")
+
+    def clean_rate_limit(self) -> str:
+        value = (self.cleaned_data.get("rate_limit") or "").strip()
+        if value:
+            try:
+                parse_rate(value)
+            except ValueError as exc:
+                raise forms.ValidationError(str(exc)) from None
+        return value
 
     def clean_webhook_secret(self) -> str:
         secret = (self.cleaned_data.get("webhook_secret") or "").strip()
@@ -56,7 +66,9 @@ class ApiClientAdmin(admin.ModelAdmin):
     """Calling services. Adding one creates its key and shows it once; "Rotate key" replaces it, shown once."""
 
     form = ApiClientForm
-    list_display = ("name", "key_prefix", "scopes", "allowed_categories", "is_active", "created_at", "last_used_at")
+    list_display = (
+        "name", "key_prefix", "scopes", "allowed_categories", "rate_limit", "is_active", "created_at", "last_used_at"
+    )  # fmt: skip
     list_filter = ("is_active",)
     search_fields = ("name", "key_prefix")
     readonly_fields = ("key_prefix", "created_at", "last_used_at")

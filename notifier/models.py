@@ -22,6 +22,8 @@ class ApiClient(models.Model):
     allowed_categories = ArrayField(models.CharField(max_length=64), default=list, blank=True)
     # What the key may do (notifier.scopes.SCOPES); a new client can only send.
     scopes = ArrayField(models.CharField(max_length=32), default=default_scopes, blank=True)
+    # Requests per period across all API processes ("200/s", "1000/m"); empty means API_CLIENT_RATE_LIMIT.
+    rate_limit = models.CharField(max_length=32, blank=True, default="")
     # Where webhook-channel deliveries go when the recipient has no URL of their own, and the secret
     # ("whsec_…", Standard Webhooks) they are signed with.
     webhook_url = models.URLField(max_length=2048, blank=True, default="")

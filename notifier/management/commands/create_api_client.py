@@ -1,4 +1,7 @@
-"""`python manage.py create_api_client NAME [--categories a,b] [--scopes s1,s2|all]`: create a client, print its key."""
+"""Create a calling service and print its key.
+
+`python manage.py create_api_client NAME [--categories a,b] [--scopes s1,s2|all] [--rate-limit 200/s]`
+"""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from notifier.models import ApiClient
 from notifier.scopes import parse_scopes
 from notifier.services import api_client_create
+from notifier.throttle import parse_rate
 
 
 class Command(BaseCommand):
@@ -22,6 +26,11 @@ class Command(BaseCommand):
         parser.add_argument(
             "--scopes", default="send", help="Comma-separated scopes, or 'all' (default: send). See docs/security.md."
         )
+        parser.add_argument(
+            "--rate-limit",
+            default="",
+            help="Requests per period, e.g. 200/s or 1000/m (default API_CLIENT_RATE_LIMIT).",
+        )
         parser.add_argument("--webhook-url", default="", help="Default webhook URL for webhook-channel sends.")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -30,10 +39,13 @@ class Command(BaseCommand):
         categories = [c.strip() for c in options["categories"].split(",") if c.strip()]
         try:
             scopes = parse_scopes(options["scopes"])
+            if options["rate_limit"]:
+                parse_rate(options["rate_limit"])
             client, raw_key = api_client_create(name=options["name"], allowed_categories=categories, scopes=scopes)
         except ValueError as exc:
             raise CommandError(str(exc)) from None
-        if options["webhook_url"]:
+        if options["webhook_url"] or options["rate_limit"]:
             client.webhook_url = options["webhook_url"]
-            client.save(update_fields=["webhook_url"])
+            client.rate_limit = options["rate_limit"].strip()
+            client.save(update_fields=["webhook_url", "rate_limit"])
         self.stdout.write(raw_key)
