@@ -11,6 +11,7 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.html import format_html
 
+from audit.admin import AuditedAdminMixin
 from notifier.deadletters.admin import DeadLetterAdmin
 from notifier.models import ApiClient, DeadLetter, Delivery, DeliveryEvent, FanoutLane, Notification
 from notifier.scopes import DEFAULT_SCOPES, SCOPES
@@ -62,7 +63,7 @@ class ApiClientForm(forms.ModelForm):
 
 
 @admin.register(ApiClient)
-class ApiClientAdmin(admin.ModelAdmin):
+class ApiClientAdmin(AuditedAdminMixin, admin.ModelAdmin):
     """Calling services. Adding one creates its key and shows it once; "Rotate key" replaces it, shown once."""
 
     form = ApiClientForm
@@ -73,6 +74,7 @@ class ApiClientAdmin(admin.ModelAdmin):
     search_fields = ("name", "key_prefix")
     readonly_fields = ("key_prefix", "created_at", "last_used_at")
     actions = ("rotate_keys",)
+    audit_target_type = "api_client"
 
     def save_model(self, request: HttpRequest, obj: ApiClient, form: Any, change: bool) -> None:
         if not change:
@@ -88,7 +90,10 @@ class ApiClientAdmin(admin.ModelAdmin):
 
     @admin.action(description="Rotate the API key of the selected clients (the old keys stop working)")
     def rotate_keys(self, request: HttpRequest, queryset: Any) -> TemplateResponse:
-        keys = [(client, api_client_rotate_key(client=client)) for client in queryset.order_by("name")]
+        keys = [
+            (client, api_client_rotate_key(client=client, audit_actor=request.user))
+            for client in queryset.order_by("name")
+        ]
         return self._show_keys(request, keys, "API keys rotated")
 
     def _show_keys(self, request: HttpRequest, keys: list[tuple[ApiClient, str]], title: str) -> TemplateResponse:

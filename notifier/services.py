@@ -18,6 +18,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from audit.services import audit_record
 from notifier import dedup, metrics
 from notifier.auth import generate_key, hash_key
 from notifier.errors import ApiError
@@ -37,7 +38,11 @@ CANCELLABLE = (Delivery.Status.SCHEDULED, Delivery.Status.DEFERRED, Delivery.Sta
 
 
 def api_client_create(
-    *, name: str, allowed_categories: list[str] | None = None, scopes: list[str] | None = None
+    *,
+    name: str,
+    allowed_categories: list[str] | None = None,
+    scopes: list[str] | None = None,
+    audit_actor: Any = None,
 ) -> tuple[ApiClient, str]:
     """Create an API client and return it with its raw key (shown once, stored only hashed).
 
@@ -58,6 +63,10 @@ def api_client_create(
         allowed_categories=allowed_categories or [],
         scopes=scopes,
     )
+    if audit_actor is not None:
+        changes = {"scopes": [None, scopes], "allowed_categories": [None, client.allowed_categories]}
+        audit_record(actor=audit_actor, action="api_client.create", target_type="api_client", target_id=client.pk,
+                     changes=changes)  # fmt: skip
     return client, raw_key
 
 
@@ -68,10 +77,14 @@ def api_client_assign_key(*, client: ApiClient) -> str:
     return raw_key
 
 
-def api_client_rotate_key(*, client: ApiClient) -> str:
+def api_client_rotate_key(*, client: ApiClient, audit_actor: Any = None) -> str:
     """Give a client a new key (the old one stops working at once) and return it."""
+    old_prefix = client.key_prefix
     raw_key = api_client_assign_key(client=client)
     client.save(update_fields=["key_prefix", "key_hash"])
+    if audit_actor is not None:
+        audit_record(actor=audit_actor, action="api_client.rotate_key", target_type="api_client", target_id=client.pk,
+                     changes={"key_prefix": [old_prefix, client.key_prefix]})  # fmt: skip
     return raw_key
 
 

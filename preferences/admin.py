@@ -7,6 +7,7 @@ from django.contrib import admin
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest
 
+from audit.admin import AuditedAdminMixin
 from preferences.models import Device, Recipient, Suppression, Topic
 from preferences.phones import InvalidPhoneNumber, phone_normalize
 
@@ -38,7 +39,7 @@ class RecipientForm(forms.ModelForm):
 
 
 @admin.register(Recipient)
-class RecipientAdmin(admin.ModelAdmin):
+class RecipientAdmin(AuditedAdminMixin, admin.ModelAdmin):
     """Support staff look recipients up by user_id; contact data is shown only on the detail page."""
 
     form = RecipientForm
@@ -48,6 +49,10 @@ class RecipientAdmin(admin.ModelAdmin):
     readonly_fields = ("erased_at", "created_at", "updated_at")
     inlines = [DeviceInline]
     show_full_result_count = False
+    audit_target_type = "recipient"
+
+    def audit_target_id(self, obj: Recipient) -> str:
+        return obj.user_id
 
 
 @admin.register(Topic)
@@ -67,7 +72,7 @@ class TopicAdmin(admin.ModelAdmin):
 
 
 @admin.register(Suppression)
-class SuppressionAdmin(admin.ModelAdmin):
+class SuppressionAdmin(AuditedAdminMixin, admin.ModelAdmin):
     """The suppression list; an address is found by exact search, never listed in full."""
 
     list_display = ("id", "channel", "source", "reason", "created_at")
@@ -75,3 +80,4 @@ class SuppressionAdmin(admin.ModelAdmin):
     search_fields = ("=address",)
     readonly_fields = ("created_at",)
     show_full_result_count = False
+    audit_target_type = "suppression"

@@ -138,7 +138,7 @@ class RecipientApi(APIView):
             raise ApiError(400, "invalid", "user_id is too long.", {"user_id": ["At most 255 characters."]})
         data = RecipientInputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        recipient, created = services.recipient_upsert(user_id=user_id, **data.validated_data)
+        recipient, created = services.recipient_upsert(user_id=user_id, audit_actor=request.user, **data.validated_data)
         return Response(
             RecipientOutputSerializer(recipient).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK
         )
@@ -147,7 +147,7 @@ class RecipientApi(APIView):
         return Response(RecipientOutputSerializer(_recipient_or_404(user_id)).data)
 
     def delete(self, request: Request, user_id: str) -> Response:
-        services.recipient_erase(recipient=_recipient_or_404(user_id))
+        services.recipient_erase(recipient=_recipient_or_404(user_id), audit_actor=request.user)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
@@ -167,7 +167,7 @@ class DeviceListApi(APIView):
         recipient = _recipient_or_404(user_id)
         data = DeviceInputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        device, _ = services.device_add(recipient=recipient, **data.validated_data)
+        device, _ = services.device_add(recipient=recipient, audit_actor=request.user, **data.validated_data)
         # 201 also for a token registered before: apps re-register on every start and expect one answer.
         body = {"platform": device.platform, "token": device.token, "active": device.active}
         return Response(body, status=status.HTTP_201_CREATED)
@@ -179,7 +179,7 @@ class DeviceDetailApi(APIView):
     required_scopes = RECIPIENT_SCOPES
 
     def delete(self, request: Request, user_id: str, token: str) -> Response:
-        if not services.device_remove(recipient=_recipient_or_404(user_id), token=token):
+        if not services.device_remove(recipient=_recipient_or_404(user_id), token=token, audit_actor=request.user):
             raise _not_found("Device")
         return Response(status=status.HTTP_204_NO_CONTENT)
 
@@ -277,6 +277,7 @@ class PreferencesApi(APIView):
             categories=data.validated_data["categories"],
             quiet_start=quiet.get("start"),
             quiet_end=quiet.get("end"),
+            audit_actor=request.user,
         )
         return Response(selectors.recipient_preferences(recipient=recipient))
 
@@ -339,7 +340,9 @@ class SuppressionListApi(APIView):
         existed = selectors.suppression_exists(
             channel=data.validated_data["channel"], address=data.validated_data["address"]
         )
-        suppression = services.suppression_add(source=Suppression.Source.MANUAL, **data.validated_data)
+        suppression = services.suppression_add(
+            source=Suppression.Source.MANUAL, audit_actor=request.user, **data.validated_data
+        )
         return Response(
             SuppressionOutputSerializer(suppression).data,
             status=status.HTTP_200_OK if existed else status.HTTP_201_CREATED,
@@ -355,7 +358,7 @@ class SuppressionDetailApi(APIView):
         suppression = selectors.suppression_get(suppression_id=suppression_id)
         if suppression is None:
             raise _not_found("Suppression")
-        services.suppression_remove(suppression=suppression)
+        services.suppression_remove(suppression=suppression, audit_actor=request.user)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 

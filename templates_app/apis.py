@@ -109,6 +109,7 @@ class TemplatePutApi(APIView):
             publish=data["publish"],
             actor=_actor(request),
             allowed_categories=getattr(request.user, "allowed_categories", None),
+            audit_actor=request.user,
         )
         body = {"key": version.template.key, "version": version.version, "published": version.published_at is not None}
         return Response(self.TemplatePutOutputSerializer(body).data, status=status.HTTP_201_CREATED)
