@@ -251,22 +251,26 @@ def _check_join(separator: str, items: Any) -> None:
         current().check_size(len(separator) * max(n - 1, 0), "join result")
 
 
-def _guard(original: Callable[..., Any], check: Callable[..., None], *, eval_ctx: bool = False) -> Callable[..., Any]:
-    """Wrap a Jinja filter: run `check` on its arguments first and `check_result` on what it returns."""
-    if eval_ctx:
+def _guard(original: Callable[..., Any], check: Callable[..., None]) -> Callable[..., Any]:
+    """Wrap a Jinja filter: run `check` on its arguments first and `check_result` on what it returns.
 
-        @pass_eval_context
-        def guarded_ctx(ctx: Any, value: Any, *args: Any, **kwargs: Any) -> Any:
+    The wrapper passes on whatever the filter asks Jinja for first (environment, eval or template context).
+    """
+    pass_arg = getattr(original, "jinja_pass_arg", None)
+    if pass_arg is None:
+
+        def guarded(value: Any, *args: Any, **kwargs: Any) -> Any:
             check(value, *args, **kwargs)
-            return check_result(original(ctx, value, *args, **kwargs))
+            return check_result(original(value, *args, **kwargs))
 
-        return guarded_ctx
+        return guarded
 
-    def guarded(value: Any, *args: Any, **kwargs: Any) -> Any:
+    def guarded_passing(first: Any, value: Any, *args: Any, **kwargs: Any) -> Any:
         check(value, *args, **kwargs)
-        return check_result(original(value, *args, **kwargs))
+        return check_result(original(first, value, *args, **kwargs))
 
-    return guarded
+    guarded_passing.jinja_pass_arg = pass_arg  # type: ignore[attr-defined]
+    return guarded_passing
 
 
 def _width_arg(name: str) -> Callable[..., None]:
@@ -321,20 +325,20 @@ def _no_check(value: Any, *args: Any, **kwargs: Any) -> None:
 
 def guarded_filters() -> dict[str, Callable[..., Any]]:
     """Return Jinja's filters with the amplifying ones guarded and every string result size-checked."""
-    checks: dict[str, tuple[Callable[..., None], bool]] = {
-        "center": (_width_arg("center"), False),
-        "indent": (_check_indent, False),
-        "wordwrap": (_check_wordwrap, True),
-        "format": (_check_format, False),
-        "replace": (_check_replace_filter, True),
-        "join": (_check_join_filter, True),
-        "batch": (_check_count("batch"), False),
-        "slice": (_check_count("slice"), False),
-        "truncate": (_no_check, True),
+    checks: dict[str, Callable[..., None]] = {
+        "center": _width_arg("center"),
+        "indent": _check_indent,
+        "wordwrap": _check_wordwrap,
+        "format": _check_format,
+        "replace": _check_replace_filter,
+        "join": _check_join_filter,
+        "batch": _check_count("batch"),
+        "slice": _check_count("slice"),
+        "truncate": _no_check,
     }
     filters = dict(FILTERS)
-    for name, (check, eval_ctx) in checks.items():
-        filters[name] = _guard(FILTERS[name], check, eval_ctx=eval_ctx)
+    for name, check in checks.items():
+        filters[name] = _guard(FILTERS[name], check)
     filters["_budget_loop"] = loop
     filters["_budget_concat"] = concat
     return filters

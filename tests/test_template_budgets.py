@@ -140,3 +140,26 @@ def test_a_bomb_fails_its_delivery_with_template_budget_and_workers_keep_serving
         lambda: Delivery.objects.filter(notification_id=fine.json()["id"], status__in=["sent", "delivered"]).first()
     )
     assert delivered.reason != "template_budget"
+
+
+def test_guarded_filters_behave_like_jinjas_own() -> None:
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    from templates_app import budget
+    from templates_app.rendering import _GLOBALS, _render_node, compile_string
+
+    sources = [
+        '{{ "hello world foo"|truncate(9) }} {{ "a b c d e f"|wordwrap(3) }} {{ [1, 2, 3]|join("-") }}',
+        '{{ [1, 2, 3, 4]|slice(2)|list }} {{ [1, 2, 3]|batch(2)|list }} {{ "x"|center(5) }}',
+        '{{ "%d-%s"|format(3, "z") }}',
+        '{{ x ~ y }} {{ [x, "&"]|join("<br>") }} {{ x|replace("b", "i") }} {{ "a\nb"|indent(2, true) }}',
+    ]
+    for html in (False, True):
+        stock = ImmutableSandboxedEnvironment(autoescape=html, trim_blocks=True, lstrip_blocks=True)
+        for source in sources:
+            token = budget.start()
+            try:
+                ours = _render_node(compile_string(source, html=html), {**_GLOBALS, "x": "<b>", "y": 1}, "p")
+            finally:
+                budget.finish(token)
+            assert ours == stock.from_string(source).render(x="<b>", y=1)
