@@ -20,6 +20,7 @@ in threads do not share one):
 from __future__ import annotations
 
 import contextvars
+import functools
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -27,11 +28,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 from jinja2 import nodes
 from jinja2.filters import FILTERS
+from jinja2.runtime import markup_join, str_join
 from jinja2.sandbox import SecurityError
 from jinja2.utils import pass_eval_context
-from markupsafe import Markup
 
 # printf-style specs: "%-50000000d", "%.9999f", "%*d" (a width taken from the arguments).
 _PERCENT_SPEC = re.compile(r"%(?:\([^)]*\))?[-#0 +]*(\*|\d+)?(?:\.(\*|\d+))?[a-zA-Z%]")
@@ -46,8 +49,9 @@ class TemplateBudgetError(SecurityError):
     """A rendering went over one of its budgets (size, iterations, time) or tried an amplifying operation."""
 
 
+@functools.cache
 def limits() -> dict[str, float]:
-    """Return the configured budgets (settings, read per rendering so tests and operators can change them)."""
+    """Return the configured budgets (read once; a changed setting, as tests make, clears the cache)."""
     return {
         "part_chars": settings.TEMPLATE_MAX_PART_CHARS,
         "render_chars": settings.TEMPLATE_MAX_RENDER_CHARS,
@@ -55,6 +59,12 @@ def limits() -> dict[str, float]:
         "seconds": settings.TEMPLATE_MAX_RENDER_SECONDS,
         "width": settings.TEMPLATE_MAX_WIDTH,
     }
+
+
+@receiver(setting_changed)
+def _forget_limits(*, setting: str, **kwargs: Any) -> None:
+    if setting.startswith("TEMPLATE_MAX_"):
+        limits.cache_clear()
 
 
 @dataclass(slots=True)
@@ -127,17 +137,17 @@ def current() -> Budget:
 
 
 def joined_output(chunks: Iterable[str], path: str) -> str:
-    """Join a part's output chunks, stopping as soon as the part is too long or the rendering too slow."""
+    """Join a part's output and refuse it when it is longer than a part may be.
+
+    Joining first is safe: everything a part prints is already bounded by the rendering's character budget
+    (printed values and loop text are counted as they are produced), plus the template's own static text.
+    """
     budget = current()
-    out: list[str] = []
-    size = 0
-    for chunk in chunks:
-        size += len(chunk)
-        if size > budget.part_chars:
-            raise TemplateBudgetError(f"{path} is longer than {budget.part_chars} characters")
-        out.append(chunk)
+    text = "".join(chunks)
+    if len(text) > budget.part_chars:
+        raise TemplateBudgetError(f"{path} is longer than {budget.part_chars} characters")
     budget.tick()
-    return "".join(out)
+    return text
 
 
 def finalize(value: Any) -> Any:
@@ -165,16 +175,12 @@ def loop(iterable: Any, static_chars: int = 0) -> Iterator[Any]:
 
 @pass_eval_context
 def concat(eval_ctx: Any, items: list[Any]) -> str:
-    """`a ~ b`: join the operands as Jinja would, refusing a result longer than a part may be."""
+    """`a ~ b`: join the operands exactly as Jinja would, refusing a result longer than a part may be."""
+    result = markup_join(items) if eval_ctx.volatile or eval_ctx.autoescape else str_join(items)
     budget = current()
-    texts = [str(item) if not isinstance(item, str) else item for item in items]
-    size = sum(len(text) for text in texts)
-    budget.check_size(size, "concatenation")
-    budget.spend_chars(size)
-    budget.tick()
-    if eval_ctx.autoescape:
-        return Markup("").join(Markup.escape(item) if not hasattr(item, "__html__") else item for item in items)
-    return "".join(texts)
+    budget.check_size(len(result), "concatenation")
+    budget.spend_chars(len(result))
+    return result
 
 
 # --- guarded operations ----------------------------------------------------------------------------------
