@@ -47,6 +47,10 @@ SECRET_KEY = os.environ.get("SECRET_KEY", "dev-only-insecure-secret-key-change-m
 _SECRET_KEY_FROM_ENV = bool(os.environ.get("SECRET_KEY"))
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "127.0.0.1,localhost,[::1],testserver")
 PUBLIC_BASE_URL = os.environ.get("PUBLIC_BASE_URL", f"http://127.0.0.1:{os.environ.get('PORT', '8000')}")
+# Preference-center links: the default lifetime (also of the links in emails and `{{ preferences_url }}`) and
+# the longest a caller may ask for.
+PREFERENCE_LINK_TTL_SECONDS = env_int("PREFERENCE_LINK_TTL_SECONDS", 30 * 86400)
+PREFERENCE_LINK_MAX_TTL_SECONDS = env_int("PREFERENCE_LINK_MAX_TTL_SECONDS", 90 * 86400)
 
 INSTALLED_APPS = [
     "django.contrib.admin",

@@ -269,6 +269,29 @@ class PreferencesApi(APIView):
         return Response(selectors.recipient_preferences(recipient=recipient))
 
 
+class PreferenceLinkInputSerializer(serializers.Serializer):
+    """How long a preference-center link stays valid."""
+
+    ttl_seconds = serializers.IntegerField(
+        min_value=60,
+        max_value=settings.PREFERENCE_LINK_MAX_TTL_SECONDS,
+        default=settings.PREFERENCE_LINK_TTL_SECONDS,
+    )
+
+
+class PreferenceLinkApi(APIView):
+    """POST mints a signed, expiring link to the recipient's preference center (no login needed to open it)."""
+
+    required_scope = "recipients:write"
+
+    def post(self, request: Request, user_id: str) -> Response:
+        recipient = _recipient_or_404(user_id)
+        data = PreferenceLinkInputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        url, expires_at = services.preference_link(recipient=recipient, ttl_seconds=data.validated_data["ttl_seconds"])
+        return Response({"url": url, "expires_at": expires_at.isoformat().replace("+00:00", "Z")})
+
+
 # --- Suppressions ------------------------------------------------------------------------------------------
 
 
