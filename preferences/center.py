@@ -106,9 +106,13 @@ def _document(recipient: Recipient, values: dict[str, Any]) -> dict[str, Any]:
             if current:
                 categories[category] = current
             continue
-        changed = chosen["enabled"] is False or chosen["frequency"] != "immediate"
-        if current or changed:
-            categories[category] = {**current, "enabled": chosen["enabled"], "frequency": chosen["frequency"]}
+        # A key is written when it was stored before or differs from its default, so saving an untouched page
+        # changes nothing (and audits nothing).
+        for key, default in (("enabled", True), ("frequency", "immediate")):
+            if key in current or chosen[key] != default:
+                current[key] = chosen[key]
+        if current:
+            categories[category] = current
     quiet = None
     if values["quiet_start"] or values["quiet_end"]:
         quiet = {"start": values["quiet_start"][:5], "end": values["quiet_end"][:5]}

@@ -94,6 +94,16 @@ def test_form_saves_what_the_api_shows_and_audits_it(api: Any, settings: Any) ->
     assert (entry.actor_type, entry.actor_id) == ("recipient", "u-form")
     assert set(entry.changes) == {"categories", "channels", "quiet_hours", "timezone"}
 
+    # Saving the page again as shown changes nothing and audits nothing.
+    html = Client().get(url).content.decode()
+    shown = {name: "on" for name in re.findall(r'name="([^"]+)" checked', html)}
+    shown |= dict(re.findall(r'name="(quiet_(?:start|end))" value="([^"]*)"', html))
+    shown |= {"timezone": "Europe/Berlin", "category-social-frequency": "immediate"}
+    shown["category-marketing-frequency"] = "daily_digest"
+    assert Client().post(url, shown).status_code == 302
+    assert api.get("/api/v1/recipients/u-form/preferences").json() == prefs
+    assert AuditEntry.objects.filter(action="preferences.update", target_id="u-form").count() == 1
+
 
 @pytest.mark.django_db
 def test_bad_input_is_a_400_page_naming_the_field_in_german(settings: Any) -> None:

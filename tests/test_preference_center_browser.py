@@ -67,6 +67,9 @@ def test_change_a_category_and_quiet_hours_then_the_api_shows_it(
     settings.PUBLIC_BASE_URL = live_server.url
     recipient_upsert(user_id="u-web", email="web@example.com", locale="en-US")
     driver = browser(javascript=javascript)
+    # Prove the session really runs (or does not run) scripts.
+    driver.get("data:text/html,<title>off</title><script>document.title='on'</script>")
+    assert driver.title == ("on" if javascript else "off")
     driver.get(_link(api, "u-web"))
     assert driver.find_element(By.TAG_NAME, "h1").text == "Notification preferences"
     assert driver.find_element(By.TAG_NAME, "html").get_attribute("lang") == "en"
@@ -127,6 +130,39 @@ def test_a_german_recipient_gets_a_german_page_in_keyboard_order(
         if current == "save":
             break
     assert seen == expected and seen[-1] == "save"
+
+
+def _luminance(css_color: str) -> float:
+    r, g, b = (int(v) / 255 for v in css_color[css_color.index("(") + 1 : css_color.index(")")].split(",")[:3])
+    channel = [c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in (r, g, b)]
+    return 0.2126 * channel[0] + 0.7152 * channel[1] + 0.0722 * channel[2]
+
+
+def _contrast(foreground: str, background: str) -> float:
+    lighter, darker = sorted((_luminance(foreground), _luminance(background)), reverse=True)
+    return (lighter + 0.05) / (darker + 0.05)
+
+
+def test_text_and_controls_meet_wcag_aa_contrast(
+    browser: Callable[..., Any], live_server: Any, settings: Any, api: Any
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    settings.PUBLIC_BASE_URL = live_server.url
+    recipient_upsert(user_id="u-contrast")
+    driver = browser()
+    driver.get(_link(api, "u-contrast"))
+    page_background = driver.find_element(By.TAG_NAME, "body").value_of_css_property("background-color")
+    checked = 0
+    for selector in ("h1", "p", "label", "legend", ".help", ".locked", "select", "button"):
+        for element in driver.find_elements(By.CSS_SELECTOR, selector):
+            background = element.value_of_css_property("background-color")
+            if background.endswith(", 0)"):  # transparent: the page shows through
+                background = page_background
+            ratio = _contrast(element.value_of_css_property("color"), background)
+            assert ratio >= 4.5, (selector, element.text, ratio)
+            checked += 1
+    assert checked > 20
 
 
 def test_expired_and_tampered_links_show_a_4xx_page(

@@ -184,7 +184,7 @@ def notification_body(
         body["recipient"] = {"user_id": recipient} if isinstance(recipient, str) else dict(recipient)
     if topic is not None:
         body["topic"] = topic
-    optional = {"channels": list(channels) if channels is not None else None, "payload": payload}
+    optional: dict[str, Any] = {"channels": list(channels) if channels is not None else None, "payload": payload}
     optional |= {"category": category, **more}
     for name, value in optional.items():
         if value is not None:
