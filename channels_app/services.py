@@ -440,6 +440,7 @@ def _build_message(delivery: Delivery, out: _Outcomes) -> OutboundMessage | None
             locale=locale,
             # A template that places the link itself owns its footer.
             footer="preferences_url" in meta and not personal,
+            placeholder=personal,
         )
     return OutboundMessage(
         delivery_id=delivery.pk,

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
+from html import escape
 from typing import Any
-
-from django.utils.html import escape
 
 from preferences.translations import language_for, strings
 from templates_app.rendering import PREFERENCES_URL_PLACEHOLDER
@@ -42,13 +41,15 @@ def personalize(
     unsubscribe_url: str | None = None,
     locale: str | None = None,
     footer: bool = False,
+    placeholder: bool = True,
 ) -> dict[str, Any]:
     """Return a copy of rendered parts with the recipient's preference link in place of the stand-in.
 
     With `footer` (email of an optional category whose template does not place the link itself), the text and
     HTML bodies end with the preference link beside the unsubscribe link, in the recipient's language.
+    `placeholder=False` says the parts hold no stand-in (the caller checked once per render): only the footer.
     """
-    parts = _replace(parts, preferences_url)
+    parts = _replace(parts, preferences_url) if placeholder else dict(parts)
     if not footer:
         return parts
     t = strings(language_for(locale))

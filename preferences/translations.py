@@ -6,6 +6,8 @@ files in every build and image (see docs/decisions.md, "Preference center").
 
 from __future__ import annotations
 
+import functools
+
 DEFAULT_LANGUAGE = "en"
 
 STRINGS: dict[str, dict[str, str]] = {
@@ -110,8 +112,9 @@ def language_for(locale: str | None) -> str:
     return language if language in STRINGS else DEFAULT_LANGUAGE
 
 
+@functools.cache
 def strings(language: str) -> dict[str, str]:
-    """Return the strings of a language, falling back to English for any key it lacks."""
+    """Return the strings of a language, falling back to English for any key it lacks (do not modify it)."""
     return {**STRINGS[DEFAULT_LANGUAGE], **STRINGS.get(language, {})}
 
 
