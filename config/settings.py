@@ -192,6 +192,15 @@ BROKER_DELAY_MAX_SECONDS = env_int("BROKER_DELAY_MAX_SECONDS", 900)
 SEND_BATCH_SIZE = env_int("SEND_BATCH_SIZE", 500)
 # Provider calls made at once by one worker process for a batch.
 PROVIDER_CONCURRENCY = env_int("PROVIDER_CONCURRENCY", 16)
+# The total time one provider call may take (connect, send and the whole answer, however slowly it drips);
+# past it the call is given up as ambiguous (retried on the same provider with the same idempotency key).
+PROVIDER_CALL_DEADLINE_SECONDS = env_float("PROVIDER_CALL_DEADLINE_SECONDS", 30.0)
+# A running batch renews its lease (claimed_at) this often, so no batch is ever handed to a second worker
+# while its worker lives, however long it runs (docs/decisions.md has the arithmetic). 0: a third of the lease.
+SENDING_HEARTBEAT_SECONDS = env_float("SENDING_HEARTBEAT_SECONDS", 0.0)
+# Answers written together at most; the pipeline also writes whatever arrived every FLUSH_INTERVAL.
+OUTCOME_FLUSH_MAX = env_int("OUTCOME_FLUSH_MAX", 0)  # 0: the provider's calls in flight
+OUTCOME_FLUSH_INTERVAL_SECONDS = env_float("OUTCOME_FLUSH_INTERVAL_SECONDS", 0.2)
 
 # Providers per channel, in failover order. "sandbox" records instead of sending; it is the default for
 # every channel so the whole pipeline runs without any provider account.
