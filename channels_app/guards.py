@@ -11,6 +11,7 @@ decision is recorded: it is never silently re-sent elsewhere.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from datetime import timedelta
@@ -105,11 +106,13 @@ def spread_waits(name: str, wait: float, n: int) -> list[float]:
     return [wait + i / rate for i in range(n)]
 
 
-def timed_stream(provider: Provider, messages: list[OutboundMessage]) -> Iterator[tuple[int, Outcome]]:
+def timed_stream(
+    provider: Provider, messages: list[OutboundMessage], window: threading.Semaphore | None = None
+) -> Iterator[tuple[int, Outcome]]:
     """Send a batch, yielding (index, outcome) as answers arrive; record the whole call's latency at the end."""
     started = time.monotonic()
     failures = total = 0
-    for index, outcome in provider.send_stream(messages):
+    for index, outcome in provider.send_stream(messages, window=window):
         total += 1
         failures += isinstance(outcome, ProviderError)
         yield index, outcome

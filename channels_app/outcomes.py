@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import random
 import time
 from collections import defaultdict
@@ -374,11 +375,16 @@ class Outcomes:
         self._count_metrics(updates)
         self._log_outcomes(updates)
         now = self.now
+        # Delayed messages are routed by whole seconds anyway (publish rounds up): one message per second of
+        # delay and queue, not one per delivery (rate-limit waits are spread a fraction of a second apart).
+        by_second: dict[int, list[Delivery]] = defaultdict(list)
         for delay, deliveries in republish.items():
+            by_second[math.ceil(delay)].extend(deliveries)
+        for seconds, deliveries in sorted(by_second.items()):
             groups: dict[str, list[int]] = defaultdict(list)
             for d in deliveries:
                 groups[queue_name(d.channel, d.priority)].append(d.pk)
-            published = set(publish(groups, countdown=delay))
+            published = set(publish(groups, countdown=seconds))
             missed = [d.pk for d in deliveries if d.pk not in published]
             if missed:
                 # The relay publishes these once they are due (it only takes rows with no publish on record).

@@ -373,16 +373,18 @@ def _send_group(name: str, group: list[tuple[Delivery, OutboundMessage]], out: O
     """Send one provider's part of a batch and write the answers as they arrive.
 
     Answers are written in small groups, at most the provider's calls in flight (or OUTCOME_FLUSH_MAX) and at
-    least every OUTCOME_FLUSH_INTERVAL_SECONDS: a worker killed mid-batch repeats only the calls it had in
-    flight and the answers not yet written, always to the same provider with the same idempotency key.
+    least every OUTCOME_FLUSH_INTERVAL_SECONDS. A window of that size is taken before each call and given back
+    once its answer is written, so calls in flight plus answers not yet written never exceed it: a worker
+    killed mid-batch repeats at most that many, always to the same provider with the same idempotency key.
     """
     provider = registry.get_provider(name)
     limit = settings.OUTCOME_FLUSH_MAX or provider.max_concurrency
+    window = threading.Semaphore(limit)
     interval = settings.OUTCOME_FLUSH_INTERVAL_SECONDS
     answered: list[Any] = []
     done: list[int] = []
     last_flush = time.monotonic()
-    for index, outcome in guards.timed_stream(provider, [m for _, m in group]):
+    for index, outcome in guards.timed_stream(provider, [m for _, m in group], window):
         delivery, message = group[index]
         if isinstance(outcome, SendResult):
             out.sent(delivery, name, outcome, message.content, at=out.now)
@@ -393,15 +395,17 @@ def _send_group(name: str, group: list[tuple[Delivery, OutboundMessage]], out: O
         answered.append(outcome)
         done.append(delivery.pk)
         if len(answered) >= limit or time.monotonic() - last_flush >= interval:
-            _flush_answers(name, answered, done, out)
+            _flush_answers(name, answered, done, out, window)
             answered, done, last_flush = [], [], time.monotonic()
-    _flush_answers(name, answered, done, out)
+    _flush_answers(name, answered, done, out, window)
 
 
-def _flush_answers(name: str, answered: list[Any], done: list[int], out: Outcomes) -> None:
-    """Write a group of answers, stop renewing their leases, and tell the breaker and the limiter."""
+def _flush_answers(name: str, answered: list[Any], done: list[int], out: Outcomes, window: threading.Semaphore) -> None:
+    """Write a group of answers, give their window back, stop renewing their leases, tell the breaker."""
     if not answered:
         return
     out.flush()
+    for _ in answered:
+        window.release()
     heartbeat.release(done)
     guards.note_outcomes(name, answered)

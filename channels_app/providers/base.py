@@ -212,8 +212,14 @@ class Provider:
     def _has_batch_api(self) -> bool:
         return type(self).send_batch is not Provider.send_batch
 
-    def send_stream(self, messages: Sequence[OutboundMessage]) -> Iterator[tuple[int, Outcome]]:
+    def send_stream(
+        self, messages: Sequence[OutboundMessage], *, window: threading.Semaphore | None = None
+    ) -> Iterator[tuple[int, Outcome]]:
         """Send many messages; yield (index, outcome) as each answer arrives, in no particular order.
+
+        `window`, when given, is taken before each call and released by the caller once that call's outcome is
+        written: calls in flight plus answers not yet written never exceed it, which bounds what a worker that
+        dies can repeat.
 
         Every call is bounded by `call_deadline`: past it the call is given up as `DeadlineExceeded` (ambiguous:
         retried on the same provider with the same idempotency key) and its thread is left to end on its own.
@@ -223,10 +229,8 @@ class Provider:
         if self._has_batch_api():
             yield from self._stream_chunks(messages)
             return
-        if len(messages) == 1:
-            yield from self._stream_pool(messages, workers=1)
-            return
-        yield from self._stream_pool(messages, workers=max(1, min(self.max_concurrency, len(messages))))
+        workers = max(1, min(self.max_concurrency, len(messages)))
+        yield from self._stream_pool(messages, workers=workers, window=window)
 
     def _stream_chunks(self, messages: Sequence[OutboundMessage]) -> Iterator[tuple[int, Outcome]]:
         size = max(1, self.stream_chunk)
@@ -239,11 +243,18 @@ class Provider:
             for offset, outcome in enumerate(outcomes):
                 yield start + offset, outcome
 
-    def _stream_pool(self, messages: Sequence[OutboundMessage], *, workers: int) -> Iterator[tuple[int, Outcome]]:
+    def _stream_pool(
+        self, messages: Sequence[OutboundMessage], *, workers: int, window: threading.Semaphore | None = None
+    ) -> Iterator[tuple[int, Outcome]]:
         started: dict[int, float] = {}
         lock = threading.Lock()
+        closing = threading.Event()
 
         def run(index: int) -> Outcome:
+            if window is not None:
+                while not window.acquire(timeout=0.5):
+                    if closing.is_set():
+                        return RetriableError("not attempted: batch ended", code="stalled")
             with lock:
                 started[index] = time.monotonic()
             return self._send_one(messages[index])
@@ -273,6 +284,7 @@ class Provider:
                             yield futures[future], RetriableError("not attempted: calls stalled", code="stalled")
         finally:
             # Calls given up on are not waited for: their threads end when their own timeouts fire.
+            closing.set()
             pool.shutdown(wait=False, cancel_futures=True)
 
     @classmethod
