@@ -188,6 +188,9 @@ OUTBOX_RELAY_BATCH = env_int("OUTBOX_RELAY_BATCH", 5000)
 # Waits up to this long travel as delayed broker messages; longer ones (quiet hours, send_at) stay in the
 # database and the relay wakes them.
 BROKER_DELAY_MAX_SECONDS = env_int("BROKER_DELAY_MAX_SECONDS", 900)
+# The API hands accepted deliveries to a per-process background publisher (no broker confirm in the request;
+# concurrent requests' ids share a message). Off: each request publishes after its own commit.
+PUBLISH_IN_BACKGROUND = env_bool("PUBLISH_IN_BACKGROUND", True)
 # Deliveries per broker message on the fan-out path (one for a single transactional notification).
 SEND_BATCH_SIZE = env_int("SEND_BATCH_SIZE", 500)
 # Provider calls made at once by one worker process for a batch.
