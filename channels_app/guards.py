@@ -19,7 +19,14 @@ from typing import TYPE_CHECKING, Any
 
 from channels_app import breaker, ratelimit
 from channels_app.providers import registry
-from channels_app.providers.base import OutboundMessage, Outcome, Provider, ProviderError, UnexpectedError
+from channels_app.providers.base import (
+    TICK,
+    OutboundMessage,
+    Outcome,
+    Provider,
+    ProviderError,
+    UnexpectedError,
+)
 from notifier import metrics
 from preferences.compliance import is_optional
 from preferences.services import unsubscribe_url
@@ -108,11 +115,17 @@ def spread_waits(name: str, wait: float, n: int) -> list[float]:
 
 def timed_stream(
     provider: Provider, messages: list[OutboundMessage], window: threading.Semaphore | None = None
-) -> Iterator[tuple[int, Outcome]]:
-    """Send a batch, yielding (index, outcome) as answers arrive; record the whole call's latency at the end."""
+) -> Iterator[tuple[int, Outcome | None]]:
+    """Send a batch, yielding (index, outcome) as answers arrive, and (TICK, None) while none do.
+
+    Records the whole call's latency at the end.
+    """
     started = time.monotonic()
     failures = total = 0
-    for index, outcome in provider.send_stream(messages, window=window):
+    for index, outcome in provider.send_stream(messages, window=window, ticks=True):
+        if index == TICK:
+            yield index, None
+            continue
         total += 1
         failures += isinstance(outcome, ProviderError)
         yield index, outcome

@@ -385,6 +385,11 @@ def _send_group(name: str, group: list[tuple[Delivery, OutboundMessage]], out: O
     done: list[int] = []
     last_flush = time.monotonic()
     for index, outcome in guards.timed_stream(provider, [m for _, m in group], window):
+        if outcome is None:  # a tick: nothing arrived for a while; write what arrived before it
+            if answered and time.monotonic() - last_flush >= interval:
+                _flush_answers(name, answered, done, out, window)
+                answered, done, last_flush = [], [], time.monotonic()
+            continue
         delivery, message = group[index]
         if isinstance(outcome, SendResult):
             out.sent(delivery, name, outcome, message.content, at=out.now)

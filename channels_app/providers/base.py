@@ -167,6 +167,8 @@ class ConfigurationError(Exception):
 
 
 Outcome = SendResult | ProviderError
+# The index `send_stream(ticks=True)` yields (with no outcome) when nothing arrived for a while.
+TICK = -1
 
 
 class Provider:
@@ -213,9 +215,12 @@ class Provider:
         return type(self).send_batch is not Provider.send_batch
 
     def send_stream(
-        self, messages: Sequence[OutboundMessage], *, window: threading.Semaphore | None = None
-    ) -> Iterator[tuple[int, Outcome]]:
+        self, messages: Sequence[OutboundMessage], *, window: threading.Semaphore | None = None, ticks: bool = False
+    ) -> Iterator[tuple[int, Any]]:
         """Send many messages; yield (index, outcome) as each answer arrives, in no particular order.
+
+        With `ticks`, (TICK, None) is also yielded whenever no answer arrived for a quarter of a second, so the
+        caller can write the answers it holds while slow calls are still running.
 
         `window`, when given, is taken before each call and released by the caller once that call's outcome is
         written: calls in flight plus answers not yet written never exceed it, which bounds what a worker that
@@ -230,7 +235,7 @@ class Provider:
             yield from self._stream_chunks(messages)
             return
         workers = max(1, min(self.max_concurrency, len(messages)))
-        yield from self._stream_pool(messages, workers=workers, window=window)
+        yield from self._stream_pool(messages, workers=workers, window=window, ticks=ticks)
 
     def _stream_chunks(self, messages: Sequence[OutboundMessage]) -> Iterator[tuple[int, Outcome]]:
         size = max(1, self.stream_chunk)
@@ -244,8 +249,13 @@ class Provider:
                 yield start + offset, outcome
 
     def _stream_pool(
-        self, messages: Sequence[OutboundMessage], *, workers: int, window: threading.Semaphore | None = None
-    ) -> Iterator[tuple[int, Outcome]]:
+        self,
+        messages: Sequence[OutboundMessage],
+        *,
+        workers: int,
+        window: threading.Semaphore | None = None,
+        ticks: bool = False,
+    ) -> Iterator[tuple[int, Any]]:
         started: dict[int, float] = {}
         lock = threading.Lock()
         closing = threading.Event()
@@ -266,6 +276,8 @@ class Provider:
             abandoned = 0
             while pending:
                 done, pending = wait(pending, timeout=0.25, return_when=FIRST_COMPLETED)
+                if not done and ticks:
+                    yield TICK, None  # nothing arrived for a while: the caller may write what it holds
                 for future in done:
                     yield futures[future], future.result()
                 now = time.monotonic()
