@@ -6,6 +6,7 @@ import re
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ValidationError as DjangoValidationError
 from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -200,7 +201,10 @@ class NotificationBatchApi(APIView):
         if len(items) > BATCH_LIMIT:
             message = f"At most {BATCH_LIMIT} items per batch."
             raise ApiError(400, "invalid", message, {"notifications": [message]})
-        checked = [self._validate(item) for item in items]
+        # One serializer instance for every item: DRF deep-copies its declared fields per instance, which was
+        # most of a batch's validation time.
+        validator = NotificationInput()
+        checked = [self._validate(validator, item) for item in items]
         valid = [(i, data) for i, data in enumerate(checked) if not isinstance(data, Exception)]
         accepted = notifications_accept_batch(
             client=request.user, items=[data for _, data in valid], trace_id=trace_id_of(request)
@@ -211,14 +215,15 @@ class NotificationBatchApi(APIView):
         return Response({"results": [_item_out(result) for result in results]}, status=status.HTTP_200_OK)
 
     @staticmethod
-    def _validate(item: Any) -> dict[str, Any] | serializers.ValidationError | ApiError:
-        serializer = NotificationInput(data=item)
+    def _validate(validator: NotificationInput, item: Any) -> dict[str, Any] | serializers.ValidationError | ApiError:
         try:
-            serializer.is_valid(raise_exception=True)
-            _shed_if_overloaded(serializer.validated_data)
+            data = validator.run_validation(item)
+            _shed_if_overloaded(data)
         except (serializers.ValidationError, ApiError) as exc:
             return exc
-        return dict(serializer.validated_data)
+        except DjangoValidationError as exc:
+            return serializers.ValidationError(detail=serializers.as_serializer_error(exc))
+        return dict(data)
 
 
 def _item_out(result: AcceptResult | Exception) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from notifier import dedup, metrics
 from notifier.auth import generate_key, hash_key
+from notifier.db import insert_rows
 from notifier.errors import ApiError
 from notifier.events import record_events, transition
 from notifier.models import ApiClient, Delivery, Notification
@@ -87,18 +88,33 @@ class AcceptDecision:
     dedup_key: str | None
 
 
-def notification_decide(*, client: ApiClient, data: dict[str, Any]) -> AcceptDecision:
+def notification_decide(
+    *, client: ApiClient, data: dict[str, Any], templates: dict[str, Any] | None = None
+) -> AcceptDecision:
     """Decide the category, template version, channels and priority of one validated request.
 
     The one place these per-item rules live: POST /notifications and each item of POST /notifications/batch
     both come here. Raises ApiError for a category the client may not use (403), an unknown template or a
-    channel the template has no content for (400).
+    channel the template has no content for (400). `templates` memoizes template resolution for the length of
+    one call (a batch resolves each template spec once).
     """
     category = data["category"]
     if client.allowed_categories and category not in client.allowed_categories:
         raise ApiError(403, "category_forbidden", f"This API client may not send category '{category}'.")
+    spec = data["template"]
     try:
-        version = template_version_resolve(data["template"])
+        if templates is None:
+            version = template_version_resolve(spec)
+        else:
+            if spec not in templates:
+                try:
+                    templates[spec] = template_version_resolve(spec)
+                except TemplateNotFound as exc:
+                    templates[spec] = exc
+            found = templates[spec]
+            if isinstance(found, TemplateNotFound):
+                raise found
+            version = found
     except TemplateNotFound as exc:
         raise ApiError(400, "invalid", str(exc), {"template": [str(exc)]}) from None
     template_channels = version.channels
@@ -199,6 +215,7 @@ def notifications_accept_batch(
     """
     results: list[AcceptResult | ApiError | None] = [None] * len(items)
     fresh: list[tuple[int, dict[str, Any], AcceptDecision]] = []
+    templates: dict[str, Any] = {}
     for index, item in enumerate(items):
         if isinstance(item, ApiError):
             results[index] = item
@@ -207,7 +224,7 @@ def notifications_accept_batch(
             if item.get("topic"):
                 results[index] = notification_accept(client=client, data=item, trace_id=trace_id)
                 continue
-            fresh.append((index, item, notification_decide(client=client, data=item)))
+            fresh.append((index, item, notification_decide(client=client, data=item, templates=templates)))
         except ApiError as exc:
             results[index] = exc
 
@@ -330,8 +347,8 @@ def _write_batch(
         deliveries_by_index[index] = rows
         all_deliveries.extend(rows)
     with transaction.atomic():
-        Notification.objects.bulk_create([n for _, n, _ in planned])
-        Delivery.objects.bulk_create(all_deliveries)
+        insert_rows([n for _, n, _ in planned])
+        insert_rows(all_deliveries)
         record_events(((d.pk, d.status, d.reason) for d in all_deliveries), at=now)
         to_publish = [(d.pk, d.channel, d.priority) for d in all_deliveries if d.status == Delivery.Status.QUEUED]
         if to_publish:
