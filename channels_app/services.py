@@ -341,7 +341,8 @@ def _build_message(delivery: Delivery, out: Outcomes) -> OutboundMessage | None:
             meta=meta,
         )
     except (RenderError, TemplateVersion.DoesNotExist) as exc:
-        out.failed(delivery, f"render_error: {exc}")
+        # A broken template budget fails with reason template_budget (its code); other errors as render_error.
+        out.failed(delivery, exc if getattr(exc, "code", "") == "template_budget" else f"render_error: {exc}")
         return None
     except Exception as exc:
         out.poison(delivery, exc, stage="render")

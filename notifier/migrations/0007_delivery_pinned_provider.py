@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('notifier', '0004_delivery_template_version_partial_index'),
+        ('notifier', '0006_api_client_rate_limit'),
     ]
 
     operations = [
