@@ -10,6 +10,7 @@ from celery import shared_task
 from django.db import InterfaceError, OperationalError, connection
 
 from channels_app.services import deliver
+from config.celery import app as celery_app
 
 # The database being away is not the message's fault: the message is retried (re-published with a delay) for
 # as long as the outage lasts, never dead-lettered. The delay grows to this cap, so the send resumes within
@@ -21,6 +22,17 @@ def db_retry_countdown(retries: int) -> float:
     """Return the delay before re-running a send task that could not reach the database (full jitter)."""
     cap = min(DB_RETRY_MAX_SECONDS, 2.0 * (2**retries))
     return random.uniform(min(1.0, cap), cap)
+
+
+def own_queue(routing_key: str) -> str | None:
+    """Return the queue a message came from, also when it came back through native delayed delivery.
+
+    A delayed message's routing key is its delay in bits before the queue's own ("0.0.….1.webhook.high").
+    """
+    for name in celery_app.amqp.queues:
+        if routing_key == name or routing_key.endswith(f".{name}"):
+            return name
+    return None
 
 
 @shared_task(
@@ -39,5 +51,8 @@ def send_deliveries(self: Any, delivery_ids: list[int]) -> dict[str, int]:
         # Provider errors never reach here (they are per delivery); this is infrastructure. Drop the broken
         # connection so the next run reconnects, and put the message back with a delay.
         connection.close()
-        raise self.retry(exc=exc, countdown=db_retry_countdown(self.request.retries)) from None
+        # Name the queue: a retry routed by exchange and routing key alone (Celery's default, taken from the
+        # delivery info) goes through native delayed delivery and is never delivered back.
+        queue = own_queue((self.request.delivery_info or {}).get("routing_key") or "")
+        raise self.retry(exc=exc, countdown=db_retry_countdown(self.request.retries), queue=queue) from None
     return {"claimed": report.claimed, "sent": report.sent, "failed": report.failed}
