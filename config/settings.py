@@ -55,6 +55,10 @@ if not _SECRET_KEY_FROM_ENV and not DEVELOPMENT:
 SECRET_KEY = os.environ.get("SECRET_KEY") or "dev-only-insecure-secret-key-change-me"
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "127.0.0.1,localhost,[::1],testserver")
 PUBLIC_BASE_URL = os.environ.get("PUBLIC_BASE_URL", f"http://127.0.0.1:{os.environ.get('PORT', '8000')}")
+# Preference-center links: the default lifetime (also of the links in emails and `{{ preferences_url }}`) and
+# the longest a caller may ask for.
+PREFERENCE_LINK_TTL_SECONDS = env_int("PREFERENCE_LINK_TTL_SECONDS", 30 * 86400)
+PREFERENCE_LINK_MAX_TTL_SECONDS = env_int("PREFERENCE_LINK_MAX_TTL_SECONDS", 90 * 86400)
 
 # --- Behind a TLS-terminating proxy (docs/operations.md, docs/security.md) ------------------------------
 # "HTTP_X_FORWARDED_PROTO,https": trust that header from the proxy to know a request came over HTTPS. Only set
@@ -220,10 +224,22 @@ OUTBOX_RELAY_BATCH = env_int("OUTBOX_RELAY_BATCH", 5000)
 # Waits up to this long travel as delayed broker messages; longer ones (quiet hours, send_at) stay in the
 # database and the relay wakes them.
 BROKER_DELAY_MAX_SECONDS = env_int("BROKER_DELAY_MAX_SECONDS", 900)
+# The API hands accepted deliveries to a per-process background publisher (no broker confirm in the request;
+# concurrent requests' ids share a message). Off: each request publishes after its own commit.
+PUBLISH_IN_BACKGROUND = env_bool("PUBLISH_IN_BACKGROUND", True)
 # Deliveries per broker message on the fan-out path (one for a single transactional notification).
 SEND_BATCH_SIZE = env_int("SEND_BATCH_SIZE", 500)
 # Provider calls made at once by one worker process for a batch.
 PROVIDER_CONCURRENCY = env_int("PROVIDER_CONCURRENCY", 16)
+# The total time one provider call may take (connect, send and the whole answer, however slowly it drips);
+# past it the call is given up as ambiguous (retried on the same provider with the same idempotency key).
+PROVIDER_CALL_DEADLINE_SECONDS = env_float("PROVIDER_CALL_DEADLINE_SECONDS", 30.0)
+# A running batch renews its lease (claimed_at) this often, so no batch is ever handed to a second worker
+# while its worker lives, however long it runs (docs/decisions.md has the arithmetic). 0: a third of the lease.
+SENDING_HEARTBEAT_SECONDS = env_float("SENDING_HEARTBEAT_SECONDS", 0.0)
+# Answers written together at most; the pipeline also writes whatever arrived every FLUSH_INTERVAL.
+OUTCOME_FLUSH_MAX = env_int("OUTCOME_FLUSH_MAX", 0)  # 0: the provider's calls in flight
+OUTCOME_FLUSH_INTERVAL_SECONDS = env_float("OUTCOME_FLUSH_INTERVAL_SECONDS", 0.2)
 
 # Providers per channel, in failover order. "sandbox" records instead of sending; it is the default for
 # every channel so the whole pipeline runs without any provider account.

@@ -146,6 +146,10 @@ class Delivery(models.Model):
     reason = models.CharField(max_length=255, blank=True, default="")
     provider = models.CharField(max_length=32, blank=True, default="")
     provider_message_id = models.CharField(max_length=255, blank=True, default="")
+    # Set after an ambiguous attempt (the request may have reached this provider): every later attempt goes
+    # to this provider only, whatever deferrals (open breaker, rate limit, quiet hours) come in between.
+    # db_default: the fan-out and other raw INSERTs do not name this column.
+    pinned_provider = models.CharField(max_length=32, blank=True, default="", db_default="")
     attempts = models.PositiveIntegerField(default=0)
     last_error = models.TextField(blank=True, default="")
     # Not to be sent before this instant (send_at, quiet hours, backoff, rate limit, open breaker).

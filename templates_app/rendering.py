@@ -45,11 +45,20 @@ STRUCTURED_PARTS: frozenset[tuple[str, str]] = frozenset({("push", "data"), ("we
 # Only this part is HTML, so only it is autoescaped; everything else is plain text or JSON.
 HTML_PARTS: frozenset[tuple[str, str]] = frozenset({("email", "html")})
 
+# Parts that become a header line (an email's Subject): CR/LF there would end the header (Django refuses it
+# with BadHeaderError, other transports would let a payload inject headers), so they are folded to spaces.
+HEADER_PARTS: frozenset[tuple[str, str]] = frozenset({("email", "subject")})
+_HEADER_BREAKS = re.compile(r"[\r\n\x00-\x08\x0b-\x1f\x7f\u2028\u2029]+")
+
 # Bounds against templates that would exhaust memory or CPU: string/list repetition and exponentiation.
 MAX_REPEAT_LENGTH = 100_000
 MAX_EXPONENT = 1_000
 
 _MARKERS = ("{{", "{%", "{#")
+# `{{ preferences_url }}` is per recipient, but rendered parts are cached per notification and locale; it renders
+# as this stand-in, which the send path replaces with the recipient's signed link (preferences.emails). An
+# example URL on a reserved domain, so a preview reads sensibly and HTML escaping leaves it intact.
+PREFERENCES_URL_PLACEHOLDER = "https://preferences.invalid/notifier-preferences-url"
 _UNDEFINED_NAME = re.compile(r"^'([^']+)' is undefined$")
 _MISSING_ATTRIBUTE = re.compile(r"has no attribute '([^']+)'$")
 
@@ -139,6 +148,11 @@ class _Sandbox(ImmutableSandboxedEnvironment):
         return budget.check_result(super().call_binop(context, operator, left, right))
 
 
+def header_value(value: str) -> str:
+    """Return `value` fit for one header line: line breaks and control characters folded to single spaces."""
+    return _HEADER_BREAKS.sub(" ", value).strip() if value else value
+
+
 def _make_env(*, autoescape: bool) -> _Sandbox:
     """Build a sandboxed environment with no loader, strict undefined and only harmless globals."""
     env = _Sandbox(
@@ -155,6 +169,7 @@ def _make_env(*, autoescape: bool) -> _Sandbox:
     # lipsum only burns CPU; nothing else is added so the template surface stays small.
     env.globals.pop("lipsum", None)
     env.filters = budget.guarded_filters()
+    env.globals["preferences_url"] = PREFERENCES_URL_PLACEHOLDER
     return env
 
 
@@ -410,6 +425,8 @@ def render(version: TemplateVersion, *, channel: str, locale: str, payload: dict
     try:
         for part, node in compiled:
             parts[part] = _render_node(node, context_vars, f"{channel}.{part}")
+            if (channel, part) in HEADER_PARTS and isinstance(parts[part], str):
+                parts[part] = header_value(parts[part])
     finally:
         budget.finish(token)
     for part in CHANNEL_PARTS[channel]:
