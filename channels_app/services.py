@@ -23,6 +23,8 @@ from django.utils import timezone
 from channels_app import guards
 from channels_app.providers import registry
 from channels_app.providers.base import OutboundMessage, ProviderError, SendResult
+from channels_app.sms_fit import count_sent as count_sms_segments
+from channels_app.sms_fit import sms_fit
 from config.celery import queue_name
 from notifier import metrics
 from notifier.db import RowLoader, bound_cursor, int_array, json_rows
@@ -226,6 +228,7 @@ class _Outcomes:
                 counts[(delivery.channel, fields.get("provider") or delivery.provider or "none", fields["status"])] += 1
         for (channel, provider, status), n in counts.items():
             metrics.count_deliveries(channel, provider, status, n)
+        count_sms_segments(self.updates)
 
     # The columns an outcome may change; every touched row is written with all of them in one statement.
     COLUMNS = (
@@ -240,6 +243,8 @@ class _Outcomes:
         ("sent_at", "timestamptz"),
         ("template_version_id", "bigint"),
         ("content", "jsonb"),
+        ("sms_encoding", "text"),
+        ("sms_segments", "integer"),
     )
 
     def _write_rows(self) -> None:
@@ -425,6 +430,13 @@ def _build_message(delivery: Delivery, out: _Outcomes) -> OutboundMessage | None
         return None
     delivery.template_version_id = version.pk
     out.updates.append((delivery, {"template_version_id": version.pk}))
+    # SMS that fits (channels_app/sms_fit.py): encoding and segments on the row; too long fails before any provider.
+    sms_fields, too_long = sms_fit(delivery.channel, rendered.parts)
+    if sms_fields:
+        out.updates.append((delivery, sms_fields))
+    if too_long is not None:
+        out.failed(delivery, too_long)
+        return None
     meta: dict[str, Any] = {"attempt": delivery.attempts, "webhook_secret": n.client.webhook_secret}
     meta.update(guards.message_meta(delivery))
     return OutboundMessage(

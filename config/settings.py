@@ -193,6 +193,9 @@ SEND_BATCH_SIZE = env_int("SEND_BATCH_SIZE", 500)
 # Provider calls made at once by one worker process for a batch.
 PROVIDER_CONCURRENCY = env_int("PROVIDER_CONCURRENCY", 16)
 
+# An SMS longer than this many segments fails with reason too_long before any provider is called.
+SMS_MAX_SEGMENTS = env_int("SMS_MAX_SEGMENTS", 6)
+
 # Providers per channel, in failover order. "sandbox" records instead of sending; it is the default for
 # every channel so the whole pipeline runs without any provider account.
 CHANNEL_PROVIDERS: dict[str, list[str]] = {

@@ -105,6 +105,8 @@ def delivery_out(delivery: Delivery, *, events: bool) -> dict[str, Any]:
             "sent_at": delivery.sent_at,
             "events": [_event_out(e) for e in delivery.events.all()],
         }
+        if delivery.channel == "sms":
+            body |= {"encoding": delivery.sms_encoding or None, "segments": delivery.sms_segments}
     return body
 
 
