@@ -26,7 +26,7 @@ from channels_app.providers.base import OutboundMessage, ProviderError, SendResu
 from channels_app.sms_fit import count_sent as count_sms_segments
 from channels_app.sms_fit import sms_fit
 from config.celery import queue_name
-from notifier import metrics
+from notifier import frequency, metrics
 from notifier.db import RowLoader, bound_cursor, int_array, json_rows
 from notifier.events import record_events
 from notifier.logging import log_lines
@@ -406,7 +406,8 @@ def _recheck_compliance(deliveries: list[Delivery], out: _Outcomes) -> list[Deli
             out.wait(d, until=None, reason=verdict.reason or "digest")
         else:
             out.wait(d, until=verdict.until, reason=verdict.reason or "quiet_hours")
-    return sendable
+    # Smarter delivery hook (notifier/frequency.py): the per-recipient cap, checked again right before sending.
+    return frequency.recheck_on_worker(sendable, out.suppressed)
 
 
 _render_cache: dict[tuple[Any, ...], Any] = {}

@@ -160,7 +160,7 @@ class Delivery(models.Model):
     # The rendered message for channels that keep it (the in-app inbox).
     content = models.JSONField(null=True, blank=True)
     # SMS only, set when rendered on the worker: "gsm7" or "ucs2" and the segments the text is sent in.
-    sms_encoding = models.CharField(max_length=8, blank=True, default="")
+    sms_encoding = models.CharField(max_length=8, blank=True, default="", db_default="")
     sms_segments = models.PositiveSmallIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

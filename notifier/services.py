@@ -18,7 +18,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from notifier import dedup, metrics
+from notifier import dedup, frequency, metrics
 from notifier.auth import generate_key, hash_key
 from notifier.errors import ApiError
 from notifier.events import record_events, transition
@@ -193,6 +193,8 @@ def _prepare_user(notification: Notification, user_id: str) -> list[Delivery]:
         for channel in notification.channels
         for address in channel_addresses(recipient, channel, notification.client)
     ]
+    # Smarter delivery hooks (notifier/frequency.py): the category's per-recipient cap.
+    frequency.apply_at_accept(notification, recipient, deliveries)
     Delivery.objects.bulk_create(deliveries)
     record_events(((d.pk, d.status, d.reason) for d in deliveries), at=now)
     to_publish = [(d.pk, d.channel, d.priority) for d in deliveries if d.status == Delivery.Status.QUEUED]
