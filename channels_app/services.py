@@ -26,7 +26,7 @@ from channels_app.providers.base import OutboundMessage, ProviderError, SendResu
 from channels_app.sms_fit import count_sent as count_sms_segments
 from channels_app.sms_fit import sms_fit
 from config.celery import queue_name
-from notifier import frequency, metrics
+from notifier import frequency, metrics, strategy
 from notifier.db import RowLoader, bound_cursor, int_array, json_rows
 from notifier.events import record_events
 from notifier.logging import log_lines
@@ -308,6 +308,8 @@ class _Outcomes:
                 ]
             )
         self._log_outcomes()
+        # Smarter delivery hook (notifier/strategy.py): a fallback chain's next step may start, or be skipped.
+        strategy.after_outcomes(self.updates)
         for delay, deliveries in self.republish.items():
             groups: dict[str, list[int]] = defaultdict(list)
             for d in deliveries:

@@ -110,6 +110,11 @@ app.conf.beat_schedule = {
         "schedule": float(os.environ.get("OUTBOX_RELAY_INTERVAL_SECONDS", "15")),
         "options": {"queue": "maintenance", "expires": 60},
     },
+    "fallback-sweep": {
+        "task": "notifier.tasks.fallback_sweep",
+        "schedule": float(os.environ.get("OUTBOX_RELAY_INTERVAL_SECONDS", "15")),
+        "options": {"queue": "maintenance", "expires": 60},
+    },
     "fanout-sweep": {
         "task": "notifier.tasks.fanout_sweep",
         "schedule": 60.0,

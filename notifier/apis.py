@@ -20,6 +20,8 @@ from notifier.selectors import (
     notification_list,
 )
 from notifier.services import AcceptResult, notification_accept, notification_cancel
+from notifier.strategy import MAX_AFTER_SECONDS, STRATEGIES
+from notifier.strategy import UNTIL as FALLBACK_UNTIL
 
 TEMPLATE_SPEC = re.compile(r"^[-a-zA-Z0-9_]+(@[1-9][0-9]*)?$")
 LOCALE = re.compile(r"^[A-Za-z]{2,3}([-_][A-Za-z0-9]{2,8})*$")
@@ -47,6 +49,10 @@ class NotificationInput(serializers.Serializer):
     priority = serializers.ChoiceField(choices=Notification.Priority.choices, required=False)
     locale = serializers.CharField(max_length=35, required=False, allow_blank=False)
     send_at = serializers.DateTimeField(required=False)
+    # Smarter delivery (notifier/strategy.py).
+    strategy = serializers.ChoiceField(choices=STRATEGIES, required=False)
+    fallback_until = serializers.ChoiceField(choices=FALLBACK_UNTIL, required=False)
+    fallback_after_seconds = serializers.IntegerField(min_value=1, max_value=MAX_AFTER_SECONDS, required=False)
 
     def to_internal_value(self, data: Any) -> dict[str, Any]:
         if isinstance(data, dict):
@@ -79,6 +85,10 @@ class NotificationInput(serializers.Serializer):
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if ("recipient" in attrs) == ("topic" in attrs):
             raise serializers.ValidationError({"recipient": ["Give exactly one of 'recipient' and 'topic'."]})
+        if attrs.get("strategy") != "fallback":
+            stray = [name for name in ("fallback_until", "fallback_after_seconds") if name in attrs]
+            if stray:
+                raise serializers.ValidationError({name: ["Only with strategy 'fallback'."] for name in stray})
         return attrs
 
 
@@ -140,9 +150,12 @@ def notification_out(n: Notification) -> dict[str, Any]:
         "topic": n.topic.key if n.topic_id and n.topic else None,
         "dedup_key": n.dedup_key,
         "send_at": n.send_at,
+        "strategy": n.strategy,
         "created_at": n.created_at,
         "trace_id": n.trace_id,
     }
+    if n.strategy == "fallback":
+        body |= {"fallback_until": n.fallback_until, "fallback_after_seconds": n.fallback_after_seconds}
     if n.topic_id:
         body["recipients_total"] = n.recipients_total
         body["fanout"] = {"processed": n.fanout_processed, "done": n.status != Notification.Status.FANNING_OUT}

@@ -72,6 +72,11 @@ class Notification(models.Model):
     priority = models.CharField(max_length=8, choices=Priority.choices)
     locale = models.CharField(max_length=35, blank=True, default="")
     send_at = models.DateTimeField(null=True, blank=True)
+    # "all": every channel at once; "fallback": the channels in order, the next only if the previous did not
+    # reach `fallback_until` within `fallback_after_seconds` (notifier/strategy.py).
+    strategy = models.CharField(max_length=8, default="all", db_default="all")
+    fallback_until = models.CharField(max_length=16, blank=True, default="", db_default="")
+    fallback_after_seconds = models.PositiveIntegerField(null=True, blank=True)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.ACCEPTED)
     # Fan-out progress: subscribers seen so far, over all lanes (FanoutLane holds each lane's resume point).
     recipients_total = models.PositiveIntegerField(null=True, blank=True)
@@ -116,6 +121,10 @@ class Delivery(models.Model):
         SUPPRESSED = "suppressed"
         CANCELLED = "cancelled"
         DIGESTED = "digested"
+        # A later step of a fallback chain, waiting for the decision on the step before it.
+        PENDING = "pending"
+        # A fallback step no longer needed (an earlier one reached fallback_until).
+        SKIPPED = "skipped"
 
     id = models.BigAutoField(primary_key=True)
     # Indexed through delivery_target_uniq, whose leading column it is. No database FK constraints here or on
@@ -184,6 +193,8 @@ class Delivery(models.Model):
                 name="delivery_provider_msg_idx",
             ),
             models.Index(fields=["recipient", "-id"], condition=Q(channel="inapp"), name="delivery_inbox_idx"),
+            # The fallback timer's sweep: the next step of a chain waits as `pending` until its not_before.
+            models.Index(fields=["not_before"], condition=Q(status="pending"), name="delivery_pending_idx"),
             models.Index(fields=["recipient", "-created_at"], name="delivery_recipient_idx"),
             models.Index(
                 fields=["template_version"],

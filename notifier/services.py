@@ -18,7 +18,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from notifier import dedup, frequency, metrics
+from notifier import dedup, frequency, metrics, strategy
 from notifier.auth import generate_key, hash_key
 from notifier.errors import ApiError
 from notifier.events import record_events, transition
@@ -31,7 +31,7 @@ from templates_app.selectors import TemplateNotFound, template_version_resolve
 
 logger = logging.getLogger(__name__)
 
-CANCELLABLE = (Delivery.Status.SCHEDULED, Delivery.Status.DEFERRED, Delivery.Status.QUEUED)
+CANCELLABLE = (Delivery.Status.SCHEDULED, Delivery.Status.DEFERRED, Delivery.Status.QUEUED, Delivery.Status.PENDING)
 
 
 def api_client_create(*, name: str, allowed_categories: list[str] | None = None) -> tuple[ApiClient, str]:
@@ -121,6 +121,7 @@ def notification_accept(*, client: ApiClient, data: dict[str, Any], trace_id: st
         locale=data.get("locale") or "",
         send_at=data.get("send_at"),
         trace_id=trace_id,
+        **strategy.notification_fields(data),
     )
     try:
         with transaction.atomic():
@@ -195,8 +196,11 @@ def _prepare_user(notification: Notification, user_id: str) -> list[Delivery]:
     ]
     # Smarter delivery hooks (notifier/frequency.py): the category's per-recipient cap.
     frequency.apply_at_accept(notification, recipient, deliveries)
+    # ... and fallback between channels (notifier/strategy.py): later steps wait as pending.
+    strategy.plan_at_accept(notification, deliveries, now)
     Delivery.objects.bulk_create(deliveries)
     record_events(((d.pk, d.status, d.reason) for d in deliveries), at=now)
+    strategy.after_accept(notification, deliveries, now)
     to_publish = [(d.pk, d.channel, d.priority) for d in deliveries if d.status == Delivery.Status.QUEUED]
     if to_publish:
         transaction.on_commit(lambda: publish_now(to_publish))
