@@ -193,6 +193,8 @@ SEND_BATCH_SIZE = env_int("SEND_BATCH_SIZE", 500)
 # Provider calls made at once by one worker process for a batch.
 PROVIDER_CONCURRENCY = env_int("PROVIDER_CONCURRENCY", 16)
 
+# The local hour (in each recipient's time zone) at which daily digests are sent.
+DIGEST_DAILY_LOCAL_HOUR = env_int("DIGEST_DAILY_LOCAL_HOUR", 8)
 # An SMS longer than this many segments fails with reason too_long before any provider is called.
 SMS_MAX_SEGMENTS = env_int("SMS_MAX_SEGMENTS", 6)
 

@@ -12,6 +12,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from notifier.errors import ApiError, error_body
+from notifier.localtime import parse_wall_clock
 from notifier.models import Delivery, Notification
 from notifier.selectors import (
     decode_cursor,
@@ -49,6 +50,7 @@ class NotificationInput(serializers.Serializer):
     priority = serializers.ChoiceField(choices=Notification.Priority.choices, required=False)
     locale = serializers.CharField(max_length=35, required=False, allow_blank=False)
     send_at = serializers.DateTimeField(required=False)
+    send_at_local = serializers.CharField(max_length=32, required=False)
     # Smarter delivery (notifier/strategy.py).
     strategy = serializers.ChoiceField(choices=STRATEGIES, required=False)
     fallback_until = serializers.ChoiceField(choices=FALLBACK_UNTIL, required=False)
@@ -77,6 +79,13 @@ class NotificationInput(serializers.Serializer):
             raise serializers.ValidationError("Expected a language tag such as 'de' or 'pt-BR'.")
         return value
 
+    def validate_send_at_local(self, value: str) -> str:
+        try:
+            return parse_wall_clock(value).isoformat()
+        except ValueError as exc:
+            message = str(exc) if "offset" in str(exc) else "Expected a local date and time: 2026-12-01T09:00:00."
+            raise serializers.ValidationError(message) from None
+
     def validate_channels(self, value: list[str]) -> list[str]:
         if len(set(value)) != len(value):
             raise serializers.ValidationError("Each channel may appear once.")
@@ -85,6 +94,8 @@ class NotificationInput(serializers.Serializer):
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if ("recipient" in attrs) == ("topic" in attrs):
             raise serializers.ValidationError({"recipient": ["Give exactly one of 'recipient' and 'topic'."]})
+        if "send_at_local" in attrs and "send_at" in attrs:
+            raise serializers.ValidationError({"send_at_local": ["Give send_at or send_at_local, not both."]})
         if attrs.get("strategy") != "fallback":
             stray = [name for name in ("fallback_until", "fallback_after_seconds") if name in attrs]
             if stray:
@@ -150,6 +161,7 @@ def notification_out(n: Notification) -> dict[str, Any]:
         "topic": n.topic.key if n.topic_id and n.topic else None,
         "dedup_key": n.dedup_key,
         "send_at": n.send_at,
+        "send_at_local": n.send_at_local or None,
         "strategy": n.strategy,
         "created_at": n.created_at,
         "trace_id": n.trace_id,

@@ -72,6 +72,9 @@ class Notification(models.Model):
     priority = models.CharField(max_length=8, choices=Priority.choices)
     locale = models.CharField(max_length=35, blank=True, default="")
     send_at = models.DateTimeField(null=True, blank=True)
+    # A wall-clock time without offset ("2026-12-01T09:00:00"), sent at that time in each recipient's own time
+    # zone (notifier/localtime.py); for a single recipient send_at holds the instant it resolved to.
+    send_at_local = models.CharField(max_length=32, blank=True, default="", db_default="")
     # "all": every channel at once; "fallback": the channels in order, the next only if the previous did not
     # reach `fallback_until` within `fallback_after_seconds` (notifier/strategy.py).
     strategy = models.CharField(max_length=8, default="all", db_default="all")
@@ -295,6 +298,8 @@ class Campaign(models.Model):
     payload = models.JSONField(default=dict, blank=True)
     send_at = models.DateTimeField(null=True, blank=True)
     crontab = models.CharField(max_length=128, blank=True, default="")  # "m h dom mon dow", recurring
+    # The IANA time zone the crontab runs in (and the admin's send time is read in), e.g. "Europe/Berlin".
+    timezone = models.CharField(max_length=64, default="UTC", db_default="UTC")
     rate_per_second = models.PositiveIntegerField(default=100)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.DRAFT)
     periodic_task = models.OneToOneField(

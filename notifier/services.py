@@ -18,7 +18,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from notifier import dedup, frequency, metrics, strategy
+from notifier import dedup, frequency, localtime, metrics, strategy
 from notifier.auth import generate_key, hash_key
 from notifier.errors import ApiError
 from notifier.events import record_events, transition
@@ -120,6 +120,7 @@ def notification_accept(*, client: ApiClient, data: dict[str, Any], trace_id: st
         priority=priority,
         locale=data.get("locale") or "",
         send_at=data.get("send_at"),
+        send_at_local=data.get("send_at_local") or "",
         trace_id=trace_id,
         **strategy.notification_fields(data),
     )
@@ -185,6 +186,7 @@ def _prepare_user(notification: Notification, user_id: str) -> list[Delivery]:
     notification.recipient = recipient
     notification.user_id = user_id
     now = timezone.now()
+    localtime.apply_to_single(notification, recipient)  # send_at_local in the recipient's time zone
     if notification.send_at and notification.send_at > now:
         notification.status = Notification.Status.SCHEDULED
     notification.save(force_insert=True)

@@ -80,20 +80,25 @@ def window(notification: Any) -> timedelta:
     return timedelta(seconds=notification.fallback_after_seconds or DEFAULT_AFTER_SECONDS)
 
 
-def plan_steps(channels: Sequence[str], items: Sequence[tuple[str, str]], *, deadline: datetime) -> list[Any]:
+def plan_steps(
+    channels: Sequence[str], items: Sequence[tuple[str, str, datetime | None]], *, start: datetime, wait: timedelta
+) -> list[Any]:
     """Decide which of one recipient's new deliveries start now and which wait; return a change per item.
 
-    `items` are (channel, planned status) of the recipient's deliveries. The first step with a delivery that
-    would go out keeps its plan; later steps' would-be deliveries become `pending` (the next one with
-    `deadline` as its not_before, the ones after it without a time: they wait for the next decision). Returns,
-    per item, None (unchanged) or (status, reason, not_before).
+    `items` are (channel, planned status, planned not_before) of the recipient's deliveries. The first step
+    with a delivery that would go out keeps its plan; later steps' would-be deliveries become `pending`: the
+    next one with a deadline `wait` after the first step is due (its send_at, local time or quiet hours, if
+    later than `start`), the ones after it without a time (they wait for the next decision). Returns, per
+    item, None (unchanged) or (status, reason, not_before).
     """
-    live_steps = sorted({channels.index(ch) for ch, status in items if status in WAITING})
+    live_steps = sorted({channels.index(ch) for ch, status, _ in items if status in WAITING})
     if len(live_steps) < 2:
         return [None] * len(items)
     first, nxt = live_steps[0], live_steps[1]
+    due = [nb for ch, status, nb in items if channels.index(ch) == first and status in WAITING and nb is not None]
+    deadline = max([start, *due]) + wait
     out: list[Any] = []
-    for ch, status in items:
+    for ch, status, _ in items:
         step = channels.index(ch)
         if step > first and status in WAITING:
             out.append(("pending", REASON, deadline if step == nxt else None))
@@ -112,8 +117,8 @@ def plan_at_accept(notification: Any, deliveries: Sequence[Any], now: datetime) 
     """Hold the later steps of a single recipient's fallback chain as `pending` (before the rows are written)."""
     if not is_fallback(notification):
         return
-    deadline = start_of(notification, now) + window(notification)
-    changes = plan_steps(notification.channels, [(d.channel, d.status) for d in deliveries], deadline=deadline)
+    items = [(d.channel, d.status, d.not_before) for d in deliveries]
+    changes = plan_steps(notification.channels, items, start=start_of(notification, now), wait=window(notification))
     for d, change in zip(deliveries, changes, strict=True):
         if change is not None:
             d.status, d.reason, d.not_before = change
@@ -125,15 +130,11 @@ def after_accept(notification: Any, deliveries: Sequence[Any], now: datetime) ->
         return
     events = _start_events(notification.channels, [(d.pk, d.channel, d.status, d.reason) for d in deliveries])
     record_events(events, at=now)
-    timed = [d.pk for d in deliveries if d.status == "pending" and d.not_before is not None]
+    timed = [d for d in deliveries if d.status == "pending" and d.not_before is not None]
     if timed:
-        delay = (timed_deadline(deliveries) - now).total_seconds()
-        transaction.on_commit(lambda: schedule(timed, delay))
-
-
-def timed_deadline(deliveries: Sequence[Any]) -> datetime:
-    """Return the earliest deadline among pending deliveries."""
-    return min(d.not_before for d in deliveries if d.status == "pending" and d.not_before is not None)
+        delay = (min(d.not_before for d in timed) - now).total_seconds()
+        ids = [d.pk for d in timed]
+        transaction.on_commit(lambda: schedule(ids, delay))
 
 
 def _start_events(channels: Sequence[str], rows: Sequence[tuple[int, str, str, str]]) -> list[tuple[int, str, str]]:
@@ -153,13 +154,14 @@ def plan_fanout_rows(notification: Any, rows: list[tuple[Any, ...]], now: dateti
     """Apply plan_steps per recipient to a fan-out page's rows (recipient_id, channel, address, status, reason, nb)."""
     if not is_fallback(notification):
         return rows
-    deadline = start_of(notification, now) + window(notification)
+    start, wait = start_of(notification, now), window(notification)
     by_recipient: dict[Any, list[int]] = defaultdict(list)
     for i, row in enumerate(rows):
         by_recipient[row[0]].append(i)
     out = list(rows)
     for indexes in by_recipient.values():
-        changes = plan_steps(notification.channels, [(rows[i][1], rows[i][3]) for i in indexes], deadline=deadline)
+        items = [(rows[i][1], rows[i][3], rows[i][5]) for i in indexes]
+        changes = plan_steps(notification.channels, items, start=start, wait=wait)
         for i, change in zip(indexes, changes, strict=True):
             if change is not None:
                 out[i] = (rows[i][0], rows[i][1], rows[i][2], *change)
@@ -171,9 +173,20 @@ def after_fanout_page(notification: Any, inserted: Sequence[tuple[Any, ...]], no
     if not is_fallback(notification):
         return
     pending = [row[0] for row in inserted if row[2] == "pending"]
-    if pending:
-        deadline = start_of(notification, now) + window(notification)
-        schedule(pending, (deadline - now).total_seconds())
+    if not pending:
+        return
+    # Deadlines differ per subscriber (local time, quiet hours): one timer message per distinct second.
+    with bound_cursor() as cursor:
+        cursor.execute(
+            "SELECT id, not_before FROM notifier_delivery WHERE id IN (SELECT unnest(%s::bigint[]))"
+            " AND status = 'pending' AND not_before IS NOT NULL",
+            [int_array(pending)],
+        )
+        timers: dict[int, list[int]] = defaultdict(list)
+        for delivery_id, not_before in cursor.fetchall():
+            timers[math.ceil((not_before - now).total_seconds())].append(delivery_id)
+    for delay, ids in timers.items():
+        schedule(ids, float(delay))
 
 
 def schedule(delivery_ids: Sequence[int], delay: float) -> None:
