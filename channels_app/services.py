@@ -32,6 +32,7 @@ from notifier.events import record_events
 from notifier.logging import log_lines
 from notifier.models import Campaign, DeadLetter, Delivery, Notification
 from notifier.outbox import publish
+from notifier.tracking.services import decorate as tracking_decorate
 from preferences.compliance import evaluate, suppressed_addresses
 from preferences.digest import is_digest
 from preferences.models import Recipient
@@ -446,7 +447,8 @@ def _build_message(delivery: Delivery, out: _Outcomes) -> OutboundMessage | None
         delivery_id=delivery.pk,
         channel=delivery.channel,
         address=delivery.address,
-        content=rendered.parts,
+        # Smarter delivery hook (notifier/tracking): signed links and an open pixel where the category tracks.
+        content=tracking_decorate(delivery, rendered.parts),
         idempotency_key=f"dlv_{delivery.pk}",
         category=n.category,
         priority=delivery.priority,
