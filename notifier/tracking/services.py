@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core import signing
+from django.db import connection, transaction
 
 from notifier.events import record_events, transition
 
@@ -125,8 +126,15 @@ def open_resolve(token: str) -> int:
 
 
 def click_record(*, delivery_id: int, url: str, source: str = "redirect") -> None:
-    """Append a `clicked` event to the delivery (one insert; the delivery's status does not change)."""
-    record_events([(delivery_id, CLICKED, f"{source} {url}"[:1024])])
+    """Append a `clicked` event to the delivery (one insert; the delivery's status does not change).
+
+    The commit does not wait for its WAL flush: a click lost to a database crash in the next few milliseconds
+    costs a statistic, while waiting for the flush was most of the redirect's time.
+    """
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL synchronous_commit = off")
+        record_events([(delivery_id, CLICKED, f"{source} {url}"[:1024])])
 
 
 def open_record(*, delivery_id: int, source: str = "pixel") -> list[int]:
