@@ -29,8 +29,9 @@ from django.db import InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
 
 from channels_app.providers.base import ProviderError, SendResult, UnexpectedError
+from channels_app.sms_fit import count_sent as count_sms_segments
 from config.celery import queue_name
-from notifier import metrics
+from notifier import metrics, strategy
 from notifier.db import bound_cursor, json_rows
 from notifier.events import record_events
 from notifier.logging import log_lines, mask_text
@@ -265,6 +266,7 @@ class Outcomes:
                 counts[(delivery.channel, fields.get("provider") or delivery.provider or "none", fields["status"])] += 1
         for (channel, provider, status), n in counts.items():
             metrics.count_deliveries(channel, provider, status, n)
+        count_sms_segments(updates)
 
     # The columns an outcome may change; every touched row is written with all of them in one statement.
     COLUMNS = (
@@ -280,6 +282,8 @@ class Outcomes:
         ("sent_at", "timestamptz"),
         ("template_version_id", "bigint"),
         ("content", "jsonb"),
+        ("sms_encoding", "text"),
+        ("sms_segments", "integer"),
     )
 
     def _write_rows(self, updates: list[tuple[Delivery, dict[str, Any]]], at: datetime) -> None:
@@ -374,6 +378,8 @@ class Outcomes:
                 pause = min(pause * 2, 5.0)
         self._count_metrics(updates)
         self._log_outcomes(updates)
+        # Smarter delivery hook (notifier/strategy.py): a fallback chain's next step may start, or be skipped.
+        strategy.after_outcomes(updates)
         now = self.now
         # Delayed messages are routed by whole seconds anyway (publish rounds up): one message per second of
         # delay and queue, not one per delivery (rate-limit waits are spread a fraction of a second apart).

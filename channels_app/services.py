@@ -25,8 +25,11 @@ from channels_app import guards
 from channels_app.outcomes import BatchReport, DbClock, Outcomes, backoff_seconds, describe_exception
 from channels_app.providers import registry
 from channels_app.providers.base import OutboundMessage, RetriableError, SendResult
+from channels_app.sms_fit import sms_fit
+from notifier import frequency
 from notifier.db import RowLoader, bound_cursor, int_array
 from notifier.models import Campaign, Delivery, Notification
+from notifier.tracking.services import decorate as tracking_decorate
 from preferences.compliance import evaluate, suppressed_addresses
 from preferences.digest import is_digest
 from preferences.emails import personalize, uses_preferences_url
@@ -304,7 +307,8 @@ def _recheck_compliance(deliveries: list[Delivery], out: Outcomes) -> list[Deliv
             out.wait(d, until=None, reason=verdict.reason or "digest")
         else:
             out.wait(d, until=verdict.until, reason=verdict.reason or "quiet_hours")
-    return sendable
+    # Smarter delivery hook (notifier/frequency.py): the per-recipient cap, checked again right before sending.
+    return frequency.recheck_on_worker(sendable, out.suppressed)
 
 
 _render_cache: dict[tuple[Any, ...], Any] = {}
@@ -335,6 +339,16 @@ def _build_message(delivery: Delivery, out: Outcomes) -> OutboundMessage | None:
             if isinstance(meta.get(name), str):
                 meta[name] = header_value(meta[name])  # sender names become header lines too
         content = rendered.parts
+        # SMS that fits (channels_app/sms_fit.py): encoding and segments on the row; too long fails before any provider.
+        sms_fields, too_long = sms_fit(delivery.channel, content)
+        if sms_fields:
+            out.note(delivery, **sms_fields)
+        if too_long is not None:
+            out.failed(delivery, too_long)
+            return None
+        # Smarter delivery hook (notifier/tracking): signed links and an open pixel where the category tracks;
+        # before the footer below, so the unsubscribe and preference links are never rewritten.
+        content = tracking_decorate(delivery, content)
         if personal or "preferences_url" in meta:
             content = personalize(
                 content,

@@ -110,6 +110,11 @@ app.conf.beat_schedule = {
         "schedule": float(os.environ.get("OUTBOX_RELAY_INTERVAL_SECONDS", "15")),
         "options": {"queue": "maintenance", "expires": 60},
     },
+    "fallback-sweep": {
+        "task": "notifier.tasks.fallback_sweep",
+        "schedule": float(os.environ.get("OUTBOX_RELAY_INTERVAL_SECONDS", "15")),
+        "options": {"queue": "maintenance", "expires": 60},
+    },
     "fanout-sweep": {
         "task": "notifier.tasks.fanout_sweep",
         "schedule": 60.0,
@@ -128,7 +133,9 @@ app.conf.beat_schedule = {
     },
     "digests-daily": {
         "task": "preferences.tasks.flush_digests",
-        "schedule": crontab(minute=0, hour=int(os.environ.get("DIGEST_DAILY_HOUR_UTC", "8"))),
+        # Every hour: each run sends the daily digests of the recipients whose local hour is
+        # DIGEST_DAILY_LOCAL_HOUR (preferences/digest.py), so everyone gets theirs at that hour of their day.
+        "schedule": crontab(minute=0),
         "args": ["daily_digest"],
         "options": {"queue": "maintenance"},
     },

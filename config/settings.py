@@ -241,6 +241,11 @@ SENDING_HEARTBEAT_SECONDS = env_float("SENDING_HEARTBEAT_SECONDS", 0.0)
 OUTCOME_FLUSH_MAX = env_int("OUTCOME_FLUSH_MAX", 0)  # 0: the provider's calls in flight
 OUTCOME_FLUSH_INTERVAL_SECONDS = env_float("OUTCOME_FLUSH_INTERVAL_SECONDS", 0.2)
 
+# The local hour (in each recipient's time zone) at which daily digests are sent.
+DIGEST_DAILY_LOCAL_HOUR = env_int("DIGEST_DAILY_LOCAL_HOUR", 8)
+# An SMS longer than this many segments fails with reason too_long before any provider is called.
+SMS_MAX_SEGMENTS = env_int("SMS_MAX_SEGMENTS", 6)
+
 # Providers per channel, in failover order. "sandbox" records instead of sending; it is the default for
 # every channel so the whole pipeline runs without any provider account.
 CHANNEL_PROVIDERS: dict[str, list[str]] = {

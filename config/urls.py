@@ -20,6 +20,7 @@ urlpatterns = [
     ),
     path("api/v1/", include("notifier.urls")),
     path("callbacks/", include("notifier.callbacks.urls")),
+    path("t/", include("notifier.tracking.urls")),
     path("", include("notifier.ops_urls")),
     path("", include("preferences.unsubscribe_urls")),
     path("", include("preferences.center")),

@@ -13,6 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from notifier.errors import ApiError, error_body
+from notifier.localtime import parse_wall_clock
 from notifier.models import Delivery, Notification
 from notifier.selectors import (
     notification_delivery_counts,
@@ -20,6 +21,8 @@ from notifier.selectors import (
     notification_list,
 )
 from notifier.services import AcceptResult, notification_accept, notification_cancel, notifications_accept_batch
+from notifier.strategy import MAX_AFTER_SECONDS, STRATEGIES
+from notifier.strategy import UNTIL as FALLBACK_UNTIL
 
 TEMPLATE_SPEC = re.compile(r"^[-a-zA-Z0-9_]+(@[1-9][0-9]*)?$")
 LOCALE = re.compile(r"^[A-Za-z]{2,3}([-_][A-Za-z0-9]{2,8})*$")
@@ -47,6 +50,11 @@ class NotificationInput(serializers.Serializer):
     priority = serializers.ChoiceField(choices=Notification.Priority.choices, required=False)
     locale = serializers.CharField(max_length=35, required=False, allow_blank=False)
     send_at = serializers.DateTimeField(required=False)
+    send_at_local = serializers.CharField(max_length=32, required=False)
+    # Smarter delivery (notifier/strategy.py).
+    strategy = serializers.ChoiceField(choices=STRATEGIES, required=False)
+    fallback_until = serializers.ChoiceField(choices=FALLBACK_UNTIL, required=False)
+    fallback_after_seconds = serializers.IntegerField(min_value=1, max_value=MAX_AFTER_SECONDS, required=False)
 
     def to_internal_value(self, data: Any) -> dict[str, Any]:
         if isinstance(data, dict):
@@ -71,6 +79,13 @@ class NotificationInput(serializers.Serializer):
             raise serializers.ValidationError("Expected a language tag such as 'de' or 'pt-BR'.")
         return value
 
+    def validate_send_at_local(self, value: str) -> str:
+        try:
+            return parse_wall_clock(value).isoformat()
+        except ValueError as exc:
+            message = str(exc) if "offset" in str(exc) else "Expected a local date and time: 2026-12-01T09:00:00."
+            raise serializers.ValidationError(message) from None
+
     def validate_channels(self, value: list[str]) -> list[str]:
         if len(set(value)) != len(value):
             raise serializers.ValidationError("Each channel may appear once.")
@@ -79,6 +94,12 @@ class NotificationInput(serializers.Serializer):
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if ("recipient" in attrs) == ("topic" in attrs):
             raise serializers.ValidationError({"recipient": ["Give exactly one of 'recipient' and 'topic'."]})
+        if "send_at_local" in attrs and "send_at" in attrs:
+            raise serializers.ValidationError({"send_at_local": ["Give send_at or send_at_local, not both."]})
+        if attrs.get("strategy") != "fallback":
+            stray = [name for name in ("fallback_until", "fallback_after_seconds") if name in attrs]
+            if stray:
+                raise serializers.ValidationError({name: ["Only with strategy 'fallback'."] for name in stray})
         return attrs
 
 
@@ -105,6 +126,8 @@ def delivery_out(delivery: Delivery, *, events: bool) -> dict[str, Any]:
             "sent_at": delivery.sent_at,
             "events": [_event_out(e) for e in delivery.events.all()],
         }
+        if delivery.channel == "sms":
+            body |= {"encoding": delivery.sms_encoding or None, "segments": delivery.sms_segments}
     return body
 
 
@@ -138,9 +161,13 @@ def notification_out(n: Notification) -> dict[str, Any]:
         "topic": n.topic.key if n.topic_id and n.topic else None,
         "dedup_key": n.dedup_key,
         "send_at": n.send_at,
+        "send_at_local": n.send_at_local or None,
+        "strategy": n.strategy,
         "created_at": n.created_at,
         "trace_id": n.trace_id,
     }
+    if n.strategy == "fallback":
+        body |= {"fallback_until": n.fallback_until, "fallback_after_seconds": n.fallback_after_seconds}
     if n.topic_id:
         body["recipients_total"] = n.recipients_total
         body["fanout"] = {"processed": n.fanout_processed, "done": n.status != Notification.Status.FANNING_OUT}

@@ -14,3 +14,11 @@ def secret_key_set(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     if not getattr(settings, "DEVELOPMENT", False) and not getattr(settings, "_SECRET_KEY_FROM_ENV", True):
         return [checks.Error("SECRET_KEY is not set; set it in the environment.", id="notifier.E001")]
     return []
+
+
+@checks.register()
+def frequency_caps_valid(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Refuse a NOTIFIER_CATEGORIES whose frequency_cap is not {"max": int > 0, "per_seconds": int > 0}."""
+    from notifier.frequency import validate_caps
+
+    return [checks.Error(problem, id="notifier.E020") for problem in validate_caps(settings.NOTIFIER_CATEGORIES)]

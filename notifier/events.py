@@ -66,4 +66,9 @@ def transition(
         if moved:
             Delivery.objects.filter(pk__in=moved).update(status=to, updated_at=now, **dict(fields or {}))
             record_events(((did, to, detail) for did in moved), at=now)
+    if moved:
+        from notifier.strategy import after_transition
+
+        # A fallback chain reacts to the change: its next step may start, or be skipped (notifier/strategy.py).
+        after_transition(moved, to)
     return moved

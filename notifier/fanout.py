@@ -48,6 +48,7 @@ from django.utils import timezone
 
 from config.celery import app as celery_app
 from config.celery import queue_name
+from notifier import localtime, strategy
 from notifier.db import bound_cursor, json_rows
 from notifier.models import Campaign, Delivery, FanoutLane, Notification
 from notifier.outbox import broker_recently_down, publish
@@ -389,6 +390,10 @@ def fanout_page(*, notification_id: object, lane: int = 0) -> PageResult:
             "channels",
             "priority",
             "send_at",
+            "send_at_local",
+            "strategy",
+            "fallback_until",
+            "fallback_after_seconds",
             "fanout_processed",
             "client__webhook_url",
             "campaign__id",
@@ -459,11 +464,16 @@ def fanout_page(*, notification_id: object, lane: int = 0) -> PageResult:
                 now=now,
                 suppressed=(channel, address) in dead if address else False,
             )
-            status, reason, not_before = _plan(verdict, n.send_at, now)
+            # send_at_local: that wall-clock time in this subscriber's time zone (notifier/localtime.py).
+            send_at = localtime.send_at_for(n, r.timezone) if n.send_at_local else n.send_at
+            status, reason, not_before = _plan(verdict, send_at, now)
             rows.append((r.pk, channel, address, status, reason, not_before))
+        # Smarter delivery hook (notifier/strategy.py): a fallback chain's later steps wait as pending.
+        rows = strategy.plan_fanout_rows(n, rows, now)
         with bound_cursor() as cursor:
             cursor.execute(_INSERT_SQL, [n.pk, n.priority, now, now, now, json_rows(rows), now])
             inserted = cursor.fetchall()
+    strategy.after_fanout_page(n, inserted, now)  # after commit: the timer for the pending steps
     queued = [(row[0], row[1]) for row in inserted if row[2] == S.QUEUED]
     if len(inserted) < len(targets):
         # Part of this page was written by an earlier run that did not reach its checkpoint: publish again

@@ -66,6 +66,9 @@ BREAKER_TRANSITIONS = Counter(
     "Circuit breaker state changes per provider and new state.",
     ["provider", "state"],
 )
+SMS_SEGMENTS = Counter(
+    "notifier_sms_segments", "SMS segments sent (what providers bill), by encoding (gsm7, ucs2).", ["encoding"]
+)
 # --- Fan-out -----------------------------------------------------------------------------------------
 FANOUT_DELIVERIES = Counter(
     "notifier_fanout_deliveries_created", "Deliveries written by topic and campaign fan-out.", ["channel"]
@@ -105,6 +108,12 @@ def count_deliveries(channel: str, provider: str, status: str, n: int = 1) -> No
     """Count `n` deliveries of `channel` through `provider` that reached `status`."""
     if n > 0:
         DELIVERIES.labels(_label(channel), _label(provider, "none"), _label(status)).inc(n)
+
+
+def count_sms_segments(encoding: str, n: int) -> None:
+    """Count `n` SMS segments sent in `encoding`."""
+    if n > 0:
+        SMS_SEGMENTS.labels(_label(encoding)).inc(n)
 
 
 def observe_provider_call(provider: str, seconds: float, outcome: str) -> None:

@@ -79,6 +79,14 @@ class Notification(models.Model):
     priority = models.CharField(max_length=8, choices=Priority.choices)
     locale = models.CharField(max_length=35, blank=True, default="")
     send_at = models.DateTimeField(null=True, blank=True)
+    # A wall-clock time without offset ("2026-12-01T09:00:00"), sent at that time in each recipient's own time
+    # zone (notifier/localtime.py); for a single recipient send_at holds the instant it resolved to.
+    send_at_local = models.CharField(max_length=32, blank=True, default="", db_default="")
+    # "all": every channel at once; "fallback": the channels in order, the next only if the previous did not
+    # reach `fallback_until` within `fallback_after_seconds` (notifier/strategy.py).
+    strategy = models.CharField(max_length=8, default="all", db_default="all")
+    fallback_until = models.CharField(max_length=16, blank=True, default="", db_default="")
+    fallback_after_seconds = models.PositiveIntegerField(null=True, blank=True)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.ACCEPTED)
     # Fan-out progress: subscribers seen so far, over all lanes (FanoutLane holds each lane's resume point).
     recipients_total = models.PositiveIntegerField(null=True, blank=True)
@@ -123,6 +131,10 @@ class Delivery(models.Model):
         SUPPRESSED = "suppressed"
         CANCELLED = "cancelled"
         DIGESTED = "digested"
+        # A later step of a fallback chain, waiting for the decision on the step before it.
+        PENDING = "pending"
+        # A fallback step no longer needed (an earlier one reached fallback_until).
+        SKIPPED = "skipped"
 
     id = models.BigAutoField(primary_key=True)
     # Indexed through delivery_target_uniq, whose leading column it is. No database FK constraints here or on
@@ -170,6 +182,9 @@ class Delivery(models.Model):
     )
     # The rendered message for channels that keep it (the in-app inbox).
     content = models.JSONField(null=True, blank=True)
+    # SMS only, set when rendered on the worker: "gsm7" or "ucs2" and the segments the text is sent in.
+    sms_encoding = models.CharField(max_length=8, blank=True, default="", db_default="")
+    sms_segments = models.PositiveSmallIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -192,6 +207,8 @@ class Delivery(models.Model):
                 name="delivery_provider_msg_idx",
             ),
             models.Index(fields=["recipient", "-id"], condition=Q(channel="inapp"), name="delivery_inbox_idx"),
+            # The fallback timer's sweep: the next step of a chain waits as `pending` until its not_before.
+            models.Index(fields=["not_before"], condition=Q(status="pending"), name="delivery_pending_idx"),
             models.Index(fields=["recipient", "-created_at"], name="delivery_recipient_idx"),
             models.Index(
                 fields=["template_version"],
@@ -292,6 +309,8 @@ class Campaign(models.Model):
     payload = models.JSONField(default=dict, blank=True)
     send_at = models.DateTimeField(null=True, blank=True)
     crontab = models.CharField(max_length=128, blank=True, default="")  # "m h dom mon dow", recurring
+    # The IANA time zone the crontab runs in (and the admin's send time is read in), e.g. "Europe/Berlin".
+    timezone = models.CharField(max_length=64, default="UTC", db_default="UTC")
     rate_per_second = models.PositiveIntegerField(default=100)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.DRAFT)
     periodic_task = models.OneToOneField(

@@ -19,7 +19,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from audit.services import audit_record
-from notifier import dedup, metrics
+from notifier import dedup, frequency, localtime, metrics, strategy
 from notifier.auth import generate_key, hash_key
 from notifier.db import insert_rows
 from notifier.errors import ApiError
@@ -36,7 +36,7 @@ from templates_app.selectors import TemplateNotFound, template_version_resolve
 
 logger = logging.getLogger(__name__)
 
-CANCELLABLE = (Delivery.Status.SCHEDULED, Delivery.Status.DEFERRED, Delivery.Status.QUEUED)
+CANCELLABLE = (Delivery.Status.SCHEDULED, Delivery.Status.DEFERRED, Delivery.Status.QUEUED, Delivery.Status.PENDING)
 
 
 def api_client_create(
@@ -206,7 +206,9 @@ def _new_notification(
         priority=decision.priority,
         locale=data.get("locale") or "",
         send_at=data.get("send_at"),
+        send_at_local=data.get("send_at_local") or "",
         trace_id=trace_id,
+        **strategy.notification_fields(data),
     )
 
 
@@ -282,7 +284,11 @@ def notifications_accept_batch(
             if item.get("topic"):
                 results[index] = notification_accept(client=client, data=item, trace_id=trace_id)
                 continue
-            fresh.append((index, item, notification_decide(client=client, data=item, templates=templates)))
+            decision = notification_decide(client=client, data=item, templates=templates)
+            if _decided_per_recipient(item, decision):
+                results[index] = notification_accept(client=client, data=item, trace_id=trace_id)
+                continue
+            fresh.append((index, item, decision))
         except ApiError as exc:
             results[index] = exc
 
@@ -345,6 +351,20 @@ def notifications_accept_batch(
         else:
             results[index] = first_result
     return [r for r in results if r is not None]
+
+
+def _decided_per_recipient(item: dict[str, Any], decision: AcceptDecision) -> bool:
+    """Return True for an item whose accept needs per-recipient decisions the bulk writer does not make.
+
+    A fallback chain, a local send time and a category's frequency cap are decided against one recipient
+    inside its own accept transaction (notifier/strategy.py, localtime.py, frequency.py); such items take
+    the single path, exactly as a single request would, and the bulk writer stays one statement per table.
+    """
+    return (
+        item.get("strategy") == strategy.FALLBACK
+        or bool(item.get("send_at_local"))
+        or frequency.cap_of(decision.category) is not None
+    )
 
 
 def _deliveries_of(notifications: list[Notification]) -> dict[Any, list[Delivery]]:
@@ -459,6 +479,7 @@ def _prepare_user(notification: Notification, user_id: str) -> list[Delivery]:
     notification.recipient = recipient
     notification.user_id = user_id
     now = timezone.now()
+    localtime.apply_to_single(notification, recipient)  # send_at_local in the recipient's time zone
     if notification.send_at and notification.send_at > now:
         notification.status = Notification.Status.SCHEDULED
     notification.save(force_insert=True)
@@ -468,8 +489,13 @@ def _prepare_user(notification: Notification, user_id: str) -> list[Delivery]:
         for channel in notification.channels
         for address in channel_addresses(recipient, channel, notification.client)
     ]
+    # Smarter delivery hooks (notifier/frequency.py): the category's per-recipient cap.
+    frequency.apply_at_accept(notification, recipient, deliveries)
+    # ... and fallback between channels (notifier/strategy.py): later steps wait as pending.
+    strategy.plan_at_accept(notification, deliveries, now)
     Delivery.objects.bulk_create(deliveries)
     record_events(((d.pk, d.status, d.reason) for d in deliveries), at=now)
+    strategy.after_accept(notification, deliveries, now)
     to_publish = [(d.pk, d.channel, d.priority) for d in deliveries if d.status == Delivery.Status.QUEUED]
     if to_publish:
         transaction.on_commit(lambda: publish_soon(to_publish))

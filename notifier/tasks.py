@@ -47,6 +47,23 @@ def fanout_sweep() -> int:
     return sweep()
 
 
+@shared_task(name="notifier.tasks.fallback_due", **_RETRY)
+def fallback_due(delivery_ids: list[int]) -> dict[str, int]:
+    """Decide the fallback chains of these pending deliveries now that their deadline has come."""
+    from notifier.strategy import fallback_decide
+
+    decisions = fallback_decide(delivery_ids=[int(i) for i in delivery_ids])
+    return {"started": len(decisions.started), "skipped": len(decisions.skipped)}
+
+
+@shared_task(name="notifier.tasks.fallback_sweep")
+def fallback_sweep() -> int:
+    """Decide fallback chains whose deadline passed without a decision (a lost or long timer)."""
+    from notifier.strategy import fallback_sweep as sweep
+
+    return sweep()
+
+
 @shared_task(name="notifier.tasks.run_campaign", **_RETRY)
 def run_campaign(campaign_id: int) -> str | None:
     """Start one run of a campaign (called by beat; runs once even if two beat processes fire it)."""

@@ -79,6 +79,7 @@ class RecipientInputSerializer(serializers.Serializer):
     locale = serializers.CharField(max_length=35, required=False, allow_blank=True, allow_null=True)
     timezone = serializers.CharField(max_length=64, required=False, allow_blank=True, allow_null=True)
     webhook_url = serializers.URLField(max_length=2048, required=False, allow_blank=True, allow_null=True)
+    tracking_opt_out = serializers.BooleanField(required=False)
 
     def validate_phone(self, value: str | None) -> str:
         if not value:
@@ -117,6 +118,7 @@ class RecipientOutputSerializer(serializers.Serializer):
     locale = serializers.CharField()
     timezone = serializers.CharField()
     webhook_url = serializers.CharField()
+    tracking_opt_out = serializers.BooleanField()
     devices = serializers.SerializerMethodField()
     preferences = serializers.SerializerMethodField()
     created_at = serializers.DateTimeField()

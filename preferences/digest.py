@@ -15,6 +15,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from notifier.events import record_events
@@ -45,8 +46,28 @@ def normalise_frequency(frequency: str) -> str:
     return canonical
 
 
-def digest_flush(*, frequency: str, now: dt.datetime | None = None) -> int:
+def _recipients_at_local_hour(at: dt.datetime, hour: int) -> RawSQL:
+    """Return a subquery of the recipients for whom `at` falls in local hour `hour` (no time zone: UTC).
+
+    Time zones are validated when stored (preferences), and PostgreSQL's zone database is the IANA one too.
+    """
+    return RawSQL(
+        "SELECT id FROM preferences_recipient WHERE extract(hour FROM %s::timestamptz AT TIME ZONE"
+        " coalesce(nullif(timezone, ''), 'UTC')) = %s",
+        [at, hour],
+    )
+
+
+def daily_digest_hour() -> int:
+    """Return the local hour at which each recipient's daily digest is sent (DIGEST_DAILY_LOCAL_HOUR, 8)."""
+    return int(getattr(settings, "DIGEST_DAILY_LOCAL_HOUR", 8))
+
+
+def digest_flush(*, frequency: str, now: dt.datetime | None = None, local_hour: int | None = None) -> int:
     """Fold every waiting "digest:<frequency>" delivery created up to `now` into digests; return how many.
+
+    With `local_hour`, a daily flush takes only the recipients whose local time is in that hour now: beat runs
+    it every hour, so everyone gets their daily digest at that hour of their own day.
 
     Recipients are taken in batches; within a batch the originals are locked with SKIP LOCKED, so two flushes
     running at once (two beat processes) take disjoint rows and never fold one delivery twice.
@@ -57,6 +78,8 @@ def digest_flush(*, frequency: str, now: dt.datetime | None = None) -> int:
     waiting = Delivery.objects.filter(
         status=Delivery.Status.DEFERRED, reason=reason, not_before__isnull=True, created_at__lte=cutoff
     )
+    if frequency == "daily_digest" and local_hour is not None:
+        waiting = waiting.filter(recipient_id__in=_recipients_at_local_hour(cutoff, local_hour))
     created = 0
     last_recipient = 0
     while True:

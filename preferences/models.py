@@ -17,6 +17,8 @@ class Recipient(models.Model):
     # Preferences (see API.md): global opt-out, per-channel switches {"sms": false}, per-category settings
     # {"marketing": {"enabled": true, "channels": ["email"], "frequency": "daily_digest"}}.
     opted_out = models.BooleanField(default=False)
+    # The recipient asked not to be tracked: their email gets no open pixel and untracked links.
+    tracking_opt_out = models.BooleanField(default=False, db_default=False)
     channel_prefs = models.JSONField(default=dict, blank=True)
     category_prefs = models.JSONField(default=dict, blank=True)
     quiet_start = models.TimeField(null=True, blank=True)

@@ -29,6 +29,7 @@ RECIPIENT_FIELDS = frozenset(
         "timezone",
         "webhook_url",
         "opted_out",
+        "tracking_opt_out",
         "channel_prefs",
         "category_prefs",
         "quiet_start",

@@ -26,6 +26,7 @@ from templates_app.services import (
     template_put_validate,
     template_version_publish,
 )
+from templates_app.sms import sms_preview
 
 HEADER_FIELDS = ("key", "category", "default_locale")
 
@@ -331,7 +332,12 @@ class TemplateVersionAdmin(admin.ModelAdmin):
                     error = exc.message
                 else:
                     results = [
-                        {"channel": channel, "locale": r.locale, "parts": _display_parts(channel, r.parts)}
+                        {
+                            "channel": channel,
+                            "locale": r.locale,
+                            "parts": _display_parts(channel, r.parts),
+                            "sms": sms_preview(str(r.parts.get("text") or "")) if channel == "sms" else None,
+                        }
                         for channel, r in rendered.items()
                     ]
         else:

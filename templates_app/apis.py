@@ -21,6 +21,7 @@ from templates_app.selectors import (
     template_version_list,
 )
 from templates_app.services import template_put
+from templates_app.sms import sms_preview
 
 
 def _not_found(exc: TemplateNotFound) -> ApiError:
@@ -175,4 +176,6 @@ class TemplatePreviewApi(APIView):
             "locale": data["locale"],
             "channels": {channel: {"locale": r.locale, "parts": r.parts} for channel, r in rendered.items()},
         }
+        if "sms" in rendered:
+            body["channels"]["sms"]["sms"] = sms_preview(str(rendered["sms"].parts.get("text") or ""))
         return Response(self.TemplatePreviewOutputSerializer(body).data)

@@ -11,6 +11,9 @@ characters, not by dividing the length.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
 
 GSM7_BASIC = frozenset(
     "@£$¥èéùìòÇ\nØø\rÅåΔ_ΦΓΛΩΠΨΣΘΞ\x1bÆæßÉ !\"#¤%&'()*+,-./0123456789:;<=>?"
@@ -58,3 +61,23 @@ def sms_info(text: str) -> SmsInfo:
         return SmsInfo(GSM7, sum(costs), _segments(costs, 160, 153))
     costs = [_cost_ucs2(c) for c in text]
     return SmsInfo(UCS2, sum(costs), _segments(costs, 70, 67))
+
+
+def sms_preview(text: str) -> dict[str, Any]:
+    """Describe an SMS text for a preview: encoding, units, segments, the limit, and a warning when it matters."""
+    info = sms_info(text)
+    limit = settings.SMS_MAX_SEGMENTS
+    warning = ""
+    if limit and info.segments > limit:
+        warning = f"{info.segments} segments: over the limit of {limit}, this message would fail (too_long)."
+    elif info.segments > 1:
+        warning = f"{info.segments} segments ({info.encoding}): each is billed as one message."
+    elif info.encoding == UCS2:
+        warning = "UCS-2: a character outside GSM-7 leaves 70 characters per segment instead of 160."
+    return {
+        "encoding": info.encoding,
+        "units": info.units,
+        "segments": info.segments,
+        "max_segments": limit,
+        "warning": warning,
+    }

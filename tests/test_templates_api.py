@@ -178,7 +178,8 @@ def test_preview_of_a_draft_version(api: Any) -> None:
     response = api.post("/api/v1/templates/t/preview", {"payload": {"order_id": "1"}, "version": 2}, format="json")
     assert response.status_code == 200
     assert response.json()["published"] is False
-    assert response.json()["channels"] == {"sms": {"locale": "en", "parts": {"text": "draft 1"}}}
+    sms = {"encoding": "gsm7", "units": 7, "segments": 1, "max_segments": 6, "warning": ""}
+    assert response.json()["channels"] == {"sms": {"locale": "en", "parts": {"text": "draft 1"}, "sms": sms}}
 
 
 def test_preview_missing_variable_is_400_naming_it(api: Any) -> None:

@@ -102,14 +102,14 @@ def _targets(deliveries: Sequence[Delivery], addresses: Iterable[str] | None) ->
     return [d for d in deliveries if _norm_email(d.address) in wanted]
 
 
-def _record_once(deliveries: Sequence[Delivery], detail: str) -> int:
-    """Append an event that changes no status (its status is the delivery's current one), once per detail."""
+def _record_once(deliveries: Sequence[Delivery], detail: str, status: str = "") -> int:
+    """Append an event that changes no status (`status`, else the delivery's current one), once per detail."""
     ids = [d.pk for d in deliveries]
     if not ids:
         return 0
     seen = set(DeliveryEvent.objects.filter(delivery_id__in=ids, detail=detail).values_list("delivery_id", flat=True))
     current = dict(Delivery.objects.filter(pk__in=ids).values_list("pk", "status"))
-    rows = [(did, current[did], detail) for did in ids if did not in seen and did in current]
+    rows = [(did, status or current[did], detail) for did in ids if did not in seen and did in current]
     record_events(rows)
     return len(rows)
 
@@ -197,6 +197,11 @@ def ses_event_apply(*, event: Mapping[str, Any], sns_message_id: str) -> Callbac
             result.moved = transition(
                 [d.pk for d in deliveries], to=S.OPENED, only_from=OPENED_FROM, detail=f"ses:open {tag}"
             )
+        elif kind == "Click":
+            # Counted as our own redirect counts a click: a `clicked` event (notifier/tracking).
+            body = event.get("click") if isinstance(event.get("click"), dict) else {}
+            link = str(body.get("link") or "")[:900]
+            result.events = _record_once(deliveries, f"ses:click {tag} {link}".strip(), status="clicked")
         elif kind == "Bounce":
             _apply_ses_bounce(event, deliveries, tag, result)
         elif kind == "Complaint":

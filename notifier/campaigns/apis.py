@@ -37,6 +37,7 @@ class CampaignInput(serializers.Serializer):
     payload = serializers.DictField(required=False, default=dict)
     send_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
     crontab = serializers.CharField(max_length=128, required=False, allow_blank=True, default="")
+    timezone = serializers.CharField(max_length=64, default="UTC")
     rate_per_second = serializers.IntegerField(min_value=1, max_value=MAX_RATE, default=100)
     draft = serializers.BooleanField(default=False)
 
@@ -61,6 +62,7 @@ def campaign_out(campaign: Campaign, *, detail: bool = False) -> dict[str, Any]:
         "payload": campaign.payload,
         "send_at": campaign.send_at,
         "crontab": campaign.crontab,
+        "timezone": campaign.timezone,
         "rate_per_second": campaign.rate_per_second,
         "last_run_at": campaign.last_run_at,
         "created_at": campaign.created_at,

@@ -22,6 +22,7 @@ from django_celery_beat.models import ClockedSchedule, CrontabSchedule, Periodic
 from notifier import fanout
 from notifier.errors import ApiError
 from notifier.events import record_events
+from notifier.localtime import is_zone
 from notifier.models import ApiClient, Campaign, Delivery, Notification
 from notifier.outbox import group_by_queue, mark_published, publish
 from notifier.policy import send_policy
@@ -66,6 +67,7 @@ def campaign_validate(
     channels: list[str],
     crontab: str,
     send_at: datetime | None,
+    tz: str = "UTC",
 ) -> str:
     """Check a campaign's definition the way accepting its notification will; return its (the template's) category."""
     if category and category not in settings.NOTIFIER_CATEGORIES:
@@ -83,6 +85,8 @@ def campaign_validate(
         raise _invalid("send_at", "Give send_at (once) or crontab (recurring), not both.")
     if crontab:
         _parse_crontab(crontab)
+    if not is_zone(tz or ""):
+        raise _invalid("timezone", "Unknown time zone; expected an IANA name such as 'Europe/Berlin'.")
     return category
 
 
@@ -99,14 +103,16 @@ def campaign_create(
     crontab: str = "",
     rate_per_second: int = 100,
     draft: bool = False,
+    timezone: str = "UTC",  # the campaign's time zone (shadows django.utils.timezone here only)
 ) -> Campaign:
     """Create a campaign and, unless it is a draft, schedule it (no send_at and no crontab: run now)."""
     topic_obj = Topic.objects.filter(key=topic).first()
     if topic_obj is None:
         raise _invalid("topic", f"Unknown topic '{topic}'.")
     channels = list(channels or [])
+    tz = timezone
     category = campaign_validate(
-        client=client, template=template, category=category, channels=channels, crontab=crontab, send_at=send_at
+        client=client, template=template, category=category, channels=channels, crontab=crontab, send_at=send_at, tz=tz
     )
     with transaction.atomic():
         campaign = Campaign.objects.create(
@@ -120,6 +126,7 @@ def campaign_create(
             send_at=send_at,
             crontab=crontab.strip(),
             rate_per_second=rate_per_second,
+            timezone=tz,
         )
         if not draft:
             campaign_schedule(campaign=campaign)
@@ -138,7 +145,7 @@ def campaign_update(*, campaign: Campaign, **fields: Any) -> Campaign:
     if "template" in fields:
         campaign.template_key = fields.pop("template")
         campaign.category = fields.get("category") or ""  # the new template's, unless given
-    for name in ("name", "category", "channels", "payload", "send_at", "crontab", "rate_per_second"):
+    for name in ("name", "category", "channels", "payload", "send_at", "crontab", "rate_per_second", "timezone"):
         if name in fields:
             setattr(campaign, name, fields.pop(name))
     if fields:
@@ -150,6 +157,7 @@ def campaign_update(*, campaign: Campaign, **fields: Any) -> Campaign:
         channels=list(campaign.channels),
         crontab=campaign.crontab,
         send_at=campaign.send_at,
+        tz=campaign.timezone,
     )
     with transaction.atomic():
         campaign.save()
@@ -166,7 +174,12 @@ def campaign_schedule(*, campaign: Campaign) -> Campaign:
         if campaign.crontab:
             minute, hour, dom, month, dow = _parse_crontab(campaign.crontab)
             schedule, _ = CrontabSchedule.objects.get_or_create(
-                minute=minute, hour=hour, day_of_month=dom, month_of_year=month, day_of_week=dow, timezone="UTC"
+                minute=minute,
+                hour=hour,
+                day_of_month=dom,
+                month_of_year=month,
+                day_of_week=dow,
+                timezone=campaign.timezone or "UTC",
             )
             task.crontab, task.clocked, task.one_off = schedule, None, False
         else:

@@ -1,0 +1,214 @@
+"""Frequency caps: at most `max` notifications of a category per recipient in `per_seconds`, on any channel.
+
+A category opts in with `frequency_cap: {"max": 3, "per_seconds": 86400}` in NOTIFIER_CATEGORIES (none has
+one by default, so security and transactional are never capped unless an operator says so). What is counted
+is a notification to a recipient, whichever and however many channels it uses: a push and an email of the same
+notification are one message from the recipient's point of view, and a fallback chain is one notification.
+
+Two counters, one decision each time:
+
+- Redis (the fast path): a sorted set per (category, recipient) of notification ids scored by Redis' own
+  clock, trimmed and checked and appended in one Lua script, so concurrent accepts on any number of API
+  processes cannot both take the last slot. A notification already in the set is admitted again without
+  counting twice, which is what makes the worker's re-check and redelivered messages harmless.
+- PostgreSQL (the truth when Redis is unreachable): the count of the recipient's recent notifications of that
+  category that were not suppressed, cancelled or skipped, taken under a transaction-scoped advisory lock on
+  (category, recipient) inside the accept transaction, so concurrent accepts queue on the lock and each counts
+  the rows the previous ones committed. On the worker the database answer is "was this one of the first `max`
+  in the window, by creation time", which needs no lock.
+
+Checked at accept (the delivery rows are written `suppressed`, reason `frequency_cap`) and again on the worker
+right before sending (for topics that is the only check: the fan-out writes their deliveries).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from django.conf import settings
+from django.db import connection
+
+from notifier.db import bound_cursor, json_rows
+from notifier.redis import get_redis, rkey
+
+logger = logging.getLogger(__name__)
+
+REASON = "frequency_cap"
+# Statuses that mean "we decided not to send it": they do not use up the recipient's allowance.
+NOT_COUNTED = ("suppressed", "cancelled", "skipped")
+# Statuses of a delivery at accept that will still be sent later (and so count).
+LIVE = ("queued", "scheduled", "deferred", "pending")
+
+_ADMIT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local window = tonumber(ARGV[1])
+local max = tonumber(ARGV[2])
+local admitted = {}
+for i = 1, #KEYS do
+  local key, member = KEYS[i], ARGV[2 + i]
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now - window)
+  if redis.call('ZSCORE', key, member) then
+    admitted[i] = 1
+  elseif redis.call('ZCARD', key) < max then
+    redis.call('ZADD', key, now, member)
+    redis.call('EXPIRE', key, math.ceil(window) + 60)
+    admitted[i] = 1
+  else
+    admitted[i] = 0
+  end
+end
+return admitted
+"""
+_scripts: dict[int, Any] = {}
+
+
+@dataclass(frozen=True)
+class Cap:
+    """A category's allowance: `max` notifications per recipient in `per_seconds`."""
+
+    max: int
+    per_seconds: int
+
+
+def cap_of(category: str) -> Cap | None:
+    """Return the frequency cap configured for `category`, or None (not capped)."""
+    rules = settings.NOTIFIER_CATEGORIES.get(category) or {}
+    cap = rules.get("frequency_cap") if isinstance(rules, dict) else None
+    if not cap:
+        return None
+    return Cap(max=int(cap["max"]), per_seconds=int(cap["per_seconds"]))
+
+
+def validate_caps(categories: dict[str, Any]) -> list[str]:
+    """Return what is wrong with the frequency caps of a NOTIFIER_CATEGORIES value (for the settings check)."""
+    problems = []
+    for name, rules in categories.items():
+        cap = (rules or {}).get("frequency_cap")
+        if cap is None:
+            continue
+        ok = isinstance(cap, dict) and set(cap) == {"max", "per_seconds"}
+        ok = ok and all(isinstance(cap[k], int) and cap[k] > 0 for k in ("max", "per_seconds"))
+        if not ok:
+            problems.append(f"{name}: frequency_cap must be {{'max': int > 0, 'per_seconds': int > 0}}")
+    return problems
+
+
+def _key(category: str, recipient_id: int) -> str:
+    return rkey("fcap", category, recipient_id)
+
+
+def _redis_admit(cap: Cap, category: str, pairs: Sequence[tuple[int, str]]) -> list[bool]:
+    """Admit (recipient id, notification id) pairs in one script call; raise redis.RedisError if Redis is down."""
+    client = get_redis()
+    script = _scripts.get(id(client))
+    if script is None:
+        script = _scripts[id(client)] = client.register_script(_ADMIT)
+    keys = [_key(category, rid) for rid, _ in pairs]
+    result = script(keys=keys, args=[cap.per_seconds, cap.max, *[nid for _, nid in pairs]])
+    return [bool(int(v)) for v in result]
+
+
+def _lock_and_count(cap: Cap, category: str, recipient_id: int) -> int:
+    """Take the (category, recipient) advisory lock for this transaction; count the notifications in the window."""
+    with bound_cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(hashtext('fcap'), hashtext(%s))", [f"{category}:{recipient_id}"])
+        cursor.execute(
+            "SELECT count(DISTINCT d.notification_id) FROM notifier_delivery d"
+            " JOIN notifier_notification n ON n.id = d.notification_id"
+            " WHERE d.recipient_id = %s AND n.category = %s"
+            " AND d.created_at > clock_timestamp() - make_interval(secs => %s)"
+            " AND d.status <> ALL(%s::text[])",
+            [recipient_id, category, cap.per_seconds, list(NOT_COUNTED)],
+        )
+        return int(cursor.fetchone()[0])
+
+
+def admit_at_accept(*, category: str, recipient_id: int, notification_id: str) -> bool:
+    """Return whether one more notification of `category` may go to the recipient now, and count it if so.
+
+    Must run inside the accept transaction: without Redis, the advisory lock it takes is held until commit.
+    """
+    cap = cap_of(category)
+    if cap is None:
+        return True
+    try:
+        return _redis_admit(cap, category, [(recipient_id, notification_id)])[0]
+    except redis.RedisError as exc:
+        logger.warning("frequency cap fast path degraded, counting in the database: %s", type(exc).__name__)
+    assert connection.in_atomic_block, "the database count needs the accept transaction to hold its lock"
+    return _lock_and_count(cap, category, recipient_id) < cap.max
+
+
+def apply_at_accept(notification: Any, recipient: Any, deliveries: Sequence[Any]) -> None:
+    """Suppress a new notification's deliveries (reason frequency_cap) when the recipient's allowance is used up.
+
+    Only a notification that would reach the recipient is counted: one whose deliveries are all suppressed
+    anyway (opted out, no address) uses no allowance.
+    """
+    if cap_of(notification.category) is None:
+        return
+    live = [d for d in deliveries if d.status in LIVE]
+    if not live:
+        return
+    if admit_at_accept(category=notification.category, recipient_id=recipient.pk, notification_id=str(notification.pk)):
+        return
+    for d in live:
+        d.status, d.reason, d.not_before = "suppressed", REASON, None
+
+
+def recheck_on_worker(deliveries: list[Any], suppress: Callable[[Any, str], None]) -> list[Any]:
+    """Return the deliveries still within their recipient's cap; hand the others to `suppress(delivery, reason)`.
+
+    One Redis script call per capped category in the batch (or one database query without Redis), never one
+    per delivery.
+    """
+    by_category: dict[str, list[Any]] = {}
+    for d in deliveries:
+        if cap_of(d.notification.category) is not None:
+            by_category.setdefault(d.notification.category, []).append(d)
+    if not by_category:
+        return deliveries
+    refused: set[int] = set()
+    for category, group in by_category.items():
+        cap = cap_of(category)
+        assert cap is not None
+        pairs = list(dict.fromkeys((d.recipient_id, str(d.notification_id)) for d in group))
+        try:
+            verdicts = dict(zip(pairs, _redis_admit(cap, category, pairs), strict=True))
+        except redis.RedisError as exc:
+            logger.warning("frequency cap fast path degraded, counting in the database: %s", type(exc).__name__)
+            verdicts = _database_verdicts(cap, category, group)
+        refused.update(d.pk for d in group if not verdicts[(d.recipient_id, str(d.notification_id))])
+    kept = []
+    for d in deliveries:
+        if d.pk in refused:
+            suppress(d, REASON)
+        else:
+            kept.append(d)
+    return kept
+
+
+def _database_verdicts(cap: Cap, category: str, group: list[Any]) -> dict[tuple[int, str], bool]:
+    """Decide without Redis: a notification passes if fewer than `max` earlier ones of the category count."""
+    rows = {(d.recipient_id, str(d.notification_id)): d.notification.created_at for d in group}
+    sql = """
+        SELECT (e->>0)::bigint, e->>1, (
+            SELECT count(DISTINCT d.notification_id) FROM notifier_delivery d
+            JOIN notifier_notification n ON n.id = d.notification_id
+            WHERE d.recipient_id = (e->>0)::bigint AND n.category = %s
+              AND d.created_at > clock_timestamp() - make_interval(secs => %s)
+              AND d.status <> ALL(%s::text[])
+              AND n.created_at < (e->>2)::timestamptz AND n.id <> (e->>1)::uuid
+        ) FROM json_array_elements(%s::json) AS e
+    """
+    with bound_cursor() as cursor:
+        cursor.execute(
+            sql,
+            [category, cap.per_seconds, list(NOT_COUNTED), json_rows((r, n, at) for (r, n), at in rows.items())],
+        )
+        return {(int(r), str(n)): int(count) < cap.max for r, n, count in cursor.fetchall()}
