@@ -83,6 +83,7 @@ def test_change_a_category_and_quiet_hours_then_the_api_shows_it(
 
     driver.find_element(By.ID, "category-marketing-enabled").click()
     Select(driver.find_element(By.ID, "category-social-frequency")).select_by_value("daily_digest")
+    driver.find_element(By.CSS_SELECTOR, "label[for='category-social-channel-sms']").click()  # by its label
     _type_time(driver.find_element(By.ID, "quiet_start"), "21:30")
     _type_time(driver.find_element(By.ID, "quiet_end"), "07:15")
     Select(driver.find_element(By.ID, "timezone")).select_by_value("Europe/Berlin")
@@ -93,6 +94,7 @@ def test_change_a_category_and_quiet_hours_then_the_api_shows_it(
     prefs = api.get("/api/v1/recipients/u-web/preferences").json()
     assert prefs["categories"]["marketing"]["enabled"] is False
     assert prefs["categories"]["social"]["frequency"] == "daily_digest"
+    assert prefs["categories"]["social"]["channels"] == ["push", "email", "inapp", "webhook"]
     assert prefs["quiet_hours"] == {"start": "21:30", "end": "07:15"}
     assert api.get("/api/v1/recipients/u-web").json()["timezone"] == "Europe/Berlin"
     assert AuditEntry.objects.filter(action="preferences.update", actor_type="recipient", actor_id="u-web").exists()
