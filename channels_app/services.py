@@ -425,7 +425,8 @@ def _build_message(delivery: Delivery, out: _Outcomes) -> OutboundMessage | None
             _render_cache[cache_key] = cached
         rendered, personal = cached
     except (RenderError, TemplateVersion.DoesNotExist) as exc:
-        out.failed(delivery, f"render_error: {exc}")
+        # A broken template budget fails with reason template_budget (its code); other errors as render_error.
+        out.failed(delivery, exc if getattr(exc, "code", "") == "template_budget" else f"render_error: {exc}")
         return None
     delivery.template_version_id = version.pk
     out.updates.append((delivery, {"template_version_id": version.pk}))

@@ -34,6 +34,7 @@ from notifier_client import (
 from standardwebhooks.webhooks import Webhook
 
 from notifier.models import Delivery
+from notifier.scopes import SCOPES
 from notifier.services import api_client_create
 from preferences.services import preference_token_read, recipient_upsert
 from templates_app.services import template_put
@@ -52,7 +53,7 @@ def server(live_server: Any, settings: Any) -> dict[str, Any]:
     """Return the live server's URL, an API key and a template to send."""
     settings.PUBLIC_BASE_URL = live_server.url
     template_put(key="shipped", category="transactional", default_locale="en", content=CONTENT)
-    _, key = api_client_create(name="py-client")
+    _, key = api_client_create(name="py-client", scopes=list(SCOPES))
     return {"base_url": live_server.url, "api_key": key}
 
 
