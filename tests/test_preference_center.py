@@ -101,7 +101,9 @@ def test_form_saves_what_the_api_shows_and_audits_it(api: Any, settings: Any) ->
 
     entry = AuditEntry.objects.get(action="preferences.update", target_id="u-form")
     assert (entry.actor_type, entry.actor_id) == ("recipient", "u-form")
-    assert set(entry.changes) == {"categories", "channels", "quiet_hours", "timezone"}
+    assert set(entry.changes) == {"category_prefs", "channel_prefs", "quiet_start", "quiet_end"}
+    zone = AuditEntry.objects.get(action="recipient.update", target_id="u-form")
+    assert (zone.actor_type, zone.changes) == ("recipient", {"timezone": ["", "Europe/Berlin"]})
 
     # Saving the page again as shown changes nothing and audits nothing.
     html = Client().get(url).content.decode()
