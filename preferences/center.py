@@ -60,9 +60,12 @@ def _form_from_prefs(recipient: Recipient) -> dict[str, Any]:
     }
     for category in settings.NOTIFIER_CATEGORIES:
         current = prefs["categories"].get(category) or {}
+        only = current.get("channels")
         values["categories"][category] = {
             "enabled": current.get("enabled", True) is not False,
             "frequency": current.get("frequency") or "immediate",
+            # No list means every channel.
+            "channels": {c: only is None or c in only for c in settings.CHANNELS},
         }
     return values
 
@@ -77,6 +80,7 @@ def _form_from_post(request: HttpRequest) -> dict[str, Any]:
             category: {
                 "enabled": post.get(f"category-{category}-enabled") == "on" or not is_optional(category),
                 "frequency": post.get(f"category-{category}-frequency", "immediate"),
+                "channels": {c: post.get(f"category-{category}-channel-{c}") == "on" for c in settings.CHANNELS},
             }
             for category in settings.NOTIFIER_CATEGORIES
         },
@@ -89,8 +93,8 @@ def _form_from_post(request: HttpRequest) -> dict[str, Any]:
 def _document(recipient: Recipient, values: dict[str, Any]) -> dict[str, Any]:
     """Build the API's preferences document from the form, keeping what the form does not show.
 
-    Per-category channel lists are not on the page; they are carried over unchanged, as is `True` for a
-    channel that was explicitly on.
+    `True` for a channel that was explicitly on is carried over; a category with every channel ticked has no
+    channel list (the API's "all channels").
     """
     prefs = selectors.recipient_preferences(recipient=recipient)
     channels: dict[str, bool] = {}
@@ -111,6 +115,11 @@ def _document(recipient: Recipient, values: dict[str, Any]) -> dict[str, Any]:
         for key, default in (("enabled", True), ("frequency", "immediate")):
             if key in current or chosen[key] != default:
                 current[key] = chosen[key]
+        ticked = [c for c in settings.CHANNELS if chosen["channels"][c]]
+        if len(ticked) == len(settings.CHANNELS):
+            current.pop("channels", None)
+        else:
+            current["channels"] = ticked
         if current:
             categories[category] = current
     quiet = None
@@ -152,6 +161,14 @@ def _page(
             "locked": not is_optional(category),
             "enabled": values["categories"][category]["enabled"],
             "frequency": values["categories"][category]["frequency"],
+            "channels": [
+                {
+                    "key": c,
+                    "label": label(language, f"channel_{c}"),
+                    "on": values["categories"][category]["channels"][c],
+                }
+                for c in settings.CHANNELS
+            ],
         }
         for category in settings.NOTIFIER_CATEGORIES
     ]

@@ -18,7 +18,6 @@ from django.utils.crypto import constant_time_compare
 from audit.services import Actor, audit_record, diff
 from preferences.compliance import is_optional
 from preferences.models import Device, Recipient, Subscription, Suppression, Topic
-from preferences.selectors import recipient_preferences
 
 # What a caller may set on a recipient through recipient_upsert(); user_id and erased_at are managed here.
 RECIPIENT_FIELDS = frozenset(
@@ -366,12 +365,16 @@ def preferences_save_by_recipient(
     quiet_end: dt.time | None,
     timezone_name: str,
 ) -> Recipient:
-    """Save what a recipient chose in the preference center, through the API's own writes, and audit it."""
+    """Save what a recipient chose in the preference center through the API's own writes, audited as theirs.
+
+    The writes audit themselves (`audit_actor`): "preferences.update" and, for a new time zone,
+    "recipient.update", each with the recipient as the actor; an untouched form writes no entry.
+    """
+    actor = Actor("recipient", recipient.user_id, recipient.user_id)
     with transaction.atomic():
         recipient = Recipient.objects.select_for_update().get(pk=recipient.pk)
-        before = {**recipient_preferences(recipient=recipient), "timezone": recipient.timezone}
         if timezone_name != recipient.timezone:
-            recipient, _ = recipient_upsert(user_id=recipient.user_id, timezone=timezone_name)
+            recipient, _ = recipient_upsert(user_id=recipient.user_id, timezone=timezone_name, audit_actor=actor)
         recipient = preferences_set(
             recipient=recipient,
             opted_out=opted_out,
@@ -379,15 +382,6 @@ def preferences_save_by_recipient(
             categories=categories,
             quiet_start=quiet_start,
             quiet_end=quiet_end,
+            audit_actor=actor,
         )
-        after = {**recipient_preferences(recipient=recipient), "timezone": recipient.timezone}
-        changes = diff(before, after)
-        if changes:
-            audit_record(
-                actor=Actor("recipient", recipient.user_id, recipient.user_id),
-                action="preferences.update",
-                target_type="recipient",
-                target_id=recipient.user_id,
-                changes=changes,
-            )
     return recipient

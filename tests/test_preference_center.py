@@ -18,12 +18,11 @@ from preferences.services import preference_link, preference_token, preference_t
 from templates_app.services import template_put
 from tests.conftest import wait_for
 
+CHANNELS = ["push", "email", "sms", "inapp", "webhook"]
+# The page as a browser posts it for a recipient with no preferences: every box ticked, no quiet hours.
 FORM_DEFAULTS = {
-    "channel-email": "on",
-    "channel-sms": "on",
-    "channel-push": "on",
-    "channel-inapp": "on",
-    "channel-webhook": "on",
+    **{f"channel-{c}": "on" for c in CHANNELS},
+    **{f"category-{cat}-channel-{c}": "on" for cat in ("social", "marketing") for c in CHANNELS},
     "category-social-enabled": "on",
     "category-social-frequency": "immediate",
     "category-marketing-enabled": "on",
@@ -75,29 +74,42 @@ def test_form_saves_what_the_api_shows_and_audits_it(api: Any, settings: Any) ->
     assert re.search(r'id="category-security-enabled" checked disabled', html)
     assert page["Cache-Control"] == "no-store" and page["Referrer-Policy"] == "no-referrer"
 
+    # The stored channel list of marketing is shown: only email is ticked.
+    assert re.search(r'name="category-marketing-channel-email" checked', html)
+    assert not re.search(r'name="category-marketing-channel-push" checked', html)
+    assert re.search(r'name="category-social-channel-push" checked', html)
+
     form = {**FORM_DEFAULTS, "category-marketing-frequency": "daily_digest", "quiet_start": "22:00"}
     form.update(quiet_end="07:30", timezone="Europe/Berlin")
     del form["category-social-enabled"], form["channel-sms"]
+    for channel in ("push", "sms", "webhook"):  # marketing by email and in the app
+        del form[f"category-marketing-channel-{channel}"]
     saved = Client(enforce_csrf_checks=True).post(url, form)
     assert saved.status_code == 302 and saved["Location"].endswith("?saved=1")
     assert "saved" in Client().get(saved["Location"]).content.decode()
 
     prefs = api.get("/api/v1/recipients/u-form/preferences").json()
     assert prefs["categories"]["social"] == {"enabled": False, "frequency": "immediate"}
-    # What the page does not show (marketing's channel list) is kept.
-    assert prefs["categories"]["marketing"] == {"channels": ["email"], "enabled": True, "frequency": "daily_digest"}
+    assert prefs["categories"]["marketing"] == {
+        "channels": ["email", "inapp"],
+        "enabled": True,
+        "frequency": "daily_digest",
+    }
     assert prefs["channels"] == {"sms": False}
     assert prefs["quiet_hours"] == {"start": "22:00", "end": "07:30"}
     assert api.get("/api/v1/recipients/u-form").json()["timezone"] == "Europe/Berlin"
 
     entry = AuditEntry.objects.get(action="preferences.update", target_id="u-form")
     assert (entry.actor_type, entry.actor_id) == ("recipient", "u-form")
-    assert set(entry.changes) == {"categories", "channels", "quiet_hours", "timezone"}
+    assert set(entry.changes) == {"category_prefs", "channel_prefs", "quiet_start", "quiet_end"}
+    zone = AuditEntry.objects.get(action="recipient.update", target_id="u-form")
+    assert (zone.actor_type, zone.changes) == ("recipient", {"timezone": ["", "Europe/Berlin"]})
 
     # Saving the page again as shown changes nothing and audits nothing.
     html = Client().get(url).content.decode()
     shown = {name: "on" for name in re.findall(r'name="([^"]+)" checked', html)}
     shown |= dict(re.findall(r'name="(quiet_(?:start|end))" value="([^"]*)"', html))
+    assert "category-marketing-channel-inapp" in shown and "category-marketing-channel-push" not in shown
     shown |= {"timezone": "Europe/Berlin", "category-social-frequency": "immediate"}
     shown["category-marketing-frequency"] = "daily_digest"
     assert Client().post(url, shown).status_code == 302

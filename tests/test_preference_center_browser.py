@@ -62,7 +62,8 @@ def test_change_a_category_and_quiet_hours_then_the_api_shows_it(
     browser: Callable[..., Any], live_server: Any, settings: Any, api: Any, javascript: bool
 ) -> None:
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import Select
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import Select, WebDriverWait
 
     settings.PUBLIC_BASE_URL = live_server.url
     recipient_upsert(user_id="u-web", email="web@example.com", locale="en-US")
@@ -83,16 +84,20 @@ def test_change_a_category_and_quiet_hours_then_the_api_shows_it(
 
     driver.find_element(By.ID, "category-marketing-enabled").click()
     Select(driver.find_element(By.ID, "category-social-frequency")).select_by_value("daily_digest")
+    driver.find_element(By.CSS_SELECTOR, "label[for='category-social-channel-sms']").click()  # by its label
     _type_time(driver.find_element(By.ID, "quiet_start"), "21:30")
     _type_time(driver.find_element(By.ID, "quiet_end"), "07:15")
     Select(driver.find_element(By.ID, "timezone")).select_by_value("Europe/Berlin")
     driver.find_element(By.ID, "save").click()
 
-    assert driver.find_element(By.ID, "saved").text == "Your preferences are saved."
+    # The POST, its redirect and the new page can outlast the click on a busy machine.
+    saved = WebDriverWait(driver, 20).until(expected_conditions.presence_of_element_located((By.ID, "saved")))
+    assert saved.text == "Your preferences are saved."
     assert not driver.find_element(By.ID, "category-marketing-enabled").is_selected()
     prefs = api.get("/api/v1/recipients/u-web/preferences").json()
     assert prefs["categories"]["marketing"]["enabled"] is False
     assert prefs["categories"]["social"]["frequency"] == "daily_digest"
+    assert prefs["categories"]["social"]["channels"] == ["push", "email", "inapp", "webhook"]
     assert prefs["quiet_hours"] == {"start": "21:30", "end": "07:15"}
     assert api.get("/api/v1/recipients/u-web").json()["timezone"] == "Europe/Berlin"
     assert AuditEntry.objects.filter(action="preferences.update", actor_type="recipient", actor_id="u-web").exists()
