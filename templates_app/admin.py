@@ -512,6 +512,12 @@ class TemplateVersionAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
+    def get_queryset(self, request: HttpRequest) -> QuerySet[TemplateVersion]:
+        """Limit a user who may edit only some categories (the Marketing role) to those templates' versions."""
+        qs = super().get_queryset(request)
+        allowed = editable_categories(request.user)
+        return qs if allowed is None else qs.filter(template__category__in=allowed)
+
     def has_publish_permission(self, request: HttpRequest) -> bool:
         """Publishing changes what every sender gets, so it takes its own permission (not the editor's)."""
         return request.user.has_perm(PUBLISH_PERMISSION)
@@ -564,7 +570,9 @@ class TemplateVersionAdmin(admin.ModelAdmin):
 
     def publish_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         """Confirm (GET), then publish (POST) one version, and return to its template."""
-        version = get_object_or_404(TemplateVersion.objects.select_related("template__published_version"), pk=object_id)
+        version = get_object_or_404(
+            self.get_queryset(request).select_related("template__published_version"), pk=object_id
+        )
         if not self.has_publish_permission(request):
             raise PermissionDenied
         template_url = reverse("admin:templates_app_template_change", args=[version.template_id])
@@ -594,7 +602,7 @@ class TemplateVersionAdmin(admin.ModelAdmin):
 
     def preview_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         """Render every channel of a version with a sample payload and locale, or show the render error."""
-        version = get_object_or_404(TemplateVersion.objects.select_related("template"), pk=object_id)
+        version = get_object_or_404(self.get_queryset(request).select_related("template"), pk=object_id)
         if not self.has_view_permission(request, version):
             raise PermissionDenied
         results: list[dict[str, Any]] = []
