@@ -257,7 +257,25 @@ class TemplateVersionInline(admin.TabularInline):
 
     @admin.display(description="")
     def links(self, obj: TemplateVersion) -> str:
-        return _version_links(obj)
+        return _version_links(obj, can_publish=True)
+
+    @admin.display(description="")
+    def view_links(self, obj: TemplateVersion) -> str:
+        return _version_links(obj, can_publish=False)
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        """Offer publish and roll-back links only to those allowed to publish."""
+        return _with_links(list(self.fields), request)
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return _with_links(list(self.readonly_fields), request)
+
+
+def _with_links(fields: list[str], request: HttpRequest) -> list[str]:
+    """Swap the links column for its view-only twin when the user may not publish."""
+    if request.user.has_perm(PUBLISH_PERMISSION):
+        return fields
+    return ["view_links" if name == "links" else name for name in fields]
 
 
 def _is_current(version: TemplateVersion) -> bool:
@@ -265,7 +283,7 @@ def _is_current(version: TemplateVersion) -> bool:
     return version.pk == version.template.published_version_id
 
 
-def _version_links(version: TemplateVersion) -> str:
+def _version_links(version: TemplateVersion, *, can_publish: bool) -> str:
     """Links of one version: preview, diff against the published one, publish or roll back (confirmed)."""
     if version.pk is None:  # the inline's blank form
         return ""
@@ -274,7 +292,7 @@ def _version_links(version: TemplateVersion) -> str:
     if published is not None and published.pk != version.pk:
         diff_url = reverse("admin:templates_app_template_diff", args=[version.template_id])
         links.append(("Diff", f"{diff_url}?a={published.version}&b={version.version}"))
-    if not _is_current(version):
+    if can_publish and not _is_current(version):
         older = published is not None and version.version < published.version
         links.append(
             (
@@ -525,6 +543,16 @@ class TemplateVersionAdmin(admin.ModelAdmin):
     status = TemplateVersionInline.status
     content_json = TemplateVersionInline.content_json
     links = TemplateVersionInline.links
+    view_links = TemplateVersionInline.view_links
+
+    def get_list_display(self, request: HttpRequest) -> list[str]:
+        return _with_links(list(self.list_display), request)
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return _with_links(list(self.fields), request)
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return _with_links(list(self.readonly_fields), request)
 
     @admin.action(description="Publish the selected version (or roll back to it)", permissions=["publish"])
     def publish_version(self, request: HttpRequest, queryset: QuerySet[TemplateVersion]) -> HttpResponse | None:

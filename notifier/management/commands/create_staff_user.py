@@ -12,6 +12,7 @@ from django.db import transaction
 
 from audit.services import SYSTEM, audit_record
 from notifier.roles import ROLES
+from notifier.services import staff_roles_sync
 
 PASSWORD_ENV = "STAFF_USER_PASSWORD"
 
@@ -33,9 +34,8 @@ class Command(BaseCommand):
         name, role = options["name"], ROLES[options["role"]]
         if User.objects.filter(username=name).exists():
             raise CommandError(f"A user named '{name}' exists already.")
-        group = Group.objects.filter(name=role).first()
-        if group is None:
-            raise CommandError(f"The '{role}' group is missing: run migrate first.")
+        staff_roles_sync()
+        group = Group.objects.get(name=role)
         password = os.environ.get(PASSWORD_ENV) or ""
         generated = not password
         if generated:

@@ -1,0 +1,223 @@
+"""The admin as support staff use it, in a real headless Chromium against a live server (and a real worker)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from selenium.common.exceptions import NoSuchElementException
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support import expected_conditions as ec
+from selenium.webdriver.support.ui import Select
+
+from audit.models import AuditEntry
+from channels_app.models import SandboxMessage
+from notifier.models import Delivery
+from notifier.services import api_client_create, notification_accept
+from preferences.services import recipient_upsert
+from templates_app.models import Template, TemplateVersion
+from templates_app.services import template_put
+from templates_app.sms import sms_info
+from tests.browser import login, screenshot, staff_user, wait
+from tests.conftest import wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+CONTENT: dict[str, Any] = {
+    "en": {
+        "email": {"subject": "Your order {{ order_id }}", "text": "Hi {{ name }}, order {{ order_id }} shipped."},
+        "sms": {"text": "Order {{ order_id }} shipped"},
+    },
+    "de": {"email": {"subject": "Ihre Bestellung {{ order_id }}", "text": "Hallo {{ name }}, versandt."}},
+}
+
+
+def _editor(driver: WebDriver, base: str, template: Template) -> None:
+    driver.get(f"{base}/admin/templates_app/template/{template.pk}/change/")
+    wait(driver).until(ec.presence_of_element_located((By.ID, "tpl-editor")))
+
+
+def _preview(driver: WebDriver, locale: str, payload: str) -> None:
+    Select(driver.find_element(By.ID, "preview_locale")).select_by_value(locale)
+    area = driver.find_element(By.ID, "preview_payload")
+    area.clear()
+    area.send_keys(payload)
+    driver.find_element(By.ID, "preview-button").click()
+
+
+def _preview_text(driver: WebDriver, part: str) -> str:
+    elements = driver.find_elements(By.CSS_SELECTOR, f'pre.preview-part[data-part="{part}"]')
+    return elements[0].text if elements else ""
+
+
+def test_support_finds_a_delivery_by_email_reads_its_timeline_and_resends_it(
+    live_server: Any, browser: WebDriver, start_worker: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    staff_user("sue", "support", monkeypatch)
+    template_put(key="order_shipped", category="transactional", default_locale="en", content=CONTENT)
+    recipient_upsert(user_id="cust-42", email="ana@example.com", locale="de")
+    client, _ = api_client_create(name="shop")
+    start_worker(queues=["email.high"], concurrency=1)
+    data = {"recipient": {"user_id": "cust-42"}, "category": "transactional", "template": "order_shipped"}
+    data |= {"channels": ["email"], "payload": {"order_id": "A-7", "name": "Ana"}}
+    original = notification_accept(client=client, data=data).deliveries[0]
+    wait_for(lambda: Delivery.objects.get(pk=original.pk).status == "sent")
+
+    login(browser, live_server.url, "sue")
+    browser.get(f"{live_server.url}/admin/notifier/delivery/")
+    search = browser.find_element(By.ID, "searchbar")
+    search.send_keys("ana@example.com")
+    search.submit()
+    rows = browser.find_elements(By.CSS_SELECTOR, "#result_list tbody tr")
+    assert len(rows) == 1
+    rows[0].find_element(By.CSS_SELECTOR, "th a").click()
+    timeline = wait(browser).until(ec.presence_of_element_located((By.ID, "timeline"))).text
+    for label in ("Request accepted", "Queued", "Attempt 1", "Accepted by the provider"):
+        assert label in timeline
+    assert "Ihre Bestellung A-7" in browser.find_element(By.ID, "sent-content").text
+    screenshot(browser, "delivery-timeline")
+
+    browser.find_element(By.ID, "action-resend").click()
+    browser.switch_to.alert.accept()
+    wait(browser).until(ec.url_contains("/change/"))
+    wait_for(lambda: Delivery.objects.filter(resent_from=original.pk).exists())
+    resent = Delivery.objects.get(resent_from=original.pk)
+    assert browser.current_url.endswith(f"/admin/notifier/delivery/{resent.pk}/change/")
+    wait_for(lambda: Delivery.objects.get(pk=resent.pk).status == "sent")
+    # Sent once, by the worker, to the same address; the original stays as it was.
+    assert SandboxMessage.objects.get(delivery_id=resent.pk).send_count == 1
+    assert SandboxMessage.objects.get(delivery_id=resent.pk).address == "ana@example.com"
+    assert SandboxMessage.objects.count() == 2
+    entry = AuditEntry.objects.get(action="delivery.resend")
+    assert (entry.actor_name, entry.target_id) == ("sue", str(original.pk))
+    browser.refresh()
+    assert f"#{original.pk}" in browser.find_element(By.ID, "timeline").text
+
+
+def test_support_edits_the_german_subject_previews_publishes_and_rolls_back(
+    live_server: Any, browser: WebDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    staff_user("sue", "support", monkeypatch)
+    # Publishing is not part of the Support role: an administrator gave this user the permission.
+    User.objects.get(username="sue").user_permissions.add(Permission.objects.get(codename="publish_template"))
+    v1 = template_put(key="order_shipped", category="transactional", default_locale="en", content=CONTENT)
+    login(browser, live_server.url, "sue")
+    _editor(browser, live_server.url, v1.template)
+
+    _preview(browser, "de", '{"order_id": "A-7", "name": "Ana"}')
+    wait(browser).until(lambda d: _preview_text(d, "email.subject") == "Ihre Bestellung A-7")
+    subject = browser.find_element(By.NAME, "c__de__email__subject")
+    subject.clear()
+    subject.send_keys("Ihre Bestellung {{ order_id }} ist unterwegs")
+    browser.find_element(By.ID, "preview-button").click()
+    wait(browser).until(lambda d: _preview_text(d, "email.subject") == "Ihre Bestellung A-7 ist unterwegs")
+    assert TemplateVersion.objects.count() == 1  # previewing saves nothing
+    screenshot(browser, "template-editor")
+
+    browser.find_element(By.NAME, "publish").click()
+    browser.find_element(By.NAME, "_continue").click()
+    wait(browser).until(ec.presence_of_element_located((By.CSS_SELECTOR, ".messagelist")))
+    template = Template.objects.get(key="order_shipped")
+    assert template.published_version.version == 2
+    assert (
+        template.published_version.content["de"]["email"]["subject"] == "Ihre Bestellung {{ order_id }} ist unterwegs"
+    )
+
+    browser.find_element(By.LINK_TEXT, "Roll back to this").click()
+    confirm = wait(browser).until(ec.presence_of_element_located((By.ID, "confirm-text"))).text
+    assert "back from version 2 to version 1" in confirm
+    assert Template.objects.get(key="order_shipped").published_version.version == 2  # not before confirming
+    browser.find_element(By.ID, "confirm-publish").click()
+    wait(browser).until(ec.presence_of_element_located((By.CSS_SELECTOR, ".messagelist")))
+    assert Template.objects.get(key="order_shipped").published_version.version == 1
+    actions = list(
+        AuditEntry.objects.filter(action="template.publish").order_by("id").values_list("changes", flat=True)
+    )
+    assert actions == [{"published_version": [1, 2]}, {"published_version": [2, 1]}]
+
+
+def test_a_syntax_error_is_shown_beside_its_field_and_nothing_is_saved(
+    live_server: Any, browser: WebDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    staff_user("sue", "support", monkeypatch)
+    v1 = template_put(key="order_shipped", category="transactional", default_locale="en", content=CONTENT)
+    login(browser, live_server.url, "sue")
+    _editor(browser, live_server.url, v1.template)
+    subject = browser.find_element(By.NAME, "c__de__email__subject")
+    subject.clear()
+    subject.send_keys("Ihre Bestellung {{ order_id ")
+    browser.find_element(By.NAME, "_continue").click()
+    errors = (
+        wait(browser).until(ec.presence_of_element_located((By.CSS_SELECTOR, "#errors-c__de__email__subject li"))).text
+    )
+    assert "syntax error on line 1" in errors
+    # Beside its field: the error list sits directly above the German subject's input.
+    field = browser.find_element(By.NAME, "c__de__email__subject")
+    assert (
+        field.find_element(By.XPATH, "preceding-sibling::ul[1]").get_attribute("id") == "errors-c__de__email__subject"
+    )
+    assert field.get_attribute("value") == "Ihre Bestellung {{ order_id "  # what was typed is kept
+    assert TemplateVersion.objects.count() == 1
+    assert Template.objects.get(key="order_shipped").published_version_id == v1.pk
+
+
+def test_the_sms_counter_in_the_browser_agrees_with_the_server(
+    live_server: Any, browser: WebDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    staff_user("sue", "support", monkeypatch)
+    v1 = template_put(key="order_shipped", category="transactional", default_locale="en", content=CONTENT)
+    login(browser, live_server.url, "sue")
+    _editor(browser, live_server.url, v1.template)
+    texts = [
+        "",
+        "Hello",
+        "a" * 160,
+        "a" * 161,
+        "€" * 80,
+        "€" * 81,
+        "[" * 77 + "a",
+        "Grüße aus Köln",
+        "Привет",
+        "ç" * 70,
+        "😀" * 35,
+        "😀" * 36,
+        "a" * 152 + "€" + "a" * 10,
+        "x" * 66 + "😀" + "x" * 10,
+    ]
+    for text in texts:
+        expected = sms_info(text)
+        got = browser.execute_script("return window.notifierSmsInfo(arguments[0])", text)
+        assert got == {"encoding": expected.encoding, "units": expected.units, "segments": expected.segments}, text
+    area = browser.find_element(By.NAME, "c__en__sms__text")
+    area.clear()
+    area.send_keys("Привет " * 11)
+    counter = browser.find_element(By.CSS_SELECTOR, '[data-sms-for="id_c__en__sms__text"]').text
+    info = sms_info("Привет " * 11)
+    assert f"{info.units} units · ucs2 · {info.segments} segment(s)" in counter
+
+
+def test_support_cannot_publish_or_open_campaigns(
+    live_server: Any, browser: WebDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    staff_user("sue", "support", monkeypatch)
+    template_put(key="order_shipped", category="transactional", default_locale="en", content=CONTENT)
+    v2 = template_put(
+        key="order_shipped", category="transactional", default_locale="en", content=CONTENT, publish=False
+    )
+    login(browser, live_server.url, "sue")
+    index = browser.find_element(By.ID, "content-main").text
+    assert "Deliveries" in index and "Templates" in index
+    assert "Campaigns" not in index
+    _editor(browser, live_server.url, v2.template)
+    with pytest.raises(NoSuchElementException):
+        browser.find_element(By.NAME, "publish")
+    assert not browser.find_elements(By.LINK_TEXT, "Publish")
+    browser.get(f"{live_server.url}/admin/templates_app/templateversion/{v2.pk}/publish/")
+    assert "403" in browser.title or "Forbidden" in browser.page_source
+    browser.get(f"{live_server.url}/admin/notifier/campaign/")
+    assert "403" in browser.title or "Forbidden" in browser.page_source
+    browser.get(f"{live_server.url}/admin/notifier/campaign/add/")
+    assert "403" in browser.title or "Forbidden" in browser.page_source
+    assert Template.objects.get(key="order_shipped").published_version.version == 1
