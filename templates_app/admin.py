@@ -124,6 +124,9 @@ class TemplateForm(forms.ModelForm):
     def _blocks(self) -> list[tuple[str, str]]:
         """Return the blocks to show: those posted (the editor may have added some), else the latest version's."""
         base = editor.blocks_of(self.latest_content) if self.latest_content else [("en", "email")]
+        # The default locale's blocks first: the others translate it.
+        default = self.instance.default_locale if self.instance.pk else "en"
+        base.sort(key=lambda block: block[0] != default)
         if not self.is_bound:
             return base
         blocks = editor.posted_blocks(self.data) or base

@@ -60,6 +60,7 @@ def screenshot(driver: WebDriver, name: str) -> Path:
     """Save a full-width screenshot into docs/admin/ (shown in docs/admin.md)."""
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     path = SCREENSHOTS / f"{name}.png"
+    driver.execute_script("window.scrollTo(0, 0)")
     height = driver.execute_script("return Math.min(document.body.scrollHeight, 2400)")
     driver.set_window_size(1400, max(900, int(height)))
     driver.save_screenshot(str(path))

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import io
+import math
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import Permission, User
+from django.core.management import call_command
 from selenium.common.exceptions import NoSuchElementException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -221,3 +224,104 @@ def test_support_cannot_publish_or_open_campaigns(
     browser.get(f"{live_server.url}/admin/notifier/campaign/add/")
     assert "403" in browser.title or "Forbidden" in browser.page_source
     assert Template.objects.get(key="order_shipped").published_version.version == 1
+
+
+def test_a_marketer_creates_test_sends_schedules_and_pauses_a_campaign(
+    live_server: Any, browser: WebDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from notifier.models import Campaign
+    from preferences.models import Topic
+    from preferences.services import topic_subscribe
+
+    monkeypatch.setenv("STAFF_USER_PASSWORD", "pw-browser-123456")
+    call_command("create_staff_user", "max", "--role", "marketing", "--email", "max@example.com", stdout=io.StringIO())
+    promo = {
+        "en": {"email": {"subject": "Spring sale {{ percent }}%", "text": "{{ percent }}% off"}},
+        "de": {"email": {"subject": "Frühlingsangebot {{ percent }}%", "text": "{{ percent }}% Rabatt"}},
+    }
+    template_put(key="spring", category="marketing", default_locale="en", content=promo)
+    topic = Topic.objects.create(key="newsletter", name="Newsletter")
+    recipient_upsert(user_id="sub-1", email="sub1@example.com", locale="de")
+    recipient_upsert(user_id="sub-2", email="sub2@example.com", locale="en")
+    topic_subscribe(topic=topic, user_ids=["sub-1", "sub-2"])
+    api_client_create(name="marketing-tool")
+
+    login(browser, live_server.url, "max")
+    browser.get(f"{live_server.url}/admin/notifier/campaign/add/")
+    wait(browser).until(ec.presence_of_element_located((By.ID, "wizard-form")))
+    browser.find_element(By.NAME, "name").send_keys("Spring sale")
+    Select(browser.find_element(By.NAME, "client")).select_by_visible_text("marketing-tool")
+    topic_select = Select(browser.find_element(By.NAME, "topic"))
+    assert "newsletter — 2 subscribers" in [o.text for o in topic_select.options]
+    topic_select.select_by_value("newsletter")
+    browser.find_element(By.ID, "wizard-next").click()
+
+    Select(wait(browser).until(ec.presence_of_element_located((By.NAME, "template")))).select_by_value("spring")
+    payload = browser.find_element(By.NAME, "payload")
+    payload.clear()
+    payload.send_keys('{"percent": 20}')
+    browser.find_element(By.ID, "wizard-preview").click()
+    sample = wait(browser).until(ec.presence_of_element_located((By.ID, "wizard-sample"))).text
+    assert "Frühlingsangebot 20%" in sample and "sub-1" in sample
+    browser.find_element(By.ID, "wizard-test").click()
+    message = wait(browser).until(ec.presence_of_element_located((By.CSS_SELECTOR, ".messagelist"))).text
+    assert "Test sent to max@example.com" in message
+    assert Delivery.objects.filter(address="max@example.com", channel="email").count() == 1
+    screenshot(browser, "campaign-wizard")
+    browser.find_element(By.ID, "wizard-next").click()
+
+    when = wait(browser).until(ec.presence_of_element_located((By.NAME, "send_at_local")))
+    browser.execute_script("arguments[0].value = '2031-06-01T09:30'", when)
+    Select(browser.find_element(By.NAME, "time_zone")).select_by_value("Europe/Berlin")
+    rate = browser.find_element(By.NAME, "rate_per_second")
+    rate.clear()
+    rate.send_keys("25")
+    browser.find_element(By.ID, "wizard-next").click()
+    review = wait(browser).until(ec.presence_of_element_located((By.ID, "review"))).text
+    assert "2031-06-01 09:30 Europe/Berlin" in review
+    browser.find_element(By.ID, "wizard-create").click()
+
+    status = wait(browser).until(ec.presence_of_element_located((By.ID, "campaign-status")))
+    assert status.text == "scheduled"
+    campaign = Campaign.objects.get(name="Spring sale")
+    assert campaign.send_at.isoformat() == "2031-06-01T07:30:00+00:00"  # 09:30 in Berlin, summer time
+    assert campaign.rate_per_second == 25
+    browser.find_element(By.ID, "campaign-pause").click()
+    wait(browser).until(lambda d: d.find_element(By.ID, "campaign-status").text == "paused")
+    assert Campaign.objects.get(pk=campaign.pk).status == "paused"
+    assert browser.find_element(By.ID, "campaign-resume")
+    actions = set(AuditEntry.objects.filter(actor_name="max").values_list("action", flat=True))
+    assert {"campaign.test_send", "campaign.create", "campaign.pause"} <= actions
+
+
+def test_operations_charts(live_server: Any, browser: WebDriver) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from notifier.models import DeliveryEvent
+    from tests.factories import make_delivery
+
+    User.objects.create_superuser("ops", "ops@example.com", "pw-browser-123456")
+    now = timezone.now()
+    # A day of traffic: a daily wave of sends per channel, some failures and a provider outage.
+    rows = []
+    for channel, scale in (("email", 12), ("sms", 6), ("push", 9), ("inapp", 4), ("webhook", 2)):
+        delivery = make_delivery(channel=channel, status="sent", provider="sandbox")
+        for step in range(0, 24 * 60, 5):
+            at = now - timedelta(minutes=step)
+            wave = int(scale * (1.2 + math.sin(step / 180)))
+            rows += [DeliveryEvent(delivery=delivery, status="sent", at=at) for _ in range(wave)]
+            if 300 < step < 360:
+                rows += [DeliveryEvent(delivery=delivery, status="failed", at=at) for _ in range(scale // 3)]
+    DeliveryEvent.objects.bulk_create(rows)
+    browser.get(f"{live_server.url}/admin/login/")
+    browser.find_element(By.NAME, "username").send_keys("ops")
+    browser.find_element(By.NAME, "password").send_keys("pw-browser-123456")
+    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    browser.get(f"{live_server.url}/admin/notifier/dashboard/")
+    charts = wait(browser).until(ec.presence_of_element_located((By.ID, "ops-charts")))
+    assert len(charts.find_elements(By.CSS_SELECTOR, "svg.chart polyline")) >= 5
+    legend = " ".join(e.text for e in charts.find_elements(By.CSS_SELECTOR, "svg text.legend"))
+    assert "sent" in legend and "failed" in legend
+    screenshot(browser, "operations-charts")

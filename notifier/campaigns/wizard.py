@@ -168,6 +168,8 @@ def sample_preview(form: CampaignWizardForm) -> dict[str, Any]:
         parts = []
         for name, value in result.parts.items():
             text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+            if not text or text == "{}":
+                continue  # a part this template does not use
             part: dict[str, Any] = {"name": name, "text": text, "html": channel == "email" and name == "html"}
             if channel == "sms":
                 part["sms"] = sms_info(text)
