@@ -326,6 +326,20 @@ class TemplateAdmin(admin.ModelAdmin):
             fields.append("publish")
         return [*fields, "add_locale", "add_channel", "created_at", "updated_at"]
 
+    def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
+        """Offer a user who may edit only some categories just those in the category field."""
+        form = super().get_form(request, obj, change=change, **kwargs)
+        allowed = editable_categories(request.user)
+        if allowed is None:
+            return form
+
+        class RestrictedTemplateForm(form):  # type: ignore[misc, valid-type]
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                super().__init__(*args, **kwargs)
+                self.fields["category"].choices = [(c, c) for c in allowed]
+
+        return RestrictedTemplateForm
+
     def get_queryset(self, request: HttpRequest) -> QuerySet[Template]:
         """Limit a user who may edit only some categories (the Marketing role) to those."""
         qs = super().get_queryset(request)

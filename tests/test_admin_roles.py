@@ -90,6 +90,22 @@ def test_marketing_sees_only_optional_templates_and_campaigns_not_deliveries(mon
     assert client.get(reverse("admin:templates_app_templateversion_publish", args=[otp.pk])).status_code == 404
     assert client.get(reverse("admin:notifier_campaign_changelist")).status_code == 200
     assert client.get(reverse("admin:notifier_delivery_changelist")).status_code == 403
+    # A marketer cannot create a template of a category that is not optional.
+    response = client.post(
+        reverse("admin:templates_app_template_add"),
+        {
+            "key": "otp2",
+            "category": "security",
+            "default_locale": "en",
+            "c__en__sms__text": "Code {{ c }}",
+            "versions-TOTAL_FORMS": "0",
+            "versions-INITIAL_FORMS": "0",
+            "versions-MIN_NUM_FORMS": "0",
+            "versions-MAX_NUM_FORMS": "0",
+        },
+    )
+    assert response.status_code == 200 and "category" in response.context["adminform"].form.errors
+    assert not Template.objects.filter(key="otp2").exists()
 
 
 def test_every_admin_change_is_in_the_audit_log(monkeypatch: pytest.MonkeyPatch) -> None:
