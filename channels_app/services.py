@@ -421,7 +421,8 @@ def _build_message(delivery: Delivery, out: _Outcomes) -> OutboundMessage | None
                 _render_cache.clear()
             _render_cache[cache_key] = rendered
     except (RenderError, TemplateVersion.DoesNotExist) as exc:
-        out.failed(delivery, f"render_error: {exc}")
+        # A broken template budget fails with reason template_budget (its code); other errors as render_error.
+        out.failed(delivery, exc if getattr(exc, "code", "") == "template_budget" else f"render_error: {exc}")
         return None
     delivery.template_version_id = version.pk
     out.updates.append((delivery, {"template_version_id": version.pk}))

@@ -9,6 +9,8 @@ from django.contrib.postgres.indexes import BrinIndex, HashIndex
 from django.db import models
 from django.db.models import Q
 
+from notifier.scopes import default_scopes
+
 
 class ApiClient(models.Model):
     """A calling service. Its API key is stored only as a SHA-256 hash."""
@@ -18,6 +20,10 @@ class ApiClient(models.Model):
     key_hash = models.CharField(max_length=64, unique=True)
     # Empty means every configured category is allowed.
     allowed_categories = ArrayField(models.CharField(max_length=64), default=list, blank=True)
+    # What the key may do (notifier.scopes.SCOPES); a new client can only send.
+    scopes = ArrayField(models.CharField(max_length=32), default=default_scopes, blank=True)
+    # Requests per period across all API processes ("200/s", "1000/m"); empty means API_CLIENT_RATE_LIMIT.
+    rate_limit = models.CharField(max_length=32, blank=True, default="")
     # Where webhook-channel deliveries go when the recipient has no URL of their own, and the secret
     # ("whsec_…", Standard Webhooks) they are signed with.
     webhook_url = models.URLField(max_length=2048, blank=True, default="")

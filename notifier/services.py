@@ -18,12 +18,15 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from audit.services import audit_record
 from notifier import dedup, metrics
 from notifier.auth import generate_key, hash_key
 from notifier.errors import ApiError
 from notifier.events import record_events, transition
 from notifier.models import ApiClient, Delivery, Notification
 from notifier.outbox import publish_now
+from notifier.policy import send_policy
+from notifier.scopes import DEFAULT_SCOPES, SCOPES
 from preferences.compliance import evaluate
 from preferences.models import Device, Recipient
 from preferences.services import recipient_upsert
@@ -34,24 +37,76 @@ logger = logging.getLogger(__name__)
 CANCELLABLE = (Delivery.Status.SCHEDULED, Delivery.Status.DEFERRED, Delivery.Status.QUEUED)
 
 
-def api_client_create(*, name: str, allowed_categories: list[str] | None = None) -> tuple[ApiClient, str]:
-    """Create an API client and return it with its raw key (shown once, stored only hashed)."""
+def api_client_create(
+    *,
+    name: str,
+    allowed_categories: list[str] | None = None,
+    scopes: list[str] | None = None,
+    audit_actor: Any = None,
+) -> tuple[ApiClient, str]:
+    """Create an API client and return it with its raw key (shown once, stored only hashed).
+
+    `scopes` defaults to `send` only (notifier.scopes.DEFAULT_SCOPES).
+    """
     unknown = sorted(set(allowed_categories or []) - set(settings.NOTIFIER_CATEGORIES))
     if unknown:
         raise ValueError(f"unknown categories: {', '.join(unknown)}")
+    scopes = list(DEFAULT_SCOPES) if scopes is None else scopes
+    unknown = sorted(set(scopes) - set(SCOPES))
+    if unknown:
+        raise ValueError(f"unknown scopes: {', '.join(unknown)}")
     raw_key, prefix = generate_key()
     client = ApiClient.objects.create(
-        name=name, key_prefix=prefix, key_hash=hash_key(raw_key), allowed_categories=allowed_categories or []
+        name=name,
+        key_prefix=prefix,
+        key_hash=hash_key(raw_key),
+        allowed_categories=allowed_categories or [],
+        scopes=scopes,
     )
+    if audit_actor is not None:
+        changes = {"scopes": [None, scopes], "allowed_categories": [None, client.allowed_categories]}
+        audit_record(actor=audit_actor, action="api_client.create", target_type="api_client", target_id=client.pk,
+                     changes=changes)  # fmt: skip
     return client, raw_key
 
 
-def api_client_rotate_key(*, client: ApiClient) -> str:
-    """Give a client a new key (the old one stops working at once) and return it."""
+def api_client_assign_key(*, client: ApiClient) -> str:
+    """Give an (unsaved or saved) client a new key's prefix and hash without saving; return the raw key."""
     raw_key, prefix = generate_key()
     client.key_prefix, client.key_hash = prefix, hash_key(raw_key)
-    client.save(update_fields=["key_prefix", "key_hash"])
     return raw_key
+
+
+def api_client_rotate_key(*, client: ApiClient, audit_actor: Any = None) -> str:
+    """Give a client a new key (the old one stops working at once) and return it."""
+    old_prefix = client.key_prefix
+    raw_key = api_client_assign_key(client=client)
+    client.save(update_fields=["key_prefix", "key_hash"])
+    if audit_actor is not None:
+        audit_record(actor=audit_actor, action="api_client.rotate_key", target_type="api_client", target_id=client.pk,
+                     changes={"key_prefix": [old_prefix, client.key_prefix]})  # fmt: skip
+    return raw_key
+
+
+# Standard Webhooks secrets carry 24 to 64 random bytes.
+WEBHOOK_SECRET_BYTES = (24, 64)
+
+
+def webhook_secret_problem(secret: str) -> str | None:
+    """Return why `secret` is not a usable "whsec_<base64>" signing secret, or None when it is one."""
+    from channels_app.providers.base import ConfigurationError
+    from channels_app.providers.webhook import SECRET_PREFIX, decode_secret
+
+    if not secret.startswith(SECRET_PREFIX):
+        return f"Must start with '{SECRET_PREFIX}' followed by base64 (Standard Webhooks)."
+    try:
+        raw = decode_secret(secret)
+    except ConfigurationError:
+        return f"The part after '{SECRET_PREFIX}' must be base64."
+    low, high = WEBHOOK_SECRET_BYTES
+    if not low <= len(raw) <= high:
+        return f"The secret must decode to {low} to {high} bytes, not {len(raw)}."
+    return None
 
 
 @dataclass
@@ -77,16 +132,18 @@ def category_settings(category: str) -> dict[str, Any]:
 def notification_accept(*, client: ApiClient, data: dict[str, Any], trace_id: str = "") -> AcceptResult:
     """Accept one validated request: deduplicate, resolve, write in one transaction, publish after commit.
 
-    `data` is the validated body of POST /notifications (see API.md). Raises ApiError for a category the
-    client may not use (403), an unknown template (400) and a reused dedup_key with another body (409).
+    `data` is the validated body of POST /notifications (see API.md). Raises ApiError for an unknown template
+    (400), what notifier.policy.send_policy refuses (category and priority) and a reused dedup_key with another
+    body (409).
     """
-    category = data["category"]
-    if client.allowed_categories and category not in client.allowed_categories:
-        raise ApiError(403, "category_forbidden", f"This API client may not send category '{category}'.")
     try:
         version = template_version_resolve(data["template"])
     except TemplateNotFound as exc:
         raise ApiError(400, "invalid", str(exc), {"template": [str(exc)]}) from None
+    category, priority = send_policy(
+        client=client, template_category=version.template.category, category=data.get("category"),
+        priority=data.get("priority"),
+    )  # fmt: skip
     template_channels = version.channels
     channels = list(dict.fromkeys(data.get("channels") or template_channels))
     missing = [c for c in channels if c not in template_channels]
@@ -106,7 +163,6 @@ def notification_accept(*, client: ApiClient, data: dict[str, Any], trace_id: st
             if found is not None:
                 return found
 
-    priority = data.get("priority") or category_settings(category)["priority"]
     notification = Notification(
         id=notification_id,
         client=client,

@@ -108,24 +108,16 @@ def delivery_cancel(*, delivery: Delivery, actor: Any) -> bool:
 
 
 def delivery_address_suppress(*, delivery: Delivery, actor: Any, reason: str = "") -> Suppression:
-    """Put the delivery's address on the suppression list of its channel (source: manual). Audited."""
+    """Put the delivery's address on the suppression list of its channel (source: manual); audited by the service."""
     if not delivery.address:
         raise SupportActionError("This delivery has no address to suppress.")
-    suppression = suppression_add(
-        channel=delivery.channel, address=delivery.address, source=Suppression.Source.MANUAL, reason=reason or "support"
+    return suppression_add(
+        channel=delivery.channel,
+        address=delivery.address,
+        source=Suppression.Source.MANUAL,
+        reason=reason or f"support, delivery #{delivery.pk}",
+        audit_actor=actor,
     )
-    audit_record(
-        actor=actor,
-        action="suppression.add",
-        target_type="suppression",
-        target_id=suppression.pk,
-        changes={
-            "channel": [None, delivery.channel],
-            "address": [None, delivery.address],
-            "delivery": [None, delivery.pk],
-        },
-    )
-    return suppression
 
 
 def delivery_address_unsuppress(*, delivery: Delivery, actor: Any) -> bool:
@@ -133,17 +125,5 @@ def delivery_address_unsuppress(*, delivery: Delivery, actor: Any) -> bool:
     suppression = Suppression.objects.filter(channel=delivery.channel, address=delivery.address).first()
     if suppression is None:
         return False
-    suppression_id = suppression.pk  # delete() clears it
-    suppression_remove(suppression=suppression)
-    audit_record(
-        actor=actor,
-        action="suppression.remove",
-        target_type="suppression",
-        target_id=suppression_id,
-        changes={
-            "channel": [delivery.channel, None],
-            "address": [delivery.address, None],
-            "source": [suppression.source, None],
-        },
-    )
+    suppression_remove(suppression=suppression, audit_actor=actor)
     return True

@@ -15,6 +15,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 from django.utils.crypto import constant_time_compare
 
+from audit.services import audit_record, diff
 from preferences.compliance import is_optional
 from preferences.models import Device, Recipient, Subscription, Suppression, Topic
 
@@ -35,26 +36,53 @@ RECIPIENT_FIELDS = frozenset(
 )
 
 
-def suppression_add(*, channel: str, address: str, source: str, reason: str = "") -> Suppression:
+# Recipient fields an audit entry shows before and after (personal ones are masked by audit_record).
+AUDITED_RECIPIENT_FIELDS = ("email", "phone", "locale", "timezone", "webhook_url", "opted_out")
+_PREFERENCE_FIELDS = ("opted_out", "channel_prefs", "category_prefs", "quiet_start", "quiet_end")
+
+
+def _audit(audit_actor: Any, action: str, target_type: str, target_id: Any, changes: dict[str, Any]) -> None:
+    """Record a change made by an API client or a staff user; changes by the pipeline itself pass no actor."""
+    if audit_actor is not None:
+        audit_record(actor=audit_actor, action=action, target_type=target_type, target_id=target_id, changes=changes)
+
+
+def _snapshot(recipient: Recipient, names: tuple[str, ...] | list[str]) -> dict[str, Any]:
+    return {name: _plain(getattr(recipient, name)) for name in names}
+
+
+def _plain(value: Any) -> Any:
+    """Return a JSON-friendly form of a field value for the audit log (times as text)."""
+    return value.isoformat() if isinstance(value, dt.time | dt.datetime) else value
+
+
+def suppression_add(
+    *, channel: str, address: str, source: str, reason: str = "", audit_actor: Any = None
+) -> Suppression:
     """Put (channel, address) on the suppression list (idempotent); a suppressed push token is deactivated."""
-    suppression, _ = Suppression.objects.get_or_create(
+    suppression, created = Suppression.objects.get_or_create(
         channel=channel, address=address, defaults={"source": source, "reason": reason[:255]}
     )
     if channel == "push":
         Device.objects.filter(token=address, active=True).update(active=False, deactivated_at=timezone.now())
+    if created:
+        changes = {"channel": [None, channel], "address": [None, address], "reason": [None, reason[:255]]}
+        _audit(audit_actor, "suppression.add", "suppression", suppression.pk, changes)
     return suppression
 
 
-def recipient_upsert(*, user_id: str, **fields: Any) -> tuple[Recipient, bool]:
+def recipient_upsert(*, user_id: str, audit_actor: Any = None, **fields: Any) -> tuple[Recipient, bool]:
     """Create or update the recipient `user_id` with `fields`; return it and whether it was created.
 
-    Upserting an erased recipient brings it back (erased_at cleared) with only the data given now.
+    Upserting an erased recipient brings it back (erased_at cleared) with only the data given now. With an
+    `audit_actor` (the API client or staff user making the change) the change is written to the audit log.
     """
     unknown = set(fields) - RECIPIENT_FIELDS
     if unknown:
         raise TypeError(f"recipient_upsert() got unknown fields: {', '.join(sorted(unknown))}")
     with transaction.atomic():
         recipient, created = Recipient.objects.select_for_update().get_or_create(user_id=user_id, defaults=fields)
+        before = {} if created else _snapshot(recipient, list(fields))
         if not created:
             changed = list(fields)
             for name, value in fields.items():
@@ -64,10 +92,14 @@ def recipient_upsert(*, user_id: str, **fields: Any) -> tuple[Recipient, bool]:
                 changed.append("erased_at")
             if changed:
                 recipient.save(update_fields=[*changed, "updated_at"])
+        changes = diff(before, _snapshot(recipient, list(fields)))
+        if created or changes:
+            action = "recipient.create" if created else "recipient.update"
+            _audit(audit_actor, action, "recipient", user_id, changes)
     return recipient, created
 
 
-def recipient_erase(*, recipient: Recipient) -> Recipient:
+def recipient_erase(*, recipient: Recipient, audit_actor: Any = None) -> Recipient:
     """Erase a recipient's personal data, keeping the rows that other records point at.
 
     Wipes contact fields, devices, preferences and topic memberships, marks the recipient erased, and
@@ -79,6 +111,7 @@ def recipient_erase(*, recipient: Recipient) -> Recipient:
     now = timezone.now()
     with transaction.atomic():
         recipient = Recipient.objects.select_for_update().get(pk=recipient.pk)
+        before = {**_snapshot(recipient, AUDITED_RECIPIENT_FIELDS), "devices": recipient.devices.count()}
         recipient.email = ""
         recipient.phone = ""
         recipient.webhook_url = ""
@@ -97,10 +130,12 @@ def recipient_erase(*, recipient: Recipient) -> Recipient:
         deliveries = Delivery.objects.filter(recipient=recipient)
         SandboxMessage.objects.filter(delivery_id__in=deliveries.values("pk")).update(address="", content={})
         deliveries.update(address="", content=None, updated_at=now)
+        after = {**_snapshot(recipient, AUDITED_RECIPIENT_FIELDS), "devices": 0}
+        _audit(audit_actor, "recipient.erase", "recipient", recipient.user_id, diff(before, after))
     return recipient
 
 
-def device_add(*, recipient: Recipient, platform: str, token: str) -> tuple[Device, bool]:
+def device_add(*, recipient: Recipient, platform: str, token: str, audit_actor: Any = None) -> tuple[Device, bool]:
     """Register a push token for a recipient (idempotent); a token seen before moves to this recipient.
 
     Returns the device and whether it was created. Re-registering reactivates a token only if it is not on
@@ -110,18 +145,28 @@ def device_add(*, recipient: Recipient, platform: str, token: str) -> tuple[Devi
         device, created = Device.objects.select_for_update().get_or_create(
             platform=platform, token=token, defaults={"recipient": recipient}
         )
+        previous_owner = None if created else device.recipient_id
         if not created:
             suppressed = Suppression.objects.filter(channel="push", address=token).exists()
             device.recipient = recipient
             device.active = not suppressed
             device.deactivated_at = device.deactivated_at if suppressed else None
             device.save(update_fields=["recipient", "active", "deactivated_at"])
+        if created or previous_owner != recipient.pk:
+            changes: dict[str, Any] = {"platform": [None, platform], "token": [None, token]}
+            if previous_owner is not None:
+                # A token moving between users is what an attacker would do: say from whom.
+                old = Recipient.objects.filter(pk=previous_owner).values_list("user_id", flat=True).first()
+                changes["moved_from_user_id"] = [old, recipient.user_id]
+            _audit(audit_actor, "device.add", "recipient", recipient.user_id, changes)
     return device, created
 
 
-def device_remove(*, recipient: Recipient, token: str) -> int:
+def device_remove(*, recipient: Recipient, token: str, audit_actor: Any = None) -> int:
     """Delete a recipient's device by token; return how many were deleted."""
     deleted, _ = Device.objects.filter(recipient=recipient, token=token).delete()
+    if deleted:
+        _audit(audit_actor, "device.remove", "recipient", recipient.user_id, {"token": [token, None]})
     return deleted
 
 
@@ -133,8 +178,10 @@ def preferences_set(
     categories: dict[str, dict[str, Any]],
     quiet_start: dt.time | None,
     quiet_end: dt.time | None,
+    audit_actor: Any = None,
 ) -> Recipient:
     """Replace a recipient's preferences with the given, already validated, ones."""
+    before = _snapshot(recipient, _PREFERENCE_FIELDS)
     recipient.opted_out = opted_out
     recipient.channel_prefs = channels
     recipient.category_prefs = categories
@@ -143,6 +190,9 @@ def preferences_set(
     recipient.save(
         update_fields=["opted_out", "channel_prefs", "category_prefs", "quiet_start", "quiet_end", "updated_at"]
     )
+    changes = diff(before, _snapshot(recipient, _PREFERENCE_FIELDS))
+    if changes:
+        _audit(audit_actor, "preferences.update", "recipient", recipient.user_id, changes)
     return recipient
 
 
@@ -159,9 +209,17 @@ def category_disable(*, recipient: Recipient, category: str) -> Recipient:
     return recipient
 
 
-def suppression_remove(*, suppression: Suppression) -> None:
+def suppression_remove(*, suppression: Suppression, audit_actor: Any = None) -> None:
     """Take an address off the suppression list (an operator's decision; devices stay as they are)."""
+    changes = {
+        "channel": [suppression.channel, None],
+        "address": [suppression.address, None],
+        "source": [suppression.source, None],
+        "reason": [suppression.reason, None],
+    }
+    target = suppression.pk
     suppression.delete()
+    _audit(audit_actor, "suppression.remove", "suppression", target, changes)
 
 
 def topic_upsert(*, key: str, name: str) -> tuple[Topic, bool]:

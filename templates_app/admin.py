@@ -365,16 +365,11 @@ class TemplateAdmin(admin.ModelAdmin):
                 content=form.canonical_content,
                 publish=publish,
                 actor=f"admin:{request.user.get_username()}",
+                audit_actor=request.user,
             )
             obj.pk = version.template.pk
             obj.refresh_from_db()
-            audit_record(
-                actor=request.user,
-                action="template.version_create",
-                target_type="template",
-                target_id=obj.key,
-                changes={"version": [None, version.version], "published": [None, publish]},
-            )
+            # template_put audits the new version; publishing it at once is recorded as a publish too.
             if publish:
                 audit_record(
                     actor=request.user,
@@ -582,20 +577,14 @@ class TemplateVersionAdmin(admin.ModelAdmin):
 
     def _publish(self, request: HttpRequest, version: TemplateVersion) -> None:
         """Publish `version`, audit it and tell the user how it went."""
-        before = version.template.published_version.version if version.template.published_version_id else None
         try:
-            version = template_version_publish(version=version, actor=f"admin:{request.user.get_username()}")
+            version = template_version_publish(  # audited by the service
+                version=version, actor=f"admin:{request.user.get_username()}", audit_actor=request.user
+            )
         except ValidationError as exc:
             reasons = "; ".join(f"{k}: {', '.join(v)}" for k, v in _error_lines(exc.detail).items())
             self.message_user(request, f"Not published: {reasons}", messages.ERROR)
             return
-        audit_record(
-            actor=request.user,
-            action="template.publish",
-            target_type="template",
-            target_id=version.template.key,
-            changes={"published_version": [before, version.version]},
-        )
         self.message_user(request, f"{version} is now the published version.", messages.SUCCESS)
 
     def get_urls(self) -> list[URLPattern]:

@@ -12,7 +12,7 @@ from django.urls import reverse
 
 from audit.models import AuditEntry
 from notifier.events import record_events
-from notifier.models import Delivery, Notification
+from notifier.models import ApiClient, Delivery, Notification
 from notifier.selectors import delivery_search, notifications_by_dedup_key
 from notifier.services import api_client_create, notification_accept
 from preferences.models import Suppression
@@ -76,12 +76,7 @@ def test_search_finds_a_customers_deliveries_by_every_identifier() -> None:
 def test_search_is_served_by_indexes() -> None:
     """On 200,000 deliveries, each kind of term is an index lookup, never a sequential scan."""
     with connection.cursor() as c:
-        c.execute(
-            "INSERT INTO notifier_apiclient (name, key_prefix, key_hash, allowed_categories, webhook_url,"
-            " webhook_secret, is_active, created_at) VALUES ('x', 'x', repeat('x', 64), '{}', '', '', true, now())"
-            " RETURNING id"
-        )
-        client_id = c.fetchone()[0]
+        client_id = ApiClient.objects.create(name="x", key_prefix="x", key_hash="x" * 64).pk
         c.execute(
             "INSERT INTO preferences_recipient (user_id, email, phone, locale, timezone, webhook_url, opted_out,"
             " channel_prefs, category_prefs, created_at, updated_at)"
