@@ -223,7 +223,8 @@ def delivery_rendered(*, delivery: Delivery) -> dict[str, Any]:
         rendered = render(version, channel=delivery.channel, locale=locale, payload=notification.payload)
     except RenderError as exc:
         return {"parts": {}, "source": str(version), "error": exc.message}
-    return {"parts": rendered.parts, "source": f"{version} rendered again in locale {rendered.locale}"}
+    parts = {name: value for name, value in rendered.parts.items() if value not in ("", {})}  # parts it has
+    return {"parts": parts, "source": f"{version} rendered again in locale {rendered.locale}"}
 
 
 def delivery_compliance(*, delivery: Delivery) -> dict[str, Any]:

@@ -83,7 +83,6 @@ def test_support_finds_a_delivery_by_email_reads_its_timeline_and_resends_it(
     for label in ("Request accepted", "Queued", "Attempt 1", "Accepted by the provider"):
         assert label in timeline
     assert "Ihre Bestellung A-7" in browser.find_element(By.ID, "sent-content").text
-    screenshot(browser, "delivery-timeline")
 
     browser.find_element(By.ID, "action-resend").click()
     browser.switch_to.alert.accept()
@@ -328,3 +327,53 @@ def test_operations_charts(live_server: Any, browser: WebDriver) -> None:
     legend = " ".join(e.text for e in charts.find_elements(By.CSS_SELECTOR, "svg text.legend"))
     assert "sent" in legend and "failed" in legend
     screenshot(browser, "operations-charts")
+
+
+def test_a_delivery_timeline_shows_attempts_errors_and_callbacks(
+    live_server: Any, browser: WebDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from notifier.events import record_events
+
+    staff_user("sue", "support", monkeypatch)
+    template_put(key="order_shipped", category="transactional", default_locale="en", content=CONTENT)
+    recipient_upsert(user_id="cust-7", email="bo@example.com", locale="de")
+    client, _ = api_client_create(name="shop")
+    data = {"recipient": {"user_id": "cust-7"}, "category": "transactional", "template": "order_shipped"}
+    data |= {"channels": ["email"], "payload": {"order_id": "B-12", "name": "Bo"}}
+    delivery = notification_accept(client=client, data=data).deliveries[0]
+    # The story a worker and the provider's callbacks would have written.
+    for status, detail in (
+        ("sending", ""),
+        ("failed", "ses: 503 Service Unavailable (retriable), retry in 4 s"),
+        ("sending", ""),
+        ("sent", "ses"),
+        ("delivered", "ses:delivery 250 2.0.0 OK"),
+        ("opened", "ses:open"),
+    ):
+        record_events([(delivery.pk, status, detail)])
+    Delivery.objects.filter(pk=delivery.pk).update(
+        status="opened",
+        provider="ses",
+        provider_message_id="0100-ses-b12",
+        template_version=TemplateVersion.objects.get(template__key="order_shipped", version=1),
+    )
+
+    login(browser, live_server.url, "sue")
+    browser.get(f"{live_server.url}/admin/notifier/delivery/?q=0100-ses-b12")
+    browser.find_element(By.CSS_SELECTOR, "#result_list tbody tr th a").click()
+    items = wait(browser).until(ec.presence_of_element_located((By.ID, "timeline"))).find_elements(By.TAG_NAME, "li")
+    labels = [item.find_element(By.TAG_NAME, "strong").text for item in items]
+    assert labels == [
+        "Request accepted",
+        "Queued",
+        "Attempt 1",
+        "Failed",
+        "Attempt 2",
+        "Accepted by the provider",
+        "Delivered (provider callback)",
+        "Opened",
+    ]
+    assert "503 Service Unavailable" in items[3].text
+    assert "Ihre Bestellung B-12" in browser.find_element(By.ID, "sent-content").text
+    assert "send" in browser.find_element(By.ID, "compliance").text
+    screenshot(browser, "delivery-timeline")
