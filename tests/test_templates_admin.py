@@ -92,6 +92,10 @@ def test_add_without_content_or_with_bad_content_shows_errors_beside_the_field(s
     bad_json = {**blocks({"en": {"sms": {"text": "Hi"}}}), "c__en__webhook__body": '{\n  "a": 1,\n}'}
     response = staff.post(url, {**_form(None, key="x"), **bad_json})
     assert "Not valid JSON on line 3" in " ".join(response.context["adminform"].form.errors["c__en__webhook__body"])
+    # A budget violation the renderer can see before running (a literal bomb) is refused beside its field too.
+    response = staff.post(url, _form(None, {"en": {"sms": {"text": "Hi\n{{ 'x'|center(10000000) }}"}}}, key="x"))
+    budget_errors = " ".join(response.context["adminform"].form.errors["c__en__sms__text"])
+    assert "over the template budget" in budget_errors and "line 2" in budget_errors
     assert not Template.objects.filter(key="x").exists()
 
 
