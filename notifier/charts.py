@@ -53,7 +53,7 @@ def line_chart(
     unit: str = "",
 ) -> SafeString:
     """Draw one polyline per series over shared time labels, with a y axis, a time axis and a legend."""
-    left, right, top, bottom = 48, 12, 24, 36
+    left, right, top, bottom = 48, 24, 24, 36
     plot_w, plot_h = width - left - right, height - top - bottom
     n = max(len(labels), 1)
     peak = _nice_max(max((max(values, default=0) for values in series.values()), default=0))

@@ -112,7 +112,7 @@ def dashboard_charts(context: dict[str, Any]) -> dict[str, Any]:
                 {status: values for status, values in by_status.items() if any(values)} or {"sent": [0] * len(labels)},
                 labels=labels,
                 title=f"{channel}: deliveries per minute, last 24 hours",
-                width=540,
+                width=470,
             ),
         }
         for channel, by_status in series.items()
