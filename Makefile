@@ -11,10 +11,15 @@ DEV := DEVELOPMENT=true DEBUG=true
 
 .PHONY: run test lint format services migrate demo bench clean
 
-$(VENV)/.installed: requirements.txt requirements-dev.txt
+# The Python client is installed for its tests (tests/test_client_python.py); its only dependency, httpx, is
+# pinned in requirements-dev.txt, and a hashed lock file cannot name a local path, hence --no-deps.
+CLIENT_SOURCES := clients/python/pyproject.toml $(wildcard clients/python/src/notifier_client/*)
+
+$(VENV)/.installed: requirements.txt requirements-dev.txt $(CLIENT_SOURCES)
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
 	$(VENV)/bin/pip install --quiet -r requirements-dev.txt
+	$(VENV)/bin/pip install --quiet --no-deps ./clients/python
 	touch $@
 
 services: $(VENV)/.installed

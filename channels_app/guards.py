@@ -16,12 +16,14 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from django.conf import settings
+
 from channels_app import breaker, ratelimit
 from channels_app.providers import registry
 from channels_app.providers.base import OutboundMessage, Outcome, Provider, ProviderError
 from notifier import metrics
 from preferences.compliance import is_optional
-from preferences.services import unsubscribe_url
+from preferences.services import preference_link, unsubscribe_url
 
 if TYPE_CHECKING:
     from channels_app.services import _Outcomes
@@ -132,8 +134,15 @@ def note_outcomes(name: str, outcomes: Sequence[Outcome]) -> None:
 
 
 def message_meta(delivery: Delivery) -> dict[str, Any]:
-    """Return per-message extras for the adapter (the one-click unsubscribe link for optional email)."""
+    """Return per-message extras for the adapter: for optional email the one-click unsubscribe link and,
+    beside it, the link to the recipient's preference center (added to the body by the pipeline)."""
     if delivery.channel == "email" and is_optional(delivery.notification.category):
         url = unsubscribe_url(recipient=delivery.recipient, category=delivery.notification.category)
-        return {"list_unsubscribe": url}
+        return {"list_unsubscribe": url, "preferences_url": recipient_preferences_url(delivery)}
     return {}
+
+
+def recipient_preferences_url(delivery: Delivery) -> str:
+    """Return a fresh preference-center link for the delivery's recipient, valid for the configured lifetime."""
+    url, _ = preference_link(recipient=delivery.recipient, ttl_seconds=settings.PREFERENCE_LINK_TTL_SECONDS)
+    return url

@@ -32,6 +32,7 @@ from notifier.models import Campaign, DeadLetter, Delivery, Notification
 from notifier.outbox import publish
 from preferences.compliance import evaluate, suppressed_addresses
 from preferences.digest import is_digest
+from preferences.emails import personalize, uses_preferences_url
 from preferences.models import Recipient
 from preferences.services import suppression_add
 from templates_app.models import TemplateVersion
@@ -414,12 +415,15 @@ def _build_message(delivery: Delivery, out: _Outcomes) -> OutboundMessage | None
         version = _template_version(n)
         locale = n.locale or delivery.recipient.locale or version.template.default_locale
         cache_key = (n.pk, delivery.channel, locale)
-        rendered = _render_cache.get(cache_key)
-        if rendered is None:
+        cached = _render_cache.get(cache_key)
+        if cached is None:
             rendered = render(version, channel=delivery.channel, locale=locale, payload=n.payload)
+            # Checked once per render, not per delivery: most templates never use {{ preferences_url }}.
+            cached = (rendered, uses_preferences_url(rendered.parts))
             if len(_render_cache) > 10_000:
                 _render_cache.clear()
-            _render_cache[cache_key] = rendered
+            _render_cache[cache_key] = cached
+        rendered, personal = cached
     except (RenderError, TemplateVersion.DoesNotExist) as exc:
         # A broken template budget fails with reason template_budget (its code); other errors as render_error.
         out.failed(delivery, exc if getattr(exc, "code", "") == "template_budget" else f"render_error: {exc}")
@@ -428,11 +432,22 @@ def _build_message(delivery: Delivery, out: _Outcomes) -> OutboundMessage | None
     out.updates.append((delivery, {"template_version_id": version.pk}))
     meta: dict[str, Any] = {"attempt": delivery.attempts, "webhook_secret": n.client.webhook_secret}
     meta.update(guards.message_meta(delivery))
+    content = rendered.parts
+    if personal or "preferences_url" in meta:
+        content = personalize(
+            content,
+            preferences_url=meta.get("preferences_url") or guards.recipient_preferences_url(delivery),
+            unsubscribe_url=meta.get("list_unsubscribe"),
+            locale=locale,
+            # A template that places the link itself owns its footer.
+            footer="preferences_url" in meta and not personal,
+            placeholder=personal,
+        )
     return OutboundMessage(
         delivery_id=delivery.pk,
         channel=delivery.channel,
         address=delivery.address,
-        content=rendered.parts,
+        content=content,
         idempotency_key=f"dlv_{delivery.pk}",
         category=n.category,
         priority=delivery.priority,

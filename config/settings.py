@@ -55,6 +55,10 @@ if not _SECRET_KEY_FROM_ENV and not DEVELOPMENT:
 SECRET_KEY = os.environ.get("SECRET_KEY") or "dev-only-insecure-secret-key-change-me"
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "127.0.0.1,localhost,[::1],testserver")
 PUBLIC_BASE_URL = os.environ.get("PUBLIC_BASE_URL", f"http://127.0.0.1:{os.environ.get('PORT', '8000')}")
+# Preference-center links: the default lifetime (also of the links in emails and `{{ preferences_url }}`) and
+# the longest a caller may ask for.
+PREFERENCE_LINK_TTL_SECONDS = env_int("PREFERENCE_LINK_TTL_SECONDS", 30 * 86400)
+PREFERENCE_LINK_MAX_TTL_SECONDS = env_int("PREFERENCE_LINK_MAX_TTL_SECONDS", 90 * 86400)
 
 # --- Behind a TLS-terminating proxy (docs/operations.md, docs/security.md) ------------------------------
 # "HTTP_X_FORWARDED_PROTO,https": trust that header from the proxy to know a request came over HTTPS. Only set

@@ -21,9 +21,10 @@ class ApiClient(models.Model):
     # Empty means every configured category is allowed.
     allowed_categories = ArrayField(models.CharField(max_length=64), default=list, blank=True)
     # What the key may do (notifier.scopes.SCOPES); a new client can only send.
-    scopes = ArrayField(models.CharField(max_length=32), default=default_scopes, blank=True)
+    # The database default too, so rows inserted by SQL (tests, scripts) get `send` like the ORM's.
+    scopes = ArrayField(models.CharField(max_length=32), default=default_scopes, db_default=["send"], blank=True)
     # Requests per period across all API processes ("200/s", "1000/m"); empty means API_CLIENT_RATE_LIMIT.
-    rate_limit = models.CharField(max_length=32, blank=True, default="")
+    rate_limit = models.CharField(max_length=32, blank=True, default="", db_default="")
     # Where webhook-channel deliveries go when the recipient has no URL of their own, and the secret
     # ("whsec_…", Standard Webhooks) they are signed with.
     webhook_url = models.URLField(max_length=2048, blank=True, default="")

@@ -11,6 +11,7 @@ import zoneinfo
 from typing import Any
 
 from django.conf import settings
+from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -280,6 +281,37 @@ class PreferencesApi(APIView):
             audit_actor=request.user,
         )
         return Response(selectors.recipient_preferences(recipient=recipient))
+
+
+class PreferenceLinkInputSerializer(serializers.Serializer):
+    """How long a preference-center link stays valid."""
+
+    ttl_seconds = serializers.IntegerField(
+        min_value=60,
+        max_value=settings.PREFERENCE_LINK_MAX_TTL_SECONDS,
+        default=settings.PREFERENCE_LINK_TTL_SECONDS,
+    )
+
+
+class PreferenceLinkOutputSerializer(serializers.Serializer):
+    """A preference-center link and when it stops working."""
+
+    url = serializers.URLField()
+    expires_at = serializers.DateTimeField()
+
+
+class PreferenceLinkApi(APIView):
+    """POST mints a signed, expiring link to the recipient's preference center (no login needed to open it)."""
+
+    required_scope = "recipients:write"
+
+    @extend_schema(request=PreferenceLinkInputSerializer, responses={200: PreferenceLinkOutputSerializer})
+    def post(self, request: Request, user_id: str) -> Response:
+        recipient = _recipient_or_404(user_id)
+        data = PreferenceLinkInputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        url, expires_at = services.preference_link(recipient=recipient, ttl_seconds=data.validated_data["ttl_seconds"])
+        return Response(PreferenceLinkOutputSerializer({"url": url, "expires_at": expires_at}).data)
 
 
 # --- Suppressions ------------------------------------------------------------------------------------------

@@ -15,9 +15,10 @@ from django.db import connection, transaction
 from django.utils import timezone
 from django.utils.crypto import constant_time_compare
 
-from audit.services import audit_record, diff
+from audit.services import Actor, audit_record, diff
 from preferences.compliance import is_optional
 from preferences.models import Device, Recipient, Subscription, Suppression, Topic
+from preferences.selectors import recipient_preferences
 
 # What a caller may set on a recipient through recipient_upsert(); user_id and erased_at are managed here.
 RECIPIENT_FIELDS = frozenset(
@@ -309,3 +310,83 @@ def unsubscribe_token_read(token: str) -> tuple[str, str]:
     if not isinstance(data, dict) or not isinstance(data.get("r"), str) or not isinstance(data.get("c"), str):
         raise signing.BadSignature("malformed unsubscribe token")
     return data["r"], data["c"]
+
+
+PREFERENCES_SALT = "preferences.center"
+
+
+@functools.cache
+def _preference_signer(secret: str) -> signing.Signer:
+    return signing.Signer(key=secret, salt=PREFERENCES_SALT)
+
+
+def preference_token(*, user_id: str, expires_at: int) -> str:
+    """Return the signed token naming a recipient until `expires_at` (a Unix time): `<b64 user_id>.<b62 expiry>:<sig>`.
+
+    django.core.signing with a salt of its own, signing a compact string rather than JSON (sign_object() costs
+    about twice as much, and every optional email carries a link, so this is on the send path). The expiry
+    travels inside the signed value: each link has its own lifetime, which one `max_age` could not express.
+    """
+    payload = urlsafe_b64encode(user_id.encode()).rstrip(b"=").decode()
+    return _preference_signer(settings.SECRET_KEY).sign(f"{payload}.{signing.b62_encode(expires_at)}")
+
+
+def preference_link(*, recipient: Recipient, ttl_seconds: int) -> tuple[str, dt.datetime]:
+    """Return a signed URL to the recipient's preference center, valid for `ttl_seconds`, and when it expires."""
+    expires = timezone.now().replace(microsecond=0) + dt.timedelta(seconds=ttl_seconds)
+    token = preference_token(user_id=recipient.user_id, expires_at=int(expires.timestamp()))
+    return f"{settings.PUBLIC_BASE_URL.rstrip('/')}/preferences/{token}", expires
+
+
+def preference_token_read(token: str) -> str:
+    """Return the user_id a preference-center token names.
+
+    Raises signing.SignatureExpired for a link past its expiry, signing.BadSignature for anything not ours.
+    """
+    value = _preference_signer(settings.SECRET_KEY).unsign(token)
+    payload, _, expiry = value.partition(".")
+    try:
+        user_id = urlsafe_b64decode(payload + "=" * (-len(payload) % 4)).decode()
+        expires_at = signing.b62_decode(expiry)
+    except (ValueError, UnicodeDecodeError):
+        raise signing.BadSignature("malformed preference token") from None
+    if expires_at <= timezone.now().timestamp():
+        raise signing.SignatureExpired("preference link expired")
+    return user_id
+
+
+def preferences_save_by_recipient(
+    *,
+    recipient: Recipient,
+    opted_out: bool,
+    channels: dict[str, bool],
+    categories: dict[str, dict[str, Any]],
+    quiet_start: dt.time | None,
+    quiet_end: dt.time | None,
+    timezone_name: str,
+) -> Recipient:
+    """Save what a recipient chose in the preference center, through the API's own writes, and audit it."""
+    with transaction.atomic():
+        recipient = Recipient.objects.select_for_update().get(pk=recipient.pk)
+        before = {**recipient_preferences(recipient=recipient), "timezone": recipient.timezone}
+        if timezone_name != recipient.timezone:
+            recipient, _ = recipient_upsert(user_id=recipient.user_id, timezone=timezone_name)
+        recipient = preferences_set(
+            recipient=recipient,
+            opted_out=opted_out,
+            channels=channels,
+            categories=categories,
+            quiet_start=quiet_start,
+            quiet_end=quiet_end,
+        )
+        after = {**recipient_preferences(recipient=recipient), "timezone": recipient.timezone}
+        changes = diff(before, after)
+        if changes:
+            audit_record(
+                actor=Actor("recipient", recipient.user_id, recipient.user_id),
+                action="preferences.update",
+                target_type="recipient",
+                target_id=recipient.user_id,
+                changes=changes,
+            )
+    return recipient

@@ -50,6 +50,10 @@ MAX_REPEAT_LENGTH = 100_000
 MAX_EXPONENT = 1_000
 
 _MARKERS = ("{{", "{%", "{#")
+# `{{ preferences_url }}` is per recipient, but rendered parts are cached per notification and locale; it renders
+# as this stand-in, which the send path replaces with the recipient's signed link (preferences.emails). An
+# example URL on a reserved domain, so a preview reads sensibly and HTML escaping leaves it intact.
+PREFERENCES_URL_PLACEHOLDER = "https://preferences.invalid/notifier-preferences-url"
 _UNDEFINED_NAME = re.compile(r"^'([^']+)' is undefined$")
 _MISSING_ATTRIBUTE = re.compile(r"has no attribute '([^']+)'$")
 
@@ -155,6 +159,7 @@ def _make_env(*, autoescape: bool) -> _Sandbox:
     # lipsum only burns CPU; nothing else is added so the template surface stays small.
     env.globals.pop("lipsum", None)
     env.filters = budget.guarded_filters()
+    env.globals["preferences_url"] = PREFERENCES_URL_PLACEHOLDER
     return env
 
 
