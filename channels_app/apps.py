@@ -9,6 +9,7 @@ class ChannelsAppConfig(AppConfig):
     """Configure the channels app: provider checks at start-up."""
 
     name = "channels_app"
+    verbose_name = "Channels"
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:

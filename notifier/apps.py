@@ -9,6 +9,7 @@ class NotifierConfig(AppConfig):
     """Configure the notifier app."""
 
     name = "notifier"
+    verbose_name = "Notifications"
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:

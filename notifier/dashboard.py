@@ -12,11 +12,13 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib import admin
+from django.db import connection
 from django.db.models import Count
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils import timezone
 
+from notifier.charts import COLOURS, bar_chart, line_chart
 from notifier.metrics import collect_pending_dead_letters, collect_queue_depths
 from notifier.models import DeliveryEvent
 
@@ -58,6 +60,80 @@ def breaker_states() -> list[dict[str, str]]:
     return result
 
 
+CHART_WINDOW = timedelta(hours=24)
+BUCKET_MINUTES = 5
+
+
+def outcome_series(since: Any, now: Any) -> tuple[list[Any], dict[str, dict[str, list[float]]]]:
+    """Return bucket starts and, per channel and outcome, deliveries per minute (averaged per 5-minute bucket).
+
+    One grouped query over the event history (BRIN on its time); 288 points a day keep the SVG small.
+    """
+    start = since.replace(second=0, microsecond=0)
+    start -= timedelta(minutes=start.minute % BUCKET_MINUTES)
+    count = int((now - start).total_seconds() // (BUCKET_MINUTES * 60)) + 1
+    labels = [start + timedelta(minutes=BUCKET_MINUTES * i) for i in range(count)]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT floor(extract(epoch FROM e.at - %s) / %s)::int AS bucket, d.channel, e.status, count(*)"
+            " FROM notifier_deliveryevent e JOIN notifier_delivery d ON d.id = e.delivery_id"
+            " WHERE e.at >= %s AND e.status = ANY(%s) GROUP BY 1, 2, 3",
+            [start, BUCKET_MINUTES * 60, start, list(OUTCOMES)],
+        )
+        rows = cursor.fetchall()
+    series: dict[str, dict[str, list[float]]] = {
+        channel: {status: [0.0] * count for status in OUTCOMES} for channel in settings.CHANNELS
+    }
+    for bucket, channel, status, n in rows:
+        if 0 <= bucket < count:
+            series.setdefault(channel, {s: [0.0] * count for s in OUTCOMES})[status][bucket] = n / BUCKET_MINUTES
+    return labels, series
+
+
+def provider_errors(since: Any) -> dict[str, int]:
+    """Count failed and bounced outcomes per provider since `since`."""
+    rows = (
+        DeliveryEvent.objects.filter(at__gte=since, status__in=("failed", "bounced"))
+        .values("delivery__provider")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    return {row["delivery__provider"] or "(none)": row["n"] for row in rows}
+
+
+def dashboard_charts(context: dict[str, Any]) -> dict[str, Any]:
+    """Draw the dashboard's charts as server-side SVG (notifier/charts.py): no script, no CDN."""
+    now = timezone.now()
+    labels, series = outcome_series(now - CHART_WINDOW, now)
+    per_channel = [
+        {
+            "channel": channel,
+            "svg": line_chart(
+                {status: values for status, values in by_status.items() if any(values)} or {"sent": [0] * len(labels)},
+                labels=labels,
+                title=f"{channel}: deliveries per minute, last 24 hours",
+                width=470,
+            ),
+        }
+        for channel, by_status in series.items()
+    ]
+    queues = {q["name"]: q["messages"] for q in context["work_queues"]}
+    dead = dict(context["dead_letters_pending"]) | {q["name"]: q["messages"] for q in context["dead_queues"]}
+    breaker_colours = {b["provider"]: COLOURS.get(b["state"], "#999999") for b in context["breakers"]}
+    return {
+        "per_channel": per_channel,
+        "queues": bar_chart(queues, title="Queue depth (ready messages)", width=420),
+        "dead": bar_chart(dead, title="Dead letters (pending, and in dead queues)", width=420),
+        "provider_errors": bar_chart(provider_errors(now - CHART_WINDOW), title="Provider errors, 24 hours"),
+        "breakers": bar_chart(
+            {f"{b['provider']} ({b['state']})": 1 for b in context["breakers"]},
+            title="Circuit breakers",
+            show_values=False,
+            colours={f"{p} ({b['state']})": breaker_colours[p] for b in context["breakers"] for p in [b["provider"]]},
+        ),
+    }
+
+
 def dashboard_context() -> dict[str, Any]:
     """Gather everything the dashboard shows."""
     since = timezone.now() - WINDOW
@@ -80,11 +156,18 @@ def dashboard_context() -> dict[str, Any]:
     }
 
 
+def dashboard_view_context() -> dict[str, Any]:
+    """Return the dashboard's tables and its charts."""
+    context = dashboard_context()
+    context["charts"] = dashboard_charts(context)
+    return context
+
+
 def dashboard_view(request: HttpRequest) -> HttpResponse:
     """Render the operations dashboard inside the admin's layout."""
     context = {
         **admin.site.each_context(request),
         "title": "Operations dashboard",
-        **dashboard_context(),
+        **dashboard_view_context(),
     }
     return TemplateResponse(request, "admin/notifier/dashboard.html", context)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 
 from django.contrib.postgres.fields import ArrayField
-from django.contrib.postgres.indexes import BrinIndex
+from django.contrib.postgres.indexes import BrinIndex, HashIndex
 from django.db import models
 from django.db.models import Q
 
@@ -185,10 +185,25 @@ class Delivery(models.Model):
     # SMS only, set when rendered on the worker: "gsm7" or "ucs2" and the segments the text is sent in.
     sms_encoding = models.CharField(max_length=8, blank=True, default="", db_default="")
     sms_segments = models.PositiveSmallIntegerField(null=True, blank=True)
+    # The delivery support staff resent this one from (notifier/support.py); indexed only where set.
+    resent_from = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="resends",
+        db_index=False,
+        db_constraint=False,
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
+        verbose_name_plural = "deliveries"
+        permissions = [
+            ("resend_delivery", "Can resend a delivery (a new delivery, compliance checked again)"),
+            ("cancel_delivery", "Can cancel a delivery that is not yet sent"),
+        ]
         constraints = [
             # Fan-out writes with ON CONFLICT DO NOTHING against this, so a resumed fan-out never doubles.
             models.UniqueConstraint(
@@ -216,6 +231,12 @@ class Delivery(models.Model):
                 name="delivery_template_version_idx",
             ),
             BrinIndex(fields=["created_at"], name="delivery_created_brin"),
+            # Support finds a customer's message by the address it went to (email, phone). A hash index: an
+            # address may be a long webhook URL, past what a btree entry can hold; equality is all it serves.
+            HashIndex(fields=["address"], condition=~Q(address=""), name="delivery_address_hash"),
+            models.Index(
+                fields=["resent_from"], condition=Q(resent_from__isnull=False), name="delivery_resent_from_idx"
+            ),
         ]
 
     def __str__(self) -> str:

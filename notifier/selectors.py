@@ -8,9 +8,10 @@ import uuid
 from datetime import datetime
 from typing import Any
 
+from django.conf import settings
 from django.db.models import Count, Prefetch, Q, QuerySet
 
-from notifier.models import ApiClient, DeliveryEvent, Notification
+from notifier.models import ApiClient, Delivery, DeliveryEvent, Notification
 
 DELIVERIES_IN_DETAIL = 100
 
@@ -85,3 +86,160 @@ def notification_list(
         last = page[-1]
         next_cursor = encode_cursor({"c": last.created_at.isoformat(), "i": str(last.pk)})
     return page, next_cursor
+
+
+def notifications_by_dedup_key(dedup_key: str) -> QuerySet[Notification]:
+    """Return the notifications with this dedup key, of any client (notification_dedup_uniq: every client)."""
+    client_ids = list(ApiClient.objects.values_list("pk", flat=True))
+    return Notification.objects.filter(client_id__in=client_ids, dedup_key=dedup_key)
+
+
+def delivery_search(*, query: str) -> QuerySet[Delivery]:
+    """Find deliveries by what a customer or a provider can tell support: each term served by an index.
+
+    Matches the address a delivery went to (email, phone: delivery_address_hash), the recipient's current
+    email, phone or user id (recipient_email_idx, recipient_phone_idx, the user_id unique index, then
+    delivery_recipient_idx), a provider message id (delivery_provider_msg_idx, with every configured provider
+    as its leading column), a notification id (delivery_target_uniq), a dedup key (notification_dedup_uniq,
+    with every client as its leading column) and a delivery id. The ids are looked up first, so the final
+    query is an OR of index conditions on literal values and its plan does not depend on join estimates.
+    """
+    from preferences.models import Recipient
+
+    term = query.strip()
+    if not term:
+        return Delivery.objects.none()
+    recipient_ids = list(
+        Recipient.objects.filter(Q(user_id=term) | Q(email=term) | Q(phone=term)).values_list("pk", flat=True)[:50]
+    )
+    notification_ids: list[Any] = []
+    try:
+        notification_ids.append(uuid.UUID(term))
+    except ValueError:
+        pass
+    notification_ids += list(notifications_by_dedup_key(term).values_list("pk", flat=True)[:50])
+    providers = sorted({p for names in settings.CHANNEL_PROVIDERS.values() for p in names} | _known_providers())
+    condition = Q(address=term) | Q(provider__in=providers, provider_message_id=term)
+    if recipient_ids:
+        condition |= Q(recipient_id__in=recipient_ids)
+    if notification_ids:
+        condition |= Q(notification_id__in=notification_ids)
+    if term.isdigit() and int(term) < 2**63:
+        condition |= Q(pk=int(term))
+    return Delivery.objects.filter(condition)
+
+
+def _known_providers() -> set[str]:
+    """Return every provider name a delivery may carry (also ones configured before, not now)."""
+    try:  # channels_app sits above notifier: read its registry when it is installed, as the dashboard does
+        from channels_app.providers.registry import PROVIDER_CLASSES
+    except ImportError:
+        return {"sandbox", "inapp"}
+    return set(PROVIDER_CLASSES)
+
+
+# What each event status means on a delivery's timeline (kind, label); anything else is shown as it is.
+TIMELINE_KINDS: dict[str, tuple[str, str]] = {
+    "queued": ("accepted", "Queued"),
+    "scheduled": ("accepted", "Scheduled"),
+    "sending": ("attempt", "Attempt"),
+    "sent": ("attempt", "Accepted by the provider"),
+    "failed": ("error", "Failed"),
+    "deferred": ("wait", "Deferred"),
+    "delivered": ("callback", "Delivered (provider callback)"),
+    "opened": ("callback", "Opened"),
+    "bounced": ("error", "Bounced (provider callback)"),
+    "suppressed": ("compliance", "Suppressed"),
+    "cancelled": ("wait", "Cancelled"),
+    "digested": ("wait", "Folded into a digest"),
+    "resent": ("resend", "Resent"),
+}
+
+
+def delivery_timeline(*, delivery: Delivery) -> list[dict[str, Any]]:
+    """Return a delivery's whole story, oldest first: the request accepted, then every event, numbered attempts."""
+    notification = delivery.notification
+    entries: list[dict[str, Any]] = [
+        {
+            "at": notification.created_at,
+            "kind": "accepted",
+            "label": "Request accepted",
+            "detail": f"from {notification.client.name}, template {notification.template_key}"
+            + (f"@{notification.template_version}" if notification.template_version else ""),
+        }
+    ]
+    if delivery.resent_from_id:
+        entries.append(
+            {
+                "at": delivery.created_at,
+                "kind": "resend",
+                "label": "Resend of",
+                "detail": f"delivery #{delivery.resent_from_id}",
+                "delivery_id": delivery.resent_from_id,
+            }
+        )
+    attempt = 0
+    for event in DeliveryEvent.objects.filter(delivery_id=delivery.pk).order_by("id"):
+        kind, label = TIMELINE_KINDS.get(event.status, ("other", event.status))
+        if event.status == "sending":
+            attempt += 1
+            label = f"Attempt {attempt}"
+        entry: dict[str, Any] = {
+            "at": event.at,
+            "kind": kind,
+            "label": label,
+            "detail": event.detail,
+            "status": event.status,
+        }
+        if event.status == "resent" and event.detail.startswith("resent as #"):
+            entry["delivery_id"] = event.detail.removeprefix("resent as #")
+        entries.append(entry)
+    return entries
+
+
+def delivery_rendered(*, delivery: Delivery) -> dict[str, Any]:
+    """Return the message as sent: kept content (in-app), else the same immutable version rendered again.
+
+    A version never changes and the payload is stored, so rendering them again gives what was sent (the
+    per-recipient unsubscribe link aside, which is added by the channel at send time).
+    """
+    from templates_app.models import TemplateVersion
+    from templates_app.rendering import RenderError, render
+
+    if delivery.content:
+        return {"parts": delivery.content, "source": "stored with the delivery"}
+    notification = delivery.notification
+    version = delivery.template_version
+    if version is None and notification.template_version:
+        version = (
+            TemplateVersion.objects.select_related("template")
+            .filter(template__key=notification.template_key, version=notification.template_version)
+            .first()
+        )
+    if version is None:
+        return {"parts": {}, "source": "", "error": "No template version recorded."}
+    locale = notification.locale or delivery.recipient.locale or version.template.default_locale
+    try:
+        rendered = render(version, channel=delivery.channel, locale=locale, payload=notification.payload)
+    except RenderError as exc:
+        return {"parts": {}, "source": str(version), "error": exc.message}
+    parts = {name: value for name, value in rendered.parts.items() if value not in ("", {})}  # parts it has
+    return {"parts": parts, "source": f"{version} rendered again in locale {rendered.locale}"}
+
+
+def delivery_compliance(*, delivery: Delivery) -> dict[str, Any]:
+    """Return the compliance decision taken at acceptance (its first event) and the one that would apply now."""
+    from preferences.compliance import evaluate
+
+    first = DeliveryEvent.objects.filter(delivery_id=delivery.pk).order_by("id").first()
+    verdict = evaluate(
+        recipient=delivery.recipient,
+        category=delivery.notification.category,
+        channel=delivery.channel,
+        address=delivery.address,
+    )
+    return {
+        "at_accept": {"status": first.status, "reason": first.detail} if first else None,
+        "category": delivery.notification.category,
+        "now": {"action": verdict.action, "reason": verdict.reason, "until": verdict.until},
+    }

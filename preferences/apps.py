@@ -9,4 +9,5 @@ class PreferencesConfig(AppConfig):
     """Configure the preferences app."""
 
     name = "preferences"
+    verbose_name = "Recipients and preferences"
     default_auto_field = "django.db.models.BigAutoField"

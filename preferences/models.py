@@ -28,6 +28,13 @@ class Recipient(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
+    class Meta:
+        # Support looks a customer up by email or phone (notifier.selectors.delivery_search).
+        indexes = [
+            models.Index(fields=["email"], condition=~models.Q(email=""), name="recipient_email_idx"),
+            models.Index(fields=["phone"], condition=~models.Q(phone=""), name="recipient_phone_idx"),
+        ]
+
     def __str__(self) -> str:
         return self.user_id
 

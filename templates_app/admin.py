@@ -1,4 +1,10 @@
-"""Admin for support staff: edit templates (each save makes a new immutable version), publish, preview."""
+"""Admin for support staff: edit templates as forms (each save makes a new immutable version), preview, diff, publish.
+
+The editor shows one block of fields per (locale, channel) (templates_app/admin_editor.py); saving works with
+plain form posts, and a small dependency-free script (static/templates_app/editor.js) adds the live SMS
+counter and the preview beside the form. Publishing (or rolling back to an older version) takes the
+`templates_app.publish_template` permission and a confirmation page; every write is audited.
+"""
 
 from __future__ import annotations
 
@@ -10,25 +16,32 @@ from django.conf import settings
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_POST
 from rest_framework.exceptions import ValidationError
 
+from audit.services import audit_record
+from templates_app import admin_editor as editor
 from templates_app.models import Template, TemplateVersion
-from templates_app.rendering import RenderError, render_all, template_variables
+from templates_app.rendering import CHANNEL_PARTS, STRUCTURED_PARTS, RenderError, render_all, template_variables
 from templates_app.services import (
+    LOCALE_PATTERN,
+    canonical_locale,
     template_describe,
     template_put,
     template_put_validate,
     template_version_publish,
+    validate_content,
 )
-from templates_app.sms import sms_preview
+from templates_app.sms import sms_info, sms_preview
 
 HEADER_FIELDS = ("key", "category", "default_locale")
+PUBLISH_PERMISSION = "templates_app.publish_template"
 
 
 def _pretty(value: Any) -> str:
@@ -52,19 +65,39 @@ def _error_lines(detail: Any) -> dict[str, list[str]]:
     return {"content": [str(m) for m in (detail if isinstance(detail, list) else [detail])]}
 
 
+def _content_errors_by_field(detail: Any, field_names: set[str]) -> dict[str | None, list[str]]:
+    """Map validation paths to the editor's field names (None: the form as a whole)."""
+    out: dict[str | None, list[str]] = {}
+    for path_, reasons in _error_lines(detail).items():
+        if path_ in HEADER_FIELDS:
+            out.setdefault(path_, []).extend(reasons)
+            continue
+        target = editor.content_path_to_field(path_)
+        if target is None:
+            # A channel-level message ("needs at least one of ...") goes beside the block's first field.
+            pieces = path_.split(".")
+            if len(pieces) == 3 and pieces[2] in CHANNEL_PARTS:
+                target = editor.field_name(pieces[1], pieces[2], CHANNEL_PARTS[pieces[2]][0])
+        if target in field_names:
+            out.setdefault(target, []).extend(reasons)
+        else:
+            out.setdefault(None, []).extend(f"{path_}: {reason}" for reason in reasons)
+    return out
+
+
 class TemplateForm(forms.ModelForm):
-    """The template's header plus the content of the version that saving creates."""
+    """The template's header plus, block by block, the content of the version that saving creates."""
 
     category = forms.ChoiceField(choices=())
-    content = forms.CharField(
-        widget=forms.Textarea(attrs={"rows": 30, "cols": 110, "style": "font-family: monospace"}),
-        required=False,
-        help_text='JSON: {"locale": {"channel": {"part": "template"}}}. Saving a change creates a new version; '
-        "versions themselves are never edited.",
-    )
     publish = forms.BooleanField(
-        required=False, initial=True, help_text="Publish the new version (unchecked keeps it as a draft)."
+        required=False,
+        initial=False,
+        help_text="Publish the new version at once (otherwise it is saved as a draft to preview and publish later).",
     )
+    add_locale = forms.CharField(
+        required=False, max_length=35, help_text="Add a block: a locale (such as 'de', 'pt-BR') …"
+    )
+    add_channel = forms.ChoiceField(required=False, choices=(), help_text="… and a channel, then save.")
 
     class Meta:
         model = Template
@@ -73,36 +106,105 @@ class TemplateForm(forms.ModelForm):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.fields["category"].choices = [(c, c) for c in settings.NOTIFIER_CATEGORIES]
+        self.fields["add_channel"].choices = [("", "—"), *((c, c) for c in editor.known_channels())]
         self.latest_content: dict[str, Any] | None = None
         if self.instance.pk:
             self.fields["key"].disabled = True
             latest = self.instance.versions.order_by("-version").only("content").first()
             if latest is not None:
                 self.latest_content = latest.content
-                self.fields["content"].initial = _pretty(latest.content)
         self.creates_version = False
         self.canonical_content: dict[str, Any] = {}
+        self.added_block: tuple[str, str] | None = None
+        self.blocks = self._blocks()
+        for locale, channel in self.blocks:
+            for part in CHANNEL_PARTS[channel]:
+                self.fields[editor.field_name(locale, channel, part)] = self._part_field(locale, channel, part)
+
+    def _blocks(self) -> list[tuple[str, str]]:
+        """Return the blocks to show: those posted (the editor may have added some), else the latest version's."""
+        base = editor.blocks_of(self.latest_content) if self.latest_content else [("en", "email")]
+        # The default locale's blocks first: the others translate it.
+        default = self.instance.default_locale if self.instance.pk else "en"
+        base.sort(key=lambda block: block[0] != default)
+        if not self.is_bound:
+            return base
+        blocks = editor.posted_blocks(self.data) or base
+        locale = str(self.data.get("add_locale") or "").strip()
+        channel = str(self.data.get("add_channel") or "")
+        if locale and channel in CHANNEL_PARTS and LOCALE_PATTERN.match(locale):
+            block = (canonical_locale(locale), channel)
+            if block not in blocks:
+                blocks.append(block)
+                self.added_block = block
+        return blocks
+
+    def _part_field(self, locale: str, channel: str, part: str) -> forms.CharField:
+        """Build the field of one part, prefilled from the latest version."""
+        value = ((self.latest_content or {}).get(locale) or {}).get(channel, {}).get(part)
+        structured = (channel, part) in STRUCTURED_PARTS
+        if (channel, part) in editor.ONE_LINE_PARTS:
+            widget: forms.Widget = forms.TextInput(attrs={"class": "vLargeTextField tpl-part", "size": 80})
+        else:
+            rows = 10 if (channel, part) == ("email", "html") or structured else 4
+            attrs = {"rows": rows, "cols": 80, "class": "tpl-part" + (" tpl-json" if structured else "")}
+            if channel == "sms":
+                attrs["data-sms"] = "1"
+            widget = forms.Textarea(attrs=attrs)
+        return forms.CharField(
+            required=False,
+            label=part,
+            widget=widget,
+            initial=editor.part_to_text(channel, part, value) if value is not None else "",
+            strip=False,
+        )
+
+    def editor_blocks(self) -> list[dict[str, Any]]:
+        """Return the blocks with their bound fields, for the change form's template."""
+        out = []
+        for locale, channel in self.blocks:
+            fields = [self[editor.field_name(locale, channel, part)] for part in CHANNEL_PARTS[channel]]
+            block: dict[str, Any] = {
+                "locale": locale,
+                "channel": channel,
+                "fields": fields,
+                "remove_name": editor.remove_name(locale, channel),
+                "removed": self.is_bound and bool(self.data.get(editor.remove_name(locale, channel))),
+                "added": (locale, channel) == self.added_block,
+            }
+            if channel == "sms":
+                info = sms_info(str(fields[0].value() or ""))
+                block["sms"] = info
+            out.append(block)
+        return out
 
     def clean(self) -> dict[str, Any]:
-        """Parse the content and validate the new version exactly as template_put will."""
+        """Read the blocks and validate the new version exactly as template_put will, errors beside fields."""
         data = super().clean()
-        raw = (data.get("content") or "").strip()
-        if not raw:
-            if not self.instance.pk:
-                self.add_error("content", "A new template needs content.")
-            content = self.latest_content
+        posted_any = self.is_bound and bool(editor.posted_blocks(self.data))
+        if not posted_any and self.latest_content is not None:
+            content: dict[str, Any] | None = self.latest_content
         else:
-            try:
-                content = json.loads(raw)
-            except json.JSONDecodeError as exc:
-                self.add_error("content", f"Not valid JSON: {exc}")
-                return data
+            parsed = editor.content_from_data(self.data, self.blocks)
+            for name, reasons in parsed.errors.items():
+                for reason in reasons:
+                    self.add_error(name, reason)
+            content = parsed.content
+            if not content:
+                self.add_error(None, "A template needs at least one block (a locale and a channel).")
+        if self.added_block is not None:
+            locale, channel = self.added_block
+            # Saving stops here so the new block can be filled in; validation below still says what it lacks.
+            self.add_error(None, f"Block {locale} · {channel} added: fill it in, then save.")
+        if content is None or any(name != "__all__" for name in self.errors):
+            return data
         header_changed = self.instance.pk and any(
             field in self.changed_data for field in ("category", "default_locale")
         )
         self.creates_version = not self.instance.pk or content != self.latest_content or bool(header_changed)
-        if not self.creates_version or self.errors:
+        if not self.creates_version:
             return data
+        field_names = set(self.fields)
         try:
             _, self.canonical_content = template_put_validate(
                 key=data.get("key") or self.instance.key,
@@ -113,24 +215,27 @@ class TemplateForm(forms.ModelForm):
                 template=self.instance if self.instance.pk else None,
             )
         except ValidationError as exc:
-            for field, reasons in _error_lines(exc.detail).items():
-                target = field if field in HEADER_FIELDS else "content"
-                prefix = "" if target == field else f"{field}: "
+            for target, reasons in _content_errors_by_field(exc.detail, field_names).items():
                 for reason in reasons:
-                    self.add_error(target, f"{prefix}{reason}")
+                    self.add_error(target, reason)
+            return data
+        for target, reasons in editor.unknown_variable_errors(content, data.get("default_locale", "")).items():
+            for reason in reasons:
+                self.add_error(target if target in field_names else None, reason)
         return data
 
 
-class TemplateVersionInline(admin.StackedInline):
+class TemplateVersionInline(admin.TabularInline):
     """The versions of a template, newest first; read-only because versions are immutable."""
 
     model = TemplateVersion
-    fields = ("version", "status", "created_by", "created_at", "published_at", "channels_list", "links", "content_json")
+    fields = ("version", "status", "created_by", "created_at", "published_at", "channels_list", "links")
     readonly_fields = fields
     extra = 0
     max_num = 0
     can_delete = False
     ordering = ("-version",)
+    verbose_name_plural = "Versions (immutable; publish or roll back from here)"
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
@@ -155,8 +260,25 @@ class TemplateVersionInline(admin.StackedInline):
 
     @admin.display(description="")
     def links(self, obj: TemplateVersion) -> str:
-        url = reverse("admin:templates_app_templateversion_preview", args=[obj.pk])
-        return format_html('<a href="{}">Preview{}</a>', url, "" if _is_current(obj) else " / publish")
+        return _version_links(obj, can_publish=True)
+
+    @admin.display(description="")
+    def view_links(self, obj: TemplateVersion) -> str:
+        return _version_links(obj, can_publish=False)
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        """Offer publish and roll-back links only to those allowed to publish."""
+        return _with_links(list(self.fields), request)
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return _with_links(list(self.readonly_fields), request)
+
+
+def _with_links(fields: list[str], request: HttpRequest) -> list[str]:
+    """Swap the links column for its view-only twin when the user may not publish."""
+    if request.user.has_perm(PUBLISH_PERMISSION):
+        return fields
+    return ["view_links" if name == "links" else name for name in fields]
 
 
 def _is_current(version: TemplateVersion) -> bool:
@@ -164,28 +286,65 @@ def _is_current(version: TemplateVersion) -> bool:
     return version.pk == version.template.published_version_id
 
 
+def _version_links(version: TemplateVersion, *, can_publish: bool) -> str:
+    """Links of one version: preview, diff against the published one, publish or roll back (confirmed)."""
+    if version.pk is None:  # the inline's blank form
+        return ""
+    links = [("Preview", reverse("admin:templates_app_templateversion_preview", args=[version.pk]))]
+    published = version.template.published_version
+    if published is not None and published.pk != version.pk:
+        diff_url = reverse("admin:templates_app_template_diff", args=[version.template_id])
+        links.append(("Diff", f"{diff_url}?a={published.version}&b={version.version}"))
+    if can_publish and not _is_current(version):
+        older = published is not None and version.version < published.version
+        links.append(
+            (
+                "Roll back to this" if older else "Publish",
+                reverse("admin:templates_app_templateversion_publish", args=[version.pk]),
+            )
+        )
+    return format_html_join(" · ", '<a href="{1}">{0}</a>', links)
+
+
 @admin.register(Template)
 class TemplateAdmin(admin.ModelAdmin):
-    """Templates: saving new content creates (and by default publishes) a new version through template_put."""
+    """Templates: saving new content creates a new version through template_put (published if asked and allowed)."""
 
     form = TemplateForm
+    change_form_template = "admin/templates_app/template/change_form.html"
     list_display = ("key", "category", "default_locale", "published", "updated_at")
     list_filter = ("category",)
     search_fields = ("key", "description")
     list_select_related = ("published_version",)
     readonly_fields = ("published_version", "created_at", "updated_at")
-    fields = (
-        "key",
-        "category",
-        "default_locale",
-        "description",
-        "published_version",
-        "content",
-        "publish",
-        "created_at",
-        "updated_at",
-    )
     inlines = [TemplateVersionInline]
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        """Show the publish box only to those allowed to publish."""
+        fields = ["key", "category", "default_locale", "description", "published_version"]
+        if request.user.has_perm(PUBLISH_PERMISSION):
+            fields.append("publish")
+        return [*fields, "add_locale", "add_channel", "created_at", "updated_at"]
+
+    def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
+        """Offer a user who may edit only some categories just those in the category field."""
+        form = super().get_form(request, obj, change=change, **kwargs)
+        allowed = editable_categories(request.user)
+        if allowed is None:
+            return form
+
+        class RestrictedTemplateForm(form):  # type: ignore[misc, valid-type]
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                super().__init__(*args, **kwargs)
+                self.fields["category"].choices = [(c, c) for c in allowed]
+
+        return RestrictedTemplateForm
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Template]:
+        """Limit a user who may edit only some categories (the Marketing role) to those."""
+        qs = super().get_queryset(request)
+        allowed = editable_categories(request.user)
+        return qs if allowed is None else qs.filter(category__in=allowed)
 
     @admin.display(description="published version", ordering="published_version__version")
     def published(self, obj: Template) -> str:
@@ -193,22 +352,143 @@ class TemplateAdmin(admin.ModelAdmin):
 
     def save_model(self, request: HttpRequest, obj: Template, form: TemplateForm, change: bool) -> None:
         """Write through the services: a new version when the content or header changed, else the description."""
+        allowed = editable_categories(request.user)
+        if allowed is not None and form.cleaned_data["category"] not in allowed:
+            raise PermissionDenied
         if form.creates_version:
+            publish = bool(form.cleaned_data.get("publish")) and request.user.has_perm(PUBLISH_PERMISSION)
+            before = obj.published_version.version if change and obj.published_version_id else None
             version = template_put(
                 key=obj.key,
                 category=form.cleaned_data["category"],
                 default_locale=form.cleaned_data["default_locale"],
                 content=form.canonical_content,
-                publish=bool(form.cleaned_data.get("publish")),
+                publish=publish,
                 actor=f"admin:{request.user.get_username()}",
                 audit_actor=request.user,
             )
             obj.pk = version.template.pk
             obj.refresh_from_db()
+            # template_put audits the new version; publishing it at once is recorded as a publish too.
+            if publish:
+                audit_record(
+                    actor=request.user,
+                    action="template.publish",
+                    target_type="template",
+                    target_id=obj.key,
+                    changes={"published_version": [before, version.version]},
+                )
             state = "published" if version.published_at else "saved as a draft"
             messages.info(request, f"Version {version.version} of '{obj.key}' {state}.")
         if "description" in form.changed_data:
             template_describe(template=obj, description=form.cleaned_data["description"])
+            audit_record(actor=request.user, action="template.describe", target_type="template", target_id=obj.key)
+
+    def get_urls(self) -> list[URLPattern]:
+        own = [
+            path(
+                "preview-draft/",
+                self.admin_site.admin_view(require_POST(self.preview_draft_view)),
+                name="templates_app_template_preview_draft",
+            ),
+            path(
+                "<path:object_id>/diff/", self.admin_site.admin_view(self.diff_view), name="templates_app_template_diff"
+            ),
+        ]
+        return own + super().get_urls()
+
+    def render_change_form(self, request: HttpRequest, context: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        """Add what the editor's template needs: the preview's URL, a sample payload, the locales."""
+        form = context["adminform"].form
+        content = form.latest_content or {}
+        context.update(
+            {
+                "preview_url": reverse("admin:templates_app_template_preview_draft"),
+                "sample_payload": _pretty({name: f"[{name}]" for name in template_variables(content)}),
+                "editor_locales": list(dict.fromkeys(locale for locale, _ in form.blocks)),
+            }
+        )
+        return super().render_change_form(request, context, *args, **kwargs)
+
+    def preview_draft_view(self, request: HttpRequest) -> JsonResponse:
+        """Render the form's unsaved content with a sample payload; errors come back by field name."""
+        if not (self.has_view_permission(request) or self.has_add_permission(request)):
+            raise PermissionDenied
+        default_locale = str(request.POST.get("default_locale") or "en")
+        try:
+            payload = json.loads(request.POST.get("preview_payload") or "{}")
+        except json.JSONDecodeError as exc:
+            return JsonResponse({"errors": {"preview_payload": [f"Not valid JSON: {exc}"]}, "channels": []})
+        if not isinstance(payload, dict):
+            return JsonResponse({"errors": {"preview_payload": ["The payload must be a JSON object."]}, "channels": []})
+        blocks = editor.posted_blocks(request.POST)
+        parsed = editor.content_from_data(request.POST, blocks)
+        field_names = {editor.field_name(loc, ch, part) for loc, ch in blocks for part in CHANNEL_PARTS[ch]}
+        errors: dict[str, list[str]] = dict(parsed.errors)
+        if not errors:
+            try:
+                validate_content(parsed.content, default_locale=default_locale)
+            except ValidationError as exc:
+                for target, reasons in _content_errors_by_field(exc.detail, field_names).items():
+                    errors.setdefault(target or "__all__", []).extend(reasons)
+            errors.update(editor.unknown_variable_errors(parsed.content, default_locale))
+        channels: list[dict[str, Any]] = []
+        if not errors:
+            template = Template(key="preview", default_locale=default_locale)
+            version = TemplateVersion(template=template, version=0, content=parsed.content)
+            channels, render_errors = editor.preview(
+                version=version,
+                content=parsed.content,
+                locale=str(request.POST.get("preview_locale") or default_locale),
+                payload=payload,
+            )
+            errors.update(render_errors)
+        return JsonResponse({"errors": errors, "channels": channels})
+
+    def diff_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """Show the differences between any two versions of a template (?a=N&b=M)."""
+        template = get_object_or_404(self.get_queryset(request), pk=object_id)
+        if not self.has_view_permission(request, template):
+            raise PermissionDenied
+        versions = list(template.versions.order_by("-version"))
+        numbers = [v.version for v in versions]
+        by_number = {v.version: v for v in versions}
+
+        def pick(name: str, default: int | None) -> int | None:
+            try:
+                value = int(request.GET.get(name, ""))
+            except ValueError:
+                return default
+            return value if value in by_number else default
+
+        b = pick("b", numbers[0] if numbers else None)
+        a = pick("a", numbers[1] if len(numbers) > 1 else b)
+        table = ""
+        if a is not None and b is not None:
+            table = editor.version_diff_table(
+                by_number[a].content, by_number[b].content, old_label=f"version {a}", new_label=f"version {b}"
+            )
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": f"Differences between versions of {template.key}",
+            "template_obj": template,
+            "numbers": numbers,
+            "a": a,
+            "b": b,
+            "table": mark_safe(table),  # noqa: S308 - difflib.HtmlDiff escapes the content it shows
+            "template_url": reverse("admin:templates_app_template_change", args=[template.pk]),
+        }
+        return TemplateResponse(request, "admin/templates_app/template/diff.html", context)
+
+
+def editable_categories(user: Any) -> list[str] | None:
+    """Return the template categories a user may edit (None: all), from their `edit_optional_templates` role."""
+    if user.is_superuser or not user.has_perm("templates_app.edit_optional_templates_only"):
+        return None
+    from preferences.compliance import is_optional
+
+    return [c for c in settings.NOTIFIER_CATEGORIES if is_optional(c)]
 
 
 class PreviewForm(forms.Form):
@@ -234,12 +514,12 @@ class PreviewForm(forms.Form):
 
 @admin.register(TemplateVersion)
 class TemplateVersionAdmin(admin.ModelAdmin):
-    """Versions are immutable: view, preview and publish only."""
+    """Versions are immutable: view, preview and publish (or roll back) only."""
 
     list_display = ("__str__", "template", "version", "status", "created_by", "created_at", "published_at", "links")
     list_filter = ("template__category",)
     search_fields = ("template__key", "created_by")
-    list_select_related = ("template",)
+    list_select_related = ("template__published_version",)
     readonly_fields = (
         "template",
         "version",
@@ -262,27 +542,43 @@ class TemplateVersionAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
+    def get_queryset(self, request: HttpRequest) -> QuerySet[TemplateVersion]:
+        """Limit a user who may edit only some categories (the Marketing role) to those templates' versions."""
+        qs = super().get_queryset(request)
+        allowed = editable_categories(request.user)
+        return qs if allowed is None else qs.filter(template__category__in=allowed)
+
     def has_publish_permission(self, request: HttpRequest) -> bool:
-        """Publishing changes the template, so it takes the permission to change templates."""
-        return request.user.has_perm("templates_app.change_template")
+        """Publishing changes what every sender gets, so it takes its own permission (not the editor's)."""
+        return request.user.has_perm(PUBLISH_PERMISSION)
 
     status = TemplateVersionInline.status
     content_json = TemplateVersionInline.content_json
     links = TemplateVersionInline.links
+    view_links = TemplateVersionInline.view_links
 
-    @admin.action(description="Publish the selected version", permissions=["publish"])
-    def publish_version(self, request: HttpRequest, queryset: QuerySet[TemplateVersion]) -> None:
-        """Publish one selected version (a draft, or an older one to roll back to)."""
+    def get_list_display(self, request: HttpRequest) -> list[str]:
+        return _with_links(list(self.list_display), request)
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return _with_links(list(self.fields), request)
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return _with_links(list(self.readonly_fields), request)
+
+    @admin.action(description="Publish the selected version (or roll back to it)", permissions=["publish"])
+    def publish_version(self, request: HttpRequest, queryset: QuerySet[TemplateVersion]) -> HttpResponse | None:
+        """Ask to confirm publishing one selected version (a draft, or an older one to roll back to)."""
         versions = list(queryset[:2])
         if len(versions) != 1:
             self.message_user(request, "Select exactly one version to publish.", messages.ERROR)
-            return
-        self._publish(request, versions[0])
+            return None
+        return HttpResponseRedirect(reverse("admin:templates_app_templateversion_publish", args=[versions[0].pk]))
 
     def _publish(self, request: HttpRequest, version: TemplateVersion) -> None:
-        """Publish `version` and tell the user how it went."""
+        """Publish `version`, audit it and tell the user how it went."""
         try:
-            version = template_version_publish(
+            version = template_version_publish(  # audited by the service
                 version=version, actor=f"admin:{request.user.get_username()}", audit_actor=request.user
             )
         except ValidationError as exc:
@@ -300,23 +596,47 @@ class TemplateVersionAdmin(admin.ModelAdmin):
             ),
             path(
                 "<path:object_id>/publish/",
-                self.admin_site.admin_view(require_POST(self.publish_view)),
+                self.admin_site.admin_view(self.publish_view),
                 name="templates_app_templateversion_publish",
             ),
         ]
         return own + super().get_urls()
 
     def publish_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
-        """Publish one version from its preview page, then return to the template."""
-        version = get_object_or_404(TemplateVersion.objects.select_related("template"), pk=object_id)
+        """Confirm (GET), then publish (POST) one version, and return to its template."""
+        version = get_object_or_404(
+            self.get_queryset(request).select_related("template__published_version"), pk=object_id
+        )
         if not self.has_publish_permission(request):
             raise PermissionDenied
-        self._publish(request, version)
-        return HttpResponseRedirect(reverse("admin:templates_app_template_change", args=[version.template_id]))
+        template_url = reverse("admin:templates_app_template_change", args=[version.template_id])
+        if request.method == "POST":
+            self._publish(request, version)
+            return HttpResponseRedirect(template_url)
+        current = version.template.published_version
+        table = ""
+        if current is not None and current.pk != version.pk:
+            table = editor.version_diff_table(
+                current.content,
+                version.content,
+                old_label=f"version {current.version} (published)",
+                new_label=f"version {version.version}",
+            )
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": f"Publish {version}?",
+            "version": version,
+            "current": current,
+            "rollback": current is not None and version.version < current.version,
+            "table": mark_safe(table),  # noqa: S308 - difflib.HtmlDiff escapes the content it shows
+            "template_url": template_url,
+        }
+        return TemplateResponse(request, "admin/templates_app/templateversion/publish_confirm.html", context)
 
     def preview_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         """Render every channel of a version with a sample payload and locale, or show the render error."""
-        version = get_object_or_404(TemplateVersion.objects.select_related("template"), pk=object_id)
+        version = get_object_or_404(self.get_queryset(request).select_related("template"), pk=object_id)
         if not self.has_view_permission(request, version):
             raise PermissionDenied
         results: list[dict[str, Any]] = []

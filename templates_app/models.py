@@ -19,6 +19,12 @@ class Template(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
+    class Meta:
+        permissions = [
+            ("publish_template", "Can publish a template version (or roll back to an older one)"),
+            ("edit_optional_templates_only", "Can see and edit only templates of optional categories"),
+        ]
+
     def __str__(self) -> str:
         return self.key
 

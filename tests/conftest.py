@@ -20,7 +20,7 @@ from django.conf import settings
 
 from config.celery import app as celery_app
 
-pytest_plugins = ["tests.stubs.fixtures"]
+pytest_plugins = ["tests.stubs.fixtures", "tests.browser"]
 
 ROOT = Path(__file__).resolve().parent.parent
 NS = settings.TEST_NAMESPACE

@@ -6,20 +6,31 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+from django.utils.html import format_html
+from django.views.decorators.http import require_POST
 
+from audit.services import audit_record
 from notifier.campaigns.selectors import campaign_progress
 from notifier.campaigns.services import (
     EDITABLE,
     campaign_cancel,
+    campaign_create,
     campaign_pause,
     campaign_resume,
     campaign_schedule,
+    campaign_test_send,
     campaign_validate,
 )
+from notifier.campaigns.wizard import STEPS, CampaignWizardForm, campaign_rate, progress_charts, sample_preview
 from notifier.errors import ApiError
 from notifier.models import Campaign
+from templates_app.selectors import TemplateNotFound
 
 
 class CampaignForm(forms.ModelForm):
@@ -73,7 +84,17 @@ class CampaignAdmin(admin.ModelAdmin):
     """Campaigns; saving schedules through django-celery-beat, actions pause, resume and cancel."""
 
     form = CampaignForm
-    list_display = ("name", "topic", "template_key", "status", "send_at", "crontab", "rate_per_second", "last_run_at")
+    list_display = (
+        "name",
+        "topic",
+        "template_key",
+        "status",
+        "send_at",
+        "crontab",
+        "rate_per_second",
+        "last_run_at",
+        "progress_link",
+    )
     list_filter = ("status", "category")
     search_fields = ("name", "template_key", "topic__key")
     list_select_related = ("topic",)
@@ -95,12 +116,194 @@ class CampaignAdmin(admin.ModelAdmin):
 
     def _apply(self, request: HttpRequest, queryset: QuerySet[Campaign], service: Any, verb: str) -> None:
         for campaign in queryset:
+            before = campaign.status
             try:
                 affected = service(campaign=campaign)
             except ApiError as exc:
                 self.message_user(request, f"{campaign}: {exc.message}", messages.WARNING)
             else:
+                audit_record(
+                    actor=request.user,
+                    action=f"campaign.{service.__name__.removeprefix('campaign_')}",
+                    target_type="campaign",
+                    target_id=campaign.pk,
+                    changes={"status": [before, campaign.status]},
+                )
                 self.message_user(request, f"{campaign}: {verb} ({affected} deliveries affected).")
+
+    @admin.display(description="")
+    def progress_link(self, obj: Campaign) -> str:
+        return format_html('<a href="{}">Progress</a>', reverse("admin:notifier_campaign_progress", args=[obj.pk]))
+
+    def add_view(self, request: HttpRequest, form_url: str = "", extra_context: Any = None) -> HttpResponse:
+        """Create campaigns step by step (the plain model form stays for editing)."""
+        if not self.has_add_permission(request):
+            raise PermissionDenied
+        return HttpResponseRedirect(reverse("admin:notifier_campaign_wizard"))
+
+    def get_urls(self) -> list[URLPattern]:
+        own = [
+            path("wizard/", self.admin_site.admin_view(self.wizard_view), name="notifier_campaign_wizard"),
+            path(
+                "<path:object_id>/progress/",
+                self.admin_site.admin_view(self.progress_view),
+                name="notifier_campaign_progress",
+            ),
+            path(
+                "<path:object_id>/control/<str:verb>/",
+                self.admin_site.admin_view(require_POST(self.control_view)),
+                name="notifier_campaign_control",
+            ),
+        ]
+        return own + super().get_urls()
+
+    def wizard_view(self, request: HttpRequest) -> HttpResponse:
+        """Walk a marketer through audience, message (preview, test send), schedule and review; then create."""
+        if not self.has_add_permission(request):
+            raise PermissionDenied
+        preview: dict[str, Any] = {}
+        if request.method != "POST":
+            form = CampaignWizardForm(initial={"step": 1, "time_zone": "UTC", "rate_per_second": 100, "payload": "{}"})
+            step = 1
+        else:
+            form = CampaignWizardForm(request.POST)
+            step = int(request.POST.get("step") or 1) if str(request.POST.get("step") or "1").isdigit() else 1
+            step = min(max(step, 1), 4)
+            if "_back" in request.POST:
+                step = max(step - 1, 1)
+                form.is_valid()
+            elif form.check(step):
+                if "_next" in request.POST:
+                    step = min(step + 1, 4)
+                elif "_test" in request.POST:
+                    self._test_send(request, form)
+                elif "_create" in request.POST:
+                    campaign = self._create(request, form)
+                    if campaign is not None:
+                        return HttpResponseRedirect(reverse("admin:notifier_campaign_progress", args=[campaign.pk]))
+                if step >= 2 and not form.errors:
+                    preview = sample_preview(form)
+        data = getattr(form, "cleaned_data", {}) or {}
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": f"New campaign — step {step} of 4: {STEPS[step]}",
+            "form": form,
+            "step": step,
+            "steps": STEPS,
+            "fields": form.step_fields(step),
+            "hidden": form.hidden_fields_for(step),
+            "preview": preview,
+            "review": data if step == 4 else {},
+            "send_at": form.send_at() if step == 4 and data else None,
+            "user_email": request.user.email,
+        }
+        return TemplateResponse(request, "admin/notifier/campaign/wizard.html", context)
+
+    def _test_send(self, request: HttpRequest, form: CampaignWizardForm) -> None:
+        data = form.cleaned_data
+        template = form.template_obj()
+        try:
+            notification = campaign_test_send(
+                client=data["client"],
+                template=data["template"],
+                category=template.category if template else "marketing",
+                payload=form.parsed_payload(),
+                staff_user_id=str(request.user.pk),
+                email=request.user.email,
+            )
+        except (ApiError, TemplateNotFound) as exc:
+            form.add_error("template", getattr(exc, "message", str(exc)))
+            return
+        delivery = notification.deliveries.order_by("id").first()
+        audit_record(
+            actor=request.user,
+            action="campaign.test_send",
+            target_type="template",
+            target_id=data["template"],
+            changes={"notification": [None, str(notification.pk)]},
+        )
+        state = f"delivery #{delivery.pk}, {delivery.status}" if delivery else "no delivery"
+        self.message_user(request, f"Test sent to {request.user.email} ({state}).", messages.SUCCESS)
+
+    def _create(self, request: HttpRequest, form: CampaignWizardForm) -> Campaign | None:
+        data = form.cleaned_data
+        template = form.template_obj()
+        try:
+            campaign = campaign_create(
+                client=data["client"],
+                name=data["name"],
+                template=data["template"],
+                topic=data["topic"],
+                category=template.category if template else "marketing",
+                channels=list(data.get("channels") or []),
+                payload=form.parsed_payload(),
+                send_at=form.send_at(),
+                rate_per_second=data["rate_per_second"],
+            )
+        except ApiError as exc:
+            field = next(iter(exc.fields), None)
+            form.add_error(field if field in form.fields else None, exc.message)
+            return None
+        audit_record(
+            actor=request.user,
+            action="campaign.create",
+            target_type="campaign",
+            target_id=campaign.pk,
+            changes={
+                "name": [None, campaign.name],
+                "topic": [None, data["topic"]],
+                "template": [None, campaign.template_key],
+                "send_at": [None, campaign.send_at.isoformat() if campaign.send_at else "now"],
+                "rate_per_second": [None, campaign.rate_per_second],
+            },
+        )
+        self.message_user(request, f"Campaign '{campaign.name}' created ({campaign.status}).", messages.SUCCESS)
+        return campaign
+
+    def progress_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """Show a campaign's live progress: counts, rate, charts, and pause, resume, cancel."""
+        campaign = get_object_or_404(Campaign.objects.select_related("topic"), pk=object_id)
+        if not self.has_view_permission(request, campaign):
+            raise PermissionDenied
+        progress = campaign_progress(campaign=campaign)
+        can_change = self.has_change_permission(request, campaign)
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": f"Campaign: {campaign.name}",
+            "campaign": campaign,
+            "progress": progress,
+            "rate": campaign_rate(campaign),
+            "charts": progress_charts(campaign, progress),
+            "live": campaign.status in (Campaign.Status.SCHEDULED, Campaign.Status.RUNNING),
+            "can_pause": can_change and campaign.status in (Campaign.Status.SCHEDULED, Campaign.Status.RUNNING),
+            "can_resume": can_change and campaign.status == Campaign.Status.PAUSED,
+            "can_cancel": can_change and campaign.status not in (Campaign.Status.CANCELLED, Campaign.Status.DONE),
+        }
+        return TemplateResponse(request, "admin/notifier/campaign/progress.html", context)
+
+    def control_view(self, request: HttpRequest, object_id: str, verb: str) -> HttpResponse:
+        """Pause, resume or cancel one campaign from its progress page (the campaign services), audited."""
+        services = {"pause": campaign_pause, "resume": campaign_resume, "cancel": campaign_cancel}
+        campaign = get_object_or_404(Campaign, pk=object_id)
+        if verb not in services or not self.has_change_permission(request, campaign):
+            raise PermissionDenied
+        before = campaign.status
+        try:
+            affected = services[verb](campaign=campaign)
+        except ApiError as exc:
+            self.message_user(request, exc.message, messages.WARNING)
+        else:
+            audit_record(
+                actor=request.user,
+                action=f"campaign.{verb}",
+                target_type="campaign",
+                target_id=campaign.pk,
+                changes={"status": [before, campaign.status]},
+            )
+            self.message_user(request, f"Campaign {campaign.status} ({affected} deliveries affected).")
+        return HttpResponseRedirect(reverse("admin:notifier_campaign_progress", args=[campaign.pk]))
 
     @admin.action(description="Pause the selected campaigns")
     def pause(self, request: HttpRequest, queryset: QuerySet[Campaign]) -> None:

@@ -374,3 +374,30 @@ def campaign_cancel(*, campaign: Campaign) -> int:
     for notification in Notification.objects.filter(campaign=campaign):
         cancelled += notification_cancel(notification=notification)
     return cancelled
+
+
+def campaign_test_send(
+    *, client: ApiClient, template: str, category: str, payload: dict[str, Any], staff_user_id: str, email: str
+) -> Notification:
+    """Send a campaign's template once, by email, to the marketer's own address, through the real pipeline.
+
+    The marketer is a recipient of their own ("staff:<id>") so the test is an ordinary delivery: rendered,
+    rate-limited, compliance-checked and recorded like every other.
+    """
+    from preferences.services import recipient_upsert
+
+    if not email:
+        raise _invalid("email", "Your user has no email address to send a test to.")
+    version = template_version_resolve(template)
+    if "email" not in version.channels:
+        raise _invalid("template", f"Template '{template}' has no email content: a test goes to your email.")
+    user_id = f"staff:{staff_user_id}"
+    recipient_upsert(user_id=user_id, email=email)
+    data = {
+        "recipient": {"user_id": user_id},
+        "category": category,
+        "template": template,
+        "channels": ["email"],
+        "payload": payload,
+    }
+    return notification_accept(client=client, data=data).notification

@@ -1,0 +1,207 @@
+"""The marketers' campaign wizard and progress page in the admin (views mounted by CampaignAdmin.get_urls).
+
+Four steps in one form whose earlier and later answers travel as hidden fields, so it needs no JavaScript
+and no session state: audience (topic with its subscriber count), message (template, payload, preview for
+a sample subscriber, a test send to the marketer's own address), schedule (a local time in a named time
+zone, and the rate cap), review. Creating calls campaign_create; pause, resume and cancel call their
+services. Every action is audited.
+"""
+
+from __future__ import annotations
+
+import json
+import zoneinfo
+from datetime import datetime, timedelta
+from typing import Any
+
+from django import forms
+from django.conf import settings
+from django.db.models import Count
+from django.db.models.functions import TruncMinute
+from django.utils import timezone
+
+from notifier.charts import bar_chart, line_chart
+from notifier.models import ApiClient, Campaign, Delivery
+from preferences.compliance import is_optional
+from preferences.models import Subscription, Topic
+from templates_app.models import Template
+from templates_app.rendering import RenderError, render_all
+from templates_app.sms import sms_info
+
+STEPS = {1: "Audience", 2: "Message", 3: "Schedule", 4: "Review"}
+STEP_FIELDS: dict[int, tuple[str, ...]] = {
+    1: ("name", "client", "topic"),
+    2: ("template", "channels", "payload"),
+    3: ("send_at_local", "time_zone", "rate_per_second"),
+    4: (),
+}
+REQUIRED = frozenset({"name", "client", "topic", "template", "time_zone", "rate_per_second"})
+
+
+def topic_choices() -> list[tuple[str, str]]:
+    """Return the topics with their subscriber counts, for the audience step."""
+    topics = Topic.objects.annotate(subscribers=Count("subscriptions")).order_by("key")
+    return [(t.key, f"{t.key} — {t.subscribers} subscriber{'s' if t.subscribers != 1 else ''}") for t in topics]
+
+
+def template_choices() -> list[tuple[str, str]]:
+    """Return the published templates of optional categories (what a campaign may send)."""
+    optional = [c for c in settings.NOTIFIER_CATEGORIES if is_optional(c)]
+    templates = Template.objects.filter(category__in=optional, published_version__isnull=False).order_by("key")
+    return [(t.key, f"{t.key} ({t.category})") for t in templates]
+
+
+class CampaignWizardForm(forms.Form):
+    """Every answer of the wizard; each step shows its own fields and carries the others hidden."""
+
+    step = forms.IntegerField(widget=forms.HiddenInput, min_value=1, max_value=4, initial=1)
+    name = forms.CharField(required=False, max_length=255)
+    client = forms.ModelChoiceField(
+        queryset=ApiClient.objects.filter(is_active=True).order_by("name"),
+        required=False,
+        help_text="The service the campaign is sent as.",
+    )
+    topic = forms.ChoiceField(required=False, choices=())
+    template = forms.ChoiceField(required=False, choices=())
+    channels = forms.MultipleChoiceField(
+        required=False,
+        choices=[(c, c) for c in settings.CHANNELS],
+        widget=forms.CheckboxSelectMultiple,
+        help_text="None ticked: every channel the template has.",
+    )
+    payload = forms.CharField(
+        required=False,
+        initial="{}",
+        widget=forms.Textarea(attrs={"rows": 4, "cols": 60, "style": "font-family: monospace"}),
+        help_text="Template variables shared by every recipient (JSON object).",
+    )
+    send_at_local = forms.DateTimeField(
+        required=False,
+        input_formats=["%Y-%m-%dT%H:%M", "%Y-%m-%d %H:%M", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S"],
+        widget=forms.DateTimeInput(attrs={"type": "datetime-local"}, format="%Y-%m-%dT%H:%M"),
+        label="Send at",
+        help_text="Local time in the zone below; empty sends as soon as it is created.",
+    )
+    time_zone = forms.ChoiceField(required=False, choices=(), initial="UTC")
+    rate_per_second = forms.IntegerField(
+        required=False, min_value=1, max_value=100_000, initial=100, help_text="Rate cap: messages per second."
+    )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["topic"].choices = [("", "—"), *topic_choices()]
+        self.fields["template"].choices = [("", "—"), *template_choices()]
+        self.fields["time_zone"].choices = [(z, z) for z in sorted(zoneinfo.available_timezones())]
+
+    def step_fields(self, step: int) -> list[forms.BoundField]:
+        """Return the bound fields a step shows."""
+        return [self[name] for name in STEP_FIELDS[step]]
+
+    def hidden_fields_for(self, step: int) -> list[str]:
+        """Return the other steps' answers as hidden inputs (HTML), so every post carries them all."""
+        shown = set(STEP_FIELDS[step]) | {"step"}
+        return [self[name].as_hidden() for name in self.fields if name not in shown]
+
+    def check(self, upto: int) -> bool:
+        """Validate the answers of steps 1..upto (required ones, JSON, time in the future); True if fine."""
+        if not self.is_valid():
+            return False
+        data = self.cleaned_data
+        names = [name for step in range(1, upto + 1) for name in STEP_FIELDS[step]]
+        for name in names:
+            if name in REQUIRED and data.get(name) in (None, ""):
+                self.add_error(name, "This field is required.")
+        if "payload" in names:
+            try:
+                payload = json.loads(data.get("payload") or "{}")
+            except json.JSONDecodeError as exc:
+                self.add_error("payload", f"Not valid JSON: {exc}")
+            else:
+                if not isinstance(payload, dict):
+                    self.add_error("payload", "The payload must be a JSON object.")
+        if "send_at_local" in names and data.get("send_at_local") and data.get("time_zone"):
+            if self.send_at() <= timezone.now():
+                self.add_error("send_at_local", "This time is in the past.")
+        return not self.errors
+
+    def parsed_payload(self) -> dict[str, Any]:
+        """Return the parsed payload (after check)."""
+        return json.loads(self.cleaned_data.get("payload") or "{}")
+
+    def send_at(self) -> datetime | None:
+        """Return the chosen local time in its zone as an aware datetime, or None for "now"."""
+        local = self.cleaned_data.get("send_at_local")
+        if not local:
+            return None
+        return timezone.make_naive(local, timezone.get_current_timezone()).replace(
+            tzinfo=zoneinfo.ZoneInfo(self.cleaned_data["time_zone"])
+        )
+
+    def template_obj(self) -> Template | None:
+        """Return the chosen template."""
+        key = self.cleaned_data.get("template")
+        return Template.objects.select_related("published_version__template").filter(key=key).first() if key else None
+
+
+def sample_preview(form: CampaignWizardForm) -> dict[str, Any]:
+    """Render the chosen template for a sample subscriber of the topic (their locale), or say why not."""
+    template = form.template_obj()
+    if template is None or template.published_version is None:
+        return {}
+    subscription = (
+        Subscription.objects.filter(topic__key=form.cleaned_data.get("topic"))
+        .select_related("recipient")
+        .order_by("id")
+        .first()
+    )
+    recipient = subscription.recipient if subscription else None
+    locale = (recipient.locale if recipient else "") or template.default_locale
+    try:
+        rendered = render_all(template.published_version, locale=locale, payload=form.parsed_payload())
+    except RenderError as exc:
+        return {"error": exc.message, "recipient": recipient}
+    wanted = form.cleaned_data.get("channels") or list(rendered)
+    channels = []
+    for channel, result in rendered.items():
+        if channel not in wanted:
+            continue
+        parts = []
+        for name, value in result.parts.items():
+            text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+            if not text or text == "{}":
+                continue  # a part this template does not use
+            part: dict[str, Any] = {"name": name, "text": text, "html": channel == "email" and name == "html"}
+            if channel == "sms":
+                part["sms"] = sms_info(text)
+            parts.append(part)
+        channels.append({"channel": channel, "locale": result.locale, "parts": parts})
+    return {"recipient": recipient, "channels": channels}
+
+
+def campaign_rate(campaign: Campaign, *, window: timedelta = timedelta(minutes=1)) -> float:
+    """Return the campaign's send rate over the last minute, in messages per second."""
+    since = timezone.now() - window
+    sent = Delivery.objects.filter(notification__campaign=campaign, sent_at__gte=since).count()
+    return round(sent / window.total_seconds(), 2)
+
+
+def progress_charts(campaign: Campaign, progress: dict[str, Any]) -> dict[str, Any]:
+    """Draw the campaign's outcome bars and its sends per minute since it started (SVG, server-side)."""
+    bars = bar_chart(
+        {k: progress[k] for k in ("sent", "failed", "suppressed", "pending", "cancelled")}, title="Deliveries"
+    )
+    now = timezone.now().replace(second=0, microsecond=0)
+    start = max(campaign.created_at.replace(second=0, microsecond=0), now - timedelta(hours=6))
+    minutes = [start + timedelta(minutes=i) for i in range(int((now - start).total_seconds() // 60) + 1)]
+    rows = (
+        Delivery.objects.filter(notification__campaign=campaign, sent_at__gte=start)
+        .annotate(minute=TruncMinute("sent_at"))
+        .values("minute")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    per_minute = {row["minute"]: row["n"] for row in rows}
+    line = line_chart(
+        {"sent": [per_minute.get(m, 0) for m in minutes]}, labels=minutes, title="Sent per minute", width=560
+    )
+    return {"bars": bars, "line": line}

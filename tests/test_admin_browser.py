@@ -1,0 +1,379 @@
+"""The admin as support staff use it, in a real headless Chromium against a live server (and a real worker)."""
+
+from __future__ import annotations
+
+import io
+import math
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.core.management import call_command
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support import expected_conditions as ec
+from selenium.webdriver.support.ui import Select
+
+from audit.models import AuditEntry
+from channels_app.models import SandboxMessage
+from notifier.models import Delivery
+from notifier.services import api_client_create, notification_accept
+from preferences.services import recipient_upsert
+from templates_app.models import Template, TemplateVersion
+from templates_app.services import template_put
+from templates_app.sms import sms_info
+from tests.browser import login, screenshot, staff_user, wait
+from tests.conftest import wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+CONTENT: dict[str, Any] = {
+    "en": {
+        "email": {"subject": "Your order {{ order_id }}", "text": "Hi {{ name }}, order {{ order_id }} shipped."},
+        "sms": {"text": "Order {{ order_id }} shipped"},
+    },
+    "de": {"email": {"subject": "Ihre Bestellung {{ order_id }}", "text": "Hallo {{ name }}, versandt."}},
+}
+
+
+def _editor(driver: WebDriver, base: str, template: Template) -> None:
+    driver.get(f"{base}/admin/templates_app/template/{template.pk}/change/")
+    wait(driver).until(ec.presence_of_element_located((By.ID, "tpl-editor")))
+
+
+def _preview(driver: WebDriver, locale: str, payload: str) -> None:
+    Select(driver.find_element(By.ID, "preview_locale")).select_by_value(locale)
+    area = driver.find_element(By.ID, "preview_payload")
+    area.clear()
+    area.send_keys(payload)
+    driver.find_element(By.ID, "preview-button").click()
+
+
+def _preview_text(driver: WebDriver, part: str) -> str:
+    try:  # the preview is replaced when an answer arrives: an element read just then is gone
+        elements = driver.find_elements(By.CSS_SELECTOR, f'pre.preview-part[data-part="{part}"]')
+        return elements[0].text if elements else ""
+    except StaleElementReferenceException:
+        return ""
+
+
+def test_support_finds_a_delivery_by_email_reads_its_timeline_and_resends_it(
+    live_server: Any, browser: WebDriver, start_worker: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    staff_user("sue", "support", monkeypatch)
+    template_put(key="order_shipped", category="transactional", default_locale="en", content=CONTENT)
+    recipient_upsert(user_id="cust-42", email="ana@example.com", locale="de")
+    client, _ = api_client_create(name="shop")
+    start_worker(queues=["email.high"], concurrency=1)
+    data = {"recipient": {"user_id": "cust-42"}, "category": "transactional", "template": "order_shipped"}
+    data |= {"channels": ["email"], "payload": {"order_id": "A-7", "name": "Ana"}}
+    original = notification_accept(client=client, data=data).deliveries[0]
+    wait_for(lambda: Delivery.objects.get(pk=original.pk).status == "sent")
+
+    login(browser, live_server.url, "sue")
+    browser.get(f"{live_server.url}/admin/notifier/delivery/")
+    search = browser.find_element(By.ID, "searchbar")
+    search.send_keys("ana@example.com")
+    search.submit()
+    rows = browser.find_elements(By.CSS_SELECTOR, "#result_list tbody tr")
+    assert len(rows) == 1
+    rows[0].find_element(By.CSS_SELECTOR, "th a").click()
+    timeline = wait(browser).until(ec.presence_of_element_located((By.ID, "timeline"))).text
+    for label in ("Request accepted", "Queued", "Attempt 1", "Accepted by the provider"):
+        assert label in timeline
+    assert "Ihre Bestellung A-7" in browser.find_element(By.ID, "sent-content").text
+
+    browser.find_element(By.ID, "action-resend").click()
+    browser.switch_to.alert.accept()
+    wait(browser).until(ec.url_contains("/change/"))
+    wait_for(lambda: Delivery.objects.filter(resent_from=original.pk).exists())
+    resent = Delivery.objects.get(resent_from=original.pk)
+    assert browser.current_url.endswith(f"/admin/notifier/delivery/{resent.pk}/change/")
+    wait_for(lambda: Delivery.objects.get(pk=resent.pk).status == "sent")
+    # Sent once, by the worker, to the same address; the original stays as it was.
+    assert SandboxMessage.objects.get(delivery_id=resent.pk).send_count == 1
+    assert SandboxMessage.objects.get(delivery_id=resent.pk).address == "ana@example.com"
+    assert SandboxMessage.objects.count() == 2
+    entry = AuditEntry.objects.get(action="delivery.resend")
+    assert (entry.actor_name, entry.target_id) == ("sue", str(original.pk))
+    browser.refresh()
+    assert f"#{original.pk}" in browser.find_element(By.ID, "timeline").text
+
+
+def test_support_edits_the_german_subject_previews_publishes_and_rolls_back(
+    live_server: Any, browser: WebDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    staff_user("sue", "support", monkeypatch)
+    # Publishing is not part of the Support role: an administrator gave this user the permission.
+    User.objects.get(username="sue").user_permissions.add(Permission.objects.get(codename="publish_template"))
+    v1 = template_put(key="order_shipped", category="transactional", default_locale="en", content=CONTENT)
+    login(browser, live_server.url, "sue")
+    _editor(browser, live_server.url, v1.template)
+
+    _preview(browser, "de", '{"order_id": "A-7", "name": "Ana"}')
+    wait(browser).until(lambda d: _preview_text(d, "email.subject") == "Ihre Bestellung A-7")
+    subject = browser.find_element(By.NAME, "c__de__email__subject")
+    subject.clear()
+    subject.send_keys("Ihre Bestellung {{ order_id }} ist unterwegs")
+    browser.find_element(By.ID, "preview-button").click()
+    wait(browser).until(lambda d: _preview_text(d, "email.subject") == "Ihre Bestellung A-7 ist unterwegs")
+    assert TemplateVersion.objects.count() == 1  # previewing saves nothing
+    screenshot(browser, "template-editor")
+
+    browser.find_element(By.NAME, "publish").click()
+    browser.find_element(By.NAME, "_continue").click()
+    wait(browser).until(ec.presence_of_element_located((By.CSS_SELECTOR, ".messagelist")))
+    template = Template.objects.get(key="order_shipped")
+    assert template.published_version.version == 2
+    assert (
+        template.published_version.content["de"]["email"]["subject"] == "Ihre Bestellung {{ order_id }} ist unterwegs"
+    )
+
+    browser.find_element(By.LINK_TEXT, "Roll back to this").click()
+    confirm = wait(browser).until(ec.presence_of_element_located((By.ID, "confirm-text"))).text
+    assert "back from version 2 to version 1" in confirm
+    assert Template.objects.get(key="order_shipped").published_version.version == 2  # not before confirming
+    browser.find_element(By.ID, "confirm-publish").click()
+    wait(browser).until(ec.presence_of_element_located((By.CSS_SELECTOR, ".messagelist")))
+    assert Template.objects.get(key="order_shipped").published_version.version == 1
+    actions = list(
+        AuditEntry.objects.filter(action="template.publish").order_by("id").values_list("changes", flat=True)
+    )
+    assert actions == [{"published_version": [1, 2]}, {"published_version": [2, 1]}]
+
+
+def test_a_syntax_error_is_shown_beside_its_field_and_nothing_is_saved(
+    live_server: Any, browser: WebDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    staff_user("sue", "support", monkeypatch)
+    v1 = template_put(key="order_shipped", category="transactional", default_locale="en", content=CONTENT)
+    login(browser, live_server.url, "sue")
+    _editor(browser, live_server.url, v1.template)
+    subject = browser.find_element(By.NAME, "c__de__email__subject")
+    subject.clear()
+    subject.send_keys("Ihre Bestellung {{ order_id ")
+    browser.find_element(By.NAME, "_continue").click()
+    errors = (
+        wait(browser).until(ec.presence_of_element_located((By.CSS_SELECTOR, "#errors-c__de__email__subject li"))).text
+    )
+    assert "syntax error on line 1" in errors
+    # Beside its field: the error list sits directly above the German subject's input.
+    field = browser.find_element(By.NAME, "c__de__email__subject")
+    assert (
+        field.find_element(By.XPATH, "preceding-sibling::ul[1]").get_attribute("id") == "errors-c__de__email__subject"
+    )
+    assert field.get_attribute("value") == "Ihre Bestellung {{ order_id "  # what was typed is kept
+    assert TemplateVersion.objects.count() == 1
+    assert Template.objects.get(key="order_shipped").published_version_id == v1.pk
+
+
+def test_the_sms_counter_in_the_browser_agrees_with_the_server(
+    live_server: Any, browser: WebDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    staff_user("sue", "support", monkeypatch)
+    v1 = template_put(key="order_shipped", category="transactional", default_locale="en", content=CONTENT)
+    login(browser, live_server.url, "sue")
+    _editor(browser, live_server.url, v1.template)
+    texts = [
+        "",
+        "Hello",
+        "a" * 160,
+        "a" * 161,
+        "€" * 80,
+        "€" * 81,
+        "[" * 77 + "a",
+        "Grüße aus Köln",
+        "Привет",
+        "ç" * 70,
+        "😀" * 35,
+        "😀" * 36,
+        "a" * 152 + "€" + "a" * 10,
+        "x" * 66 + "😀" + "x" * 10,
+    ]
+    for text in texts:
+        expected = sms_info(text)
+        got = browser.execute_script("return window.notifierSmsInfo(arguments[0])", text)
+        assert got == {"encoding": expected.encoding, "units": expected.units, "segments": expected.segments}, text
+    area = browser.find_element(By.NAME, "c__en__sms__text")
+    area.clear()
+    area.send_keys("Привет " * 11)
+    counter = browser.find_element(By.CSS_SELECTOR, '[data-sms-for="id_c__en__sms__text"]').text
+    info = sms_info("Привет " * 11)
+    assert f"{info.units} units · ucs2 · {info.segments} segment(s)" in counter
+
+
+def test_support_cannot_publish_or_open_campaigns(
+    live_server: Any, browser: WebDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    staff_user("sue", "support", monkeypatch)
+    template_put(key="order_shipped", category="transactional", default_locale="en", content=CONTENT)
+    v2 = template_put(
+        key="order_shipped", category="transactional", default_locale="en", content=CONTENT, publish=False
+    )
+    login(browser, live_server.url, "sue")
+    index = browser.find_element(By.ID, "content-main").text
+    assert "Deliveries" in index and "Templates" in index
+    assert "Campaigns" not in index
+    _editor(browser, live_server.url, v2.template)
+    with pytest.raises(NoSuchElementException):
+        browser.find_element(By.NAME, "publish")
+    assert not browser.find_elements(By.LINK_TEXT, "Publish")
+    browser.get(f"{live_server.url}/admin/templates_app/templateversion/{v2.pk}/publish/")
+    assert "403" in browser.title or "Forbidden" in browser.page_source
+    browser.get(f"{live_server.url}/admin/notifier/campaign/")
+    assert "403" in browser.title or "Forbidden" in browser.page_source
+    browser.get(f"{live_server.url}/admin/notifier/campaign/add/")
+    assert "403" in browser.title or "Forbidden" in browser.page_source
+    assert Template.objects.get(key="order_shipped").published_version.version == 1
+
+
+def test_a_marketer_creates_test_sends_schedules_and_pauses_a_campaign(
+    live_server: Any, browser: WebDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from notifier.models import Campaign
+    from preferences.models import Topic
+    from preferences.services import topic_subscribe
+
+    monkeypatch.setenv("STAFF_USER_PASSWORD", "pw-browser-123456")
+    call_command("create_staff_user", "max", "--role", "marketing", "--email", "max@example.com", stdout=io.StringIO())
+    promo = {
+        "en": {"email": {"subject": "Spring sale {{ percent }}%", "text": "{{ percent }}% off"}},
+        "de": {"email": {"subject": "Frühlingsangebot {{ percent }}%", "text": "{{ percent }}% Rabatt"}},
+    }
+    template_put(key="spring", category="marketing", default_locale="en", content=promo)
+    topic = Topic.objects.create(key="newsletter", name="Newsletter")
+    recipient_upsert(user_id="sub-1", email="sub1@example.com", locale="de")
+    recipient_upsert(user_id="sub-2", email="sub2@example.com", locale="en")
+    topic_subscribe(topic=topic, user_ids=["sub-1", "sub-2"])
+    api_client_create(name="marketing-tool")
+
+    login(browser, live_server.url, "max")
+    browser.get(f"{live_server.url}/admin/notifier/campaign/add/")
+    wait(browser).until(ec.presence_of_element_located((By.ID, "wizard-form")))
+    browser.find_element(By.NAME, "name").send_keys("Spring sale")
+    Select(browser.find_element(By.NAME, "client")).select_by_visible_text("marketing-tool")
+    topic_select = Select(browser.find_element(By.NAME, "topic"))
+    assert "newsletter — 2 subscribers" in [o.text for o in topic_select.options]
+    topic_select.select_by_value("newsletter")
+    browser.find_element(By.ID, "wizard-next").click()
+
+    Select(wait(browser).until(ec.presence_of_element_located((By.NAME, "template")))).select_by_value("spring")
+    payload = browser.find_element(By.NAME, "payload")
+    payload.clear()
+    payload.send_keys('{"percent": 20}')
+    browser.find_element(By.ID, "wizard-preview").click()
+    sample = wait(browser).until(ec.presence_of_element_located((By.ID, "wizard-sample"))).text
+    assert "Frühlingsangebot 20%" in sample and "sub-1" in sample
+    browser.find_element(By.ID, "wizard-test").click()
+    message = wait(browser).until(ec.presence_of_element_located((By.CSS_SELECTOR, ".messagelist"))).text
+    assert "Test sent to max@example.com" in message
+    assert Delivery.objects.filter(address="max@example.com", channel="email").count() == 1
+    screenshot(browser, "campaign-wizard")
+    browser.find_element(By.ID, "wizard-next").click()
+
+    when = wait(browser).until(ec.presence_of_element_located((By.NAME, "send_at_local")))
+    browser.execute_script("arguments[0].value = '2031-06-01T09:30'", when)
+    Select(browser.find_element(By.NAME, "time_zone")).select_by_value("Europe/Berlin")
+    rate = browser.find_element(By.NAME, "rate_per_second")
+    rate.clear()
+    rate.send_keys("25")
+    browser.find_element(By.ID, "wizard-next").click()
+    review = wait(browser).until(ec.presence_of_element_located((By.ID, "review"))).text
+    assert "2031-06-01 09:30 Europe/Berlin" in review
+    browser.find_element(By.ID, "wizard-create").click()
+
+    status = wait(browser).until(ec.presence_of_element_located((By.ID, "campaign-status")))
+    assert status.text == "scheduled"
+    campaign = Campaign.objects.get(name="Spring sale")
+    assert campaign.send_at.isoformat() == "2031-06-01T07:30:00+00:00"  # 09:30 in Berlin, summer time
+    assert campaign.rate_per_second == 25
+    browser.find_element(By.ID, "campaign-pause").click()
+    wait(browser).until(lambda d: d.find_element(By.ID, "campaign-status").text == "paused")
+    assert Campaign.objects.get(pk=campaign.pk).status == "paused"
+    assert browser.find_element(By.ID, "campaign-resume")
+    actions = set(AuditEntry.objects.filter(actor_name="max").values_list("action", flat=True))
+    assert {"campaign.test_send", "campaign.create", "campaign.pause"} <= actions
+
+
+def test_operations_charts(live_server: Any, browser: WebDriver) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from notifier.models import DeliveryEvent
+    from tests.factories import make_delivery
+
+    User.objects.create_superuser("ops", "ops@example.com", "pw-browser-123456")
+    now = timezone.now()
+    # A day of traffic: a daily wave of sends per channel, some failures and a provider outage.
+    rows = []
+    for channel, scale in (("email", 12), ("sms", 6), ("push", 9), ("inapp", 4), ("webhook", 2)):
+        delivery = make_delivery(channel=channel, status="sent", provider="sandbox")
+        for step in range(0, 24 * 60, 5):
+            at = now - timedelta(minutes=step)
+            wave = int(scale * (1.2 + math.sin(step / 180)))
+            rows += [DeliveryEvent(delivery=delivery, status="sent", at=at) for _ in range(wave)]
+            if 300 < step < 360:
+                rows += [DeliveryEvent(delivery=delivery, status="failed", at=at) for _ in range(scale // 3)]
+    DeliveryEvent.objects.bulk_create(rows)
+    browser.get(f"{live_server.url}/admin/login/")
+    browser.find_element(By.NAME, "username").send_keys("ops")
+    browser.find_element(By.NAME, "password").send_keys("pw-browser-123456")
+    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    browser.get(f"{live_server.url}/admin/notifier/dashboard/")
+    charts = wait(browser).until(ec.presence_of_element_located((By.ID, "ops-charts")))
+    assert len(charts.find_elements(By.CSS_SELECTOR, "svg.chart polyline")) >= 5
+    legend = " ".join(e.text for e in charts.find_elements(By.CSS_SELECTOR, "svg text.legend"))
+    assert "sent" in legend and "failed" in legend
+    screenshot(browser, "operations-charts")
+
+
+def test_a_delivery_timeline_shows_attempts_errors_and_callbacks(
+    live_server: Any, browser: WebDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from notifier.events import record_events
+
+    staff_user("sue", "support", monkeypatch)
+    template_put(key="order_shipped", category="transactional", default_locale="en", content=CONTENT)
+    recipient_upsert(user_id="cust-7", email="bo@example.com", locale="de")
+    client, _ = api_client_create(name="shop")
+    data = {"recipient": {"user_id": "cust-7"}, "category": "transactional", "template": "order_shipped"}
+    data |= {"channels": ["email"], "payload": {"order_id": "B-12", "name": "Bo"}}
+    delivery = notification_accept(client=client, data=data).deliveries[0]
+    # The story a worker and the provider's callbacks would have written.
+    for status, detail in (
+        ("sending", ""),
+        ("failed", "ses: 503 Service Unavailable (retriable), retry in 4 s"),
+        ("sending", ""),
+        ("sent", "ses"),
+        ("delivered", "ses:delivery 250 2.0.0 OK"),
+        ("opened", "ses:open"),
+    ):
+        record_events([(delivery.pk, status, detail)])
+    Delivery.objects.filter(pk=delivery.pk).update(
+        status="opened",
+        provider="ses",
+        provider_message_id="0100-ses-b12",
+        template_version=TemplateVersion.objects.get(template__key="order_shipped", version=1),
+    )
+
+    login(browser, live_server.url, "sue")
+    browser.get(f"{live_server.url}/admin/notifier/delivery/?q=0100-ses-b12")
+    browser.find_element(By.CSS_SELECTOR, "#result_list tbody tr th a").click()
+    items = wait(browser).until(ec.presence_of_element_located((By.ID, "timeline"))).find_elements(By.TAG_NAME, "li")
+    labels = [item.find_element(By.TAG_NAME, "strong").text for item in items]
+    assert labels == [
+        "Request accepted",
+        "Queued",
+        "Attempt 1",
+        "Failed",
+        "Attempt 2",
+        "Accepted by the provider",
+        "Delivered (provider callback)",
+        "Opened",
+    ]
+    assert "503 Service Unavailable" in items[3].text
+    assert "Ihre Bestellung B-12" in browser.find_element(By.ID, "sent-content").text
+    assert "send" in browser.find_element(By.ID, "compliance").text
+    screenshot(browser, "delivery-timeline")

@@ -1,0 +1,143 @@
+"""The marketers' campaign wizard and progress page (Django test client; the browser test is in test_admin_browser)."""
+
+from __future__ import annotations
+
+import io
+import zoneinfo
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from django.test import Client
+from django.urls import reverse
+from django.utils import timezone
+
+from audit.models import AuditEntry
+from notifier.models import Campaign, Delivery
+from notifier.services import api_client_create
+from preferences.models import Topic
+from preferences.services import recipient_upsert, topic_subscribe
+from templates_app.services import template_put
+
+pytestmark = pytest.mark.django_db
+
+PROMO = {
+    "en": {"email": {"subject": "Spring sale {{ percent }}%", "text": "Hi, {{ percent }}% off."}},
+    "de": {"email": {"subject": "Frühlingsangebot {{ percent }}%", "text": "Hallo, {{ percent }}% Rabatt."}},
+}
+
+
+def _marketer(monkeypatch: pytest.MonkeyPatch, name: str = "max", role: str = "marketing") -> Client:
+    monkeypatch.setenv("STAFF_USER_PASSWORD", "pw-mkt-123456")
+    call_command("create_staff_user", name, "--role", role, "--email", f"{name}@example.com", stdout=io.StringIO())
+    client = Client()
+    assert client.login(username=name, password="pw-mkt-123456")
+    return client
+
+
+def _setup() -> dict[str, Any]:
+    template_put(key="spring", category="marketing", default_locale="en", content=PROMO)
+    template_put(key="otp", category="security", default_locale="en", content={"en": {"sms": {"text": "{{ c }}"}}})
+    topic = Topic.objects.create(key="newsletter", name="Newsletter")
+    for i, locale in enumerate(["de", "en", "en"]):
+        recipient_upsert(user_id=f"sub-{i}", email=f"sub{i}@example.com", locale=locale)
+    topic_subscribe(topic=topic, user_ids=["sub-0", "sub-1", "sub-2"])
+    client, _ = api_client_create(name="marketing-tool")
+    return {"client": client, "topic": topic}
+
+
+def _answers(client_pk: int, **extra: Any) -> dict[str, Any]:
+    return {
+        "name": "Spring sale",
+        "client": str(client_pk),
+        "topic": "newsletter",
+        "template": "spring",
+        "payload": '{"percent": 20}',
+        "time_zone": "Europe/Berlin",
+        "rate_per_second": "50",
+        "send_at_local": "",
+        **extra,
+    }
+
+
+def test_the_wizard_walks_audience_message_schedule_review_then_creates(monkeypatch: pytest.MonkeyPatch) -> None:
+    env = _setup()
+    http = _marketer(monkeypatch)
+    url = reverse("admin:notifier_campaign_wizard")
+    assert http.get(reverse("admin:notifier_campaign_add"))["Location"] == url
+    page = http.get(url).content.decode()
+    assert "newsletter — 3 subscribers" in page
+    assert "spring (marketing)" not in page  # the template is step 2
+    # Step 1 needs its answers before moving on.
+    response = http.post(url, {"step": "1", "_next": "1", **_answers(env["client"].pk, name="")})
+    assert response.context["step"] == 1 and "name" in response.context["form"].errors
+    response = http.post(url, {"step": "1", "_next": "1", **_answers(env["client"].pk)})
+    assert response.context["step"] == 2
+    body = response.content.decode()
+    assert "spring (marketing)" in body and "otp (security)" not in body
+    # Preview for a sample subscriber: the first one, in German.
+    response = http.post(url, {"step": "2", "_preview": "1", **_answers(env["client"].pk)})
+    assert "Frühlingsangebot 20%" in response.content.decode()
+    assert "sub-0" in response.content.decode()
+    # Test send to the marketer's own address, through the pipeline.
+    response = http.post(url, {"step": "2", "_test": "1", **_answers(env["client"].pk)})
+    test = Delivery.objects.get(address="max@example.com")
+    assert test.channel == "email" and test.notification.template_key == "spring"
+    assert AuditEntry.objects.filter(action="campaign.test_send", actor_name="max").exists()
+    # Schedule: a past time is refused; a local time in Berlin is stored as the right instant.
+    past = {"send_at_local": "2020-01-01T10:00"}
+    response = http.post(url, {"step": "3", "_next": "1", **_answers(env["client"].pk, **past)})
+    assert response.context["step"] == 3 and "send_at_local" in response.context["form"].errors
+    local = (timezone.now() + timedelta(days=2)).astimezone(zoneinfo.ZoneInfo("Europe/Berlin"))
+    when = {"send_at_local": local.strftime("%Y-%m-%dT%H:%M")}
+    response = http.post(url, {"step": "3", "_next": "1", **_answers(env["client"].pk, **when)})
+    assert response.context["step"] == 4
+    assert "Europe/Berlin" in response.content.decode()
+    response = http.post(url, {"step": "4", "_create": "1", **_answers(env["client"].pk, **when)})
+    campaign = Campaign.objects.get(name="Spring sale")
+    assert response["Location"] == reverse("admin:notifier_campaign_progress", args=[campaign.pk])
+    expected = datetime.strptime(when["send_at_local"], "%Y-%m-%dT%H:%M").replace(
+        tzinfo=zoneinfo.ZoneInfo("Europe/Berlin")
+    )
+    assert campaign.send_at == expected
+    assert (campaign.status, campaign.rate_per_second, campaign.payload) == ("scheduled", 50, {"percent": 20})
+    assert AuditEntry.objects.filter(action="campaign.create", target_id=str(campaign.pk)).exists()
+
+
+def test_progress_page_draws_charts_and_pauses_resumes_cancels(monkeypatch: pytest.MonkeyPatch) -> None:
+    env = _setup()
+    http = _marketer(monkeypatch)
+    from notifier.campaigns.services import campaign_create
+
+    campaign = campaign_create(
+        client=env["client"],
+        name="Later",
+        template="spring",
+        topic="newsletter",
+        payload={"percent": 5},
+        send_at=timezone.now() + timedelta(days=1),
+    )
+    url = reverse("admin:notifier_campaign_progress", args=[campaign.pk])
+    page = http.get(url).content.decode()
+    assert "<svg" in page and "Sent per minute" in page and 'id="campaign-pause"' in page
+    http.post(reverse("admin:notifier_campaign_control", args=[campaign.pk, "pause"]))
+    assert Campaign.objects.get(pk=campaign.pk).status == "paused"
+    assert 'id="campaign-resume"' in http.get(url).content.decode()
+    http.post(reverse("admin:notifier_campaign_control", args=[campaign.pk, "resume"]))
+    assert Campaign.objects.get(pk=campaign.pk).status == "scheduled"
+    http.post(reverse("admin:notifier_campaign_control", args=[campaign.pk, "cancel"]))
+    assert Campaign.objects.get(pk=campaign.pk).status == "cancelled"
+    actions = list(AuditEntry.objects.filter(target_type="campaign").order_by("id").values_list("action", flat=True))
+    assert actions == ["campaign.pause", "campaign.resume", "campaign.cancel"]
+
+
+def test_support_cannot_open_the_wizard_or_progress(monkeypatch: pytest.MonkeyPatch) -> None:
+    env = _setup()
+    http = _marketer(monkeypatch, name="sue", role="support")
+    from notifier.campaigns.services import campaign_create
+
+    campaign = campaign_create(client=env["client"], name="X", template="spring", topic="newsletter", draft=True)
+    assert http.get(reverse("admin:notifier_campaign_wizard")).status_code == 403
+    assert http.get(reverse("admin:notifier_campaign_progress", args=[campaign.pk])).status_code == 403
+    assert http.post(reverse("admin:notifier_campaign_control", args=[campaign.pk, "cancel"])).status_code == 403
