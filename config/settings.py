@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import json
 import os
+import tomllib
 from pathlib import Path
 
 import dj_database_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent
+# The one version number: pyproject.toml's, also the OpenAPI schema's (CHANGELOG.md names each release).
+VERSION: str = tomllib.loads((BASE_DIR / "pyproject.toml").read_text())["project"]["version"]
 
 
 def env_bool(name: str, default: bool = False) -> bool:
@@ -145,7 +148,7 @@ REST_FRAMEWORK = {
 SPECTACULAR_SETTINGS = {
     "TITLE": "Notifier API",
     "DESCRIPTION": "Send notifications over push, email, SMS, in-app and webhooks.",
-    "VERSION": "1.0.0",
+    "VERSION": VERSION,
 }
 
 # --- Redis -------------------------------------------------------------------------------------------
