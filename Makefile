@@ -3,6 +3,7 @@ VENV ?= .venv
 PYTHON ?= python3
 PY := $(VENV)/bin/python
 PORT ?= 8000
+FLOWER_PORT ?= 5555
 HIGH_QUEUES := push.high,email.high,sms.high,inapp.high,webhook.high
 LOW_QUEUES := push.low,email.low,sms.low,inapp.low,webhook.low
 
@@ -24,9 +25,10 @@ demo: migrate
 	@$(PY) manage.py collectstatic --noinput -v0
 	@$(PY) manage.py bootstrap_demo
 
-## Serve the API on :$(PORT) with the channel workers, the fan-out worker, beat and Flower (:5555).
+## Serve the API on :$(PORT) with the channel workers, the fan-out worker, beat and Flower (:$(FLOWER_PORT)).
+## Flower is optional: if it cannot start (its port is taken), the rest keeps running.
 run: demo
-	PORT=$(PORT) $(VENV)/bin/honcho start -f Procfile -p $(PORT)
+	PORT=$(PORT) FLOWER_PORT=$(FLOWER_PORT) $(VENV)/bin/honcho start -f Procfile -p $(PORT)
 
 ## Run the test suite against the real PostgreSQL, RabbitMQ and Redis.
 test: services
