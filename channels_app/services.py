@@ -226,6 +226,14 @@ class _Outcomes:
                 counts[(delivery.channel, fields.get("provider") or delivery.provider or "none", fields["status"])] += 1
         for (channel, provider, status), n in counts.items():
             metrics.count_deliveries(channel, provider, status, n)
+        # Accept (or due time, for scheduled and retried ones) to the provider's acknowledgement.
+        latencies: dict[tuple[str, str], list[float]] = defaultdict(list)
+        for delivery, fields in self.updates:
+            if fields.get("status") == S.SENT and fields.get("sent_at") is not None:
+                due = max(delivery.created_at, delivery.not_before or delivery.created_at)
+                latencies[(delivery.channel, delivery.priority)].append((fields["sent_at"] - due).total_seconds())
+        for (channel, priority), values in latencies.items():
+            metrics.observe_delivery_latency(channel, priority, values)
 
     # The columns an outcome may change; every touched row is written with all of them in one statement.
     COLUMNS = (
