@@ -173,5 +173,6 @@ def test_promtool_accepts_every_dashboard_query(tmp_path: Path) -> None:
     result = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
     broken = tmp_path / "broken.yml"
-    broken.write_text(yaml.safe_dump({"groups": [{"name": "b", "rules": [{"record": "x:y", "expr": "sum(rate(x[5m])"}]}]}))
+    unbalanced = {"record": "x:y", "expr": "sum(rate(x[5m])"}
+    broken.write_text(yaml.safe_dump({"groups": [{"name": "b", "rules": [unbalanced]}]}))
     assert subprocess.run([promtool, "check", "rules", str(broken)], capture_output=True).returncode != 0
