@@ -4,8 +4,6 @@ PYTHON ?= python3
 PY := $(VENV)/bin/python
 PORT ?= 8000
 FLOWER_PORT ?= 5555
-HIGH_QUEUES := push.high,email.high,sms.high,inapp.high,webhook.high
-LOW_QUEUES := push.low,email.low,sms.low,inapp.low,webhook.low
 
 .PHONY: run test lint format services migrate demo bench clean
 
