@@ -5,13 +5,28 @@ PY := $(VENV)/bin/python
 PORT ?= 8000
 FLOWER_PORT ?= 5555
 
-.PHONY: run test lint format services migrate demo bench clean
+# Lock files: requirements.txt (runtime, what the image installs) and requirements-dev.txt (everything for
+# tests, lint, benchmarks and `make run`), compiled with hashes from requirements.in / requirements-dev.in.
+# Add a dependency to the .in file, then run `make lock`; never edit the .txt files by hand.
+PIP_COMPILE := CUSTOM_COMPILE_COMMAND="make lock" $(VENV)/bin/pip-compile --quiet --generate-hashes \
+	--allow-unsafe --strip-extras --no-emit-index-url --no-emit-find-links
+# A local package (the Python client) cannot be hash-locked: installed on its own, without dependencies.
+LOCAL_PACKAGES := $(wildcard clients/python/pyproject.toml clients/python/setup.py)
+
+.PHONY: run test lint format services migrate demo bench clean lock
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
-	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet --upgrade pip
-	$(VENV)/bin/pip install --quiet -r requirements-dev.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --require-hashes -r requirements-dev.txt
+	$(if $(LOCAL_PACKAGES),$(VENV)/bin/pip install --quiet --no-deps -e clients/python)
 	touch $@
+
+## Recompile both lock files from the .in files (keeps existing pins unless a requirement changed).
+lock:
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet "$$(grep -o '^pip-tools==[^ ]*' requirements-dev.in)"
+	$(PIP_COMPILE) --output-file=requirements.txt requirements.in
+	$(PIP_COMPILE) --output-file=requirements-dev.txt requirements-dev.in
 
 services: $(VENV)/.installed
 	@$(PY) manage.py check_services --create-db

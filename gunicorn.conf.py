@@ -29,3 +29,6 @@ worker_tmp_dir = "/dev/shm" if os.path.isdir("/dev/shm") else None  # noqa: S108
 # Access lines come from the application's own logging (notifier.access, masked, with the trace id).
 accesslog = None
 errorlog = "-"
+# gunicorn's control socket would be created under $HOME, read-only in the image and on Kubernetes; nothing
+# here uses it (signals reload and stop the server).
+control_socket_disable = True
