@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from channels_app import breaker, ratelimit
 from channels_app.providers import registry
 from channels_app.providers.base import OutboundMessage, Outcome, Provider, ProviderError
-from notifier import metrics
+from notifier import metrics, tracing
 from preferences.compliance import is_optional
 from preferences.services import unsubscribe_url
 
@@ -108,7 +108,9 @@ def spread_waits(name: str, wait: float, n: int) -> list[float]:
 def timed_send(provider: Provider, messages: list[OutboundMessage]) -> list[Outcome]:
     """Send a batch and record the call's latency."""
     started = time.monotonic()
-    outcomes = provider.send_batch(messages)
+    channel = messages[0].channel if messages else ""
+    with tracing.provider_span(provider.name, channel, len(messages), operation="send_batch"):
+        outcomes = provider.send_batch(messages)
     elapsed = time.monotonic() - started
     failures = sum(1 for o in outcomes if isinstance(o, ProviderError))
     outcome = "ok" if not failures else ("error" if failures == len(outcomes) else "partial")

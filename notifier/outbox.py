@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from config.celery import app as celery_app
 from config.celery import ensure_topology, queue_name
-from notifier import metrics
+from notifier import metrics, tracing
 from notifier.events import record_events
 from notifier.models import Delivery
 
@@ -74,9 +74,14 @@ def publish(
                 for chunk in _chunks(ids, size):
                     # argsrepr: Celery would otherwise saferepr() 500 ids per message for its logs and Flower.
                     argsrepr = f"[<{len(chunk)} delivery ids {chunk[0]}..{chunk[-1]}>]"
-                    celery_app.send_task(
-                        SEND_TASK, args=[chunk], queue=queue, producer=producer, argsrepr=argsrepr, **options
-                    )
+                    with tracing.span(
+                        f"publish {queue}",
+                        kind="producer",
+                        **{"messaging.destination.name": queue, "notifier.deliveries": len(chunk)},
+                    ):
+                        celery_app.send_task(
+                            SEND_TASK, args=[chunk], queue=queue, producer=producer, argsrepr=argsrepr, **options
+                        )
                     published.extend(chunk)
     except Exception as exc:  # any broker failure (including channel errors) leaves the rows to the relay
         _mark_broker_down()

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 from typing import Any, ClassVar
 
+from notifier import tracing
+
 
 @dataclass(frozen=True)
 class OutboundMessage:
@@ -149,13 +151,16 @@ class Provider:
             return [self._send_one(messages[0])]
         workers = max(1, min(self.max_concurrency, len(messages)))
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"send-{self.name}") as pool:
-            return list(pool.map(self._send_one, messages))
+            # Each call's span (and its HTTP span) belongs under the batch's span, not in a trace of its own.
+            return list(pool.map(tracing.carry_context(self._send_one), messages))
 
     def _send_one(self, message: OutboundMessage) -> Outcome:
-        try:
-            return self.send(message)
-        except ProviderError as exc:
-            return exc
+        with tracing.provider_span(self.name, message.channel, 1):
+            try:
+                return self.send(message)
+            except ProviderError as exc:
+                tracing.mark_error(exc)
+                return exc
 
     @classmethod
     def from_settings(cls) -> Provider:
