@@ -240,3 +240,29 @@ def test_high_priority_scales_first() -> None:
     high_class = pod_spec(DEPLOYMENTS["notifier-worker-high"])["priorityClassName"]
     low_class = pod_spec(DEPLOYMENTS["notifier-worker-low"])["priorityClassName"]
     assert classes[high_class]["value"] > classes[low_class]["value"]
+
+
+def test_postgresql_connection_budget_fits_the_pooler() -> None:
+    """At every autoscaler's maximum the pods open no more connections than PgBouncer's max_client_conn
+    (1,000, docs/kubernetes.md): one per gunicorn thread, per worker thread or child (+ the main process)."""
+    max_replicas = {
+        d["spec"]["scaleTargetRef"]["name"]: d["spec"]["maxReplicaCount"] for d in _scaled_objects().values()
+    }
+    for hpa in of_kind(BASE, "HorizontalPodAutoscaler").values():
+        max_replicas[hpa["spec"]["scaleTargetRef"]["name"]] = hpa["spec"]["maxReplicas"]
+    total = 0
+    for name, deployment in DEPLOYMENTS.items():
+        container = pod_spec(deployment)["containers"][0]
+        env = {e["name"]: e.get("value") for e in container.get("env", [])}
+        if name == "notifier-api":
+            per_pod = int(env["WEB_WORKERS"]) * int(env["WEB_THREADS"])
+        elif name in WORKERS:
+            per_pod = int(celery_worker_args(container["command"])["concurrency"]) + 1  # type: ignore[index]
+        elif name == "notifier-stream":
+            per_pod = 4
+        elif name == "notifier-beat":
+            per_pod = 1
+        else:
+            continue  # Flower reads the broker only
+        total += per_pod * max_replicas.get(name, deployment["spec"]["replicas"])
+    assert 400 < total <= 1000, total
