@@ -4,21 +4,26 @@ PYTHON ?= python3
 PY := $(VENV)/bin/python
 PORT ?= 8000
 FLOWER_PORT ?= 5555
+# Everything started from this Makefile is development mode: DEBUG on, the built-in SECRET_KEY, cookies over
+# plain HTTP. Without DEVELOPMENT=true the settings refuse to start with no SECRET_KEY (docs/security.md).
+DEV := DEVELOPMENT=true DEBUG=true
 
 # Lock files: requirements.txt (runtime, what the image installs) and requirements-dev.txt (everything for
 # tests, lint, benchmarks and `make run`), compiled with hashes from requirements.in / requirements-dev.in.
 # Add a dependency to the .in file, then run `make lock`; never edit the .txt files by hand.
 PIP_COMPILE := CUSTOM_COMPILE_COMMAND="make lock" $(VENV)/bin/pip-compile --quiet --generate-hashes \
 	--allow-unsafe --strip-extras --no-emit-index-url --no-emit-find-links
-# A local package (the Python client) cannot be hash-locked: installed on its own, without dependencies.
-LOCAL_PACKAGES := $(wildcard clients/python/pyproject.toml clients/python/setup.py)
 
 .PHONY: run test lint format services migrate demo bench clean lock
 
-$(VENV)/.installed: requirements.txt requirements-dev.txt
+# The Python client is installed for its tests (tests/test_client_python.py); its only dependency, httpx, is
+# in the development lock, and a hashed lock file cannot name a local path, hence a second install, --no-deps.
+CLIENT_SOURCES := clients/python/pyproject.toml $(wildcard clients/python/src/notifier_client/*)
+
+$(VENV)/.installed: requirements.txt requirements-dev.txt $(CLIENT_SOURCES)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --require-hashes -r requirements-dev.txt
-	$(if $(LOCAL_PACKAGES),$(VENV)/bin/pip install --quiet --no-deps -e clients/python)
+	$(VENV)/bin/pip install --quiet --no-deps ./clients/python
 	touch $@
 
 ## Recompile both lock files from the .in files (keeps existing pins unless a requirement changed).
@@ -29,19 +34,20 @@ lock:
 	$(PIP_COMPILE) --output-file=requirements-dev.txt requirements-dev.in
 
 services: $(VENV)/.installed
-	@$(PY) manage.py check_services --create-db
+	@$(DEV) $(PY) manage.py check_services --create-db
 
 migrate: services
-	$(PY) manage.py migrate --noinput
+	$(DEV) $(PY) manage.py migrate --noinput
 
 demo: migrate
-	@$(PY) manage.py collectstatic --noinput -v0
-	@$(PY) manage.py bootstrap_demo
+	@$(DEV) $(PY) manage.py collectstatic --noinput -v0
+	@$(DEV) $(PY) manage.py bootstrap_demo
 
 ## Serve the API on :$(PORT) with the channel workers, the fan-out worker, beat and Flower (:$(FLOWER_PORT)).
 ## Flower is optional: if it cannot start (its port is taken), the rest keeps running.
 run: demo
-	PORT=$(PORT) FLOWER_PORT=$(FLOWER_PORT) $(VENV)/bin/honcho start -f Procfile -p $(PORT)
+	@echo "Development mode ($(DEV)): built-in SECRET_KEY, plain-HTTP cookies. Not for production (docs/operations.md)."
+	$(DEV) PORT=$(PORT) FLOWER_PORT=$(FLOWER_PORT) $(VENV)/bin/honcho start -f Procfile -p $(PORT)
 
 ## Run the test suite against the real PostgreSQL, RabbitMQ and Redis.
 test: services

@@ -153,6 +153,10 @@ def test_compose_prometheus_scrapes_the_api_and_every_worker_and_loads_the_packs
     mounts = {v.split(":")[1]: v.split(":")[0] for v in services["prometheus"]["volumes"] if v.startswith(".")}
     assert mounts["/etc/prometheus/alerts.yml"] == "../deploy/observability/prometheus/alerts.yml"
     assert prometheus["rule_files"] == ["/etc/prometheus/alerts.yml"]
+    api_job = next(job for job in prometheus["scrape_configs"] if job["job_name"] == "notifier-api")
+    assert api_job["authorization"]["credentials_file"] == "/run/secrets/metrics_token"  # METRICS_TOKEN
+    assert "metrics_token" in services["prometheus"]["secrets"]
+    assert compose()["secrets"]["metrics_token"] == {"environment": "METRICS_TOKEN"}
     grafana = {v.split(":")[1]: v.split(":")[0] for v in services["grafana"]["volumes"] if v.startswith(".")}
     for host_path in grafana.values():
         assert (ROOT / "docker" / host_path).exists(), host_path
