@@ -15,6 +15,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -134,6 +135,8 @@ class Coalescer:
 
     def __init__(self) -> None:
         self._rows: list[tuple[int, str, str]] = []
+        # The submitting requests' span contexts: the publish continues (or links to) their traces.
+        self._contexts: list[Any] = []
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._pid = 0
@@ -144,8 +147,11 @@ class Coalescer:
         rows = list(rows)
         if not rows:
             return
+        span_context = tracing.current_span_context()
         with self._cond:
             self._rows.extend(rows)
+            if span_context is not None:
+                self._contexts.append(span_context)
             if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
                 self._pid = os.getpid()
                 self._thread = threading.Thread(target=self._run, name="outbox-coalescer", daemon=True)
@@ -171,10 +177,12 @@ class Coalescer:
                     self._cond.notify_all()
                     self._cond.wait()
                 rows, self._rows = self._rows, []
+                contexts, self._contexts = self._contexts, []
                 self._busy = True
             try:
                 if not broker_recently_down():
-                    published = publish(group_by_queue(rows))
+                    with tracing.continue_from(contexts):
+                        published = publish(group_by_queue(rows))
                     mark_published(published)
             except Exception as exc:  # the relay publishes whatever this missed
                 logger.error("background publish failed; %d deliveries left to the relay: %s", len(rows), exc)

@@ -307,6 +307,31 @@ def provider_span(provider: str, channel: str, messages: int, operation: str = "
         yield ctx
 
 
+def current_span_context() -> SpanContext | None:
+    """Return the current span's context to carry to another thread (None outside any trace)."""
+    sc = trace.get_current_span().get_span_context()
+    return sc if sc.is_valid else None
+
+
+@contextmanager
+def continue_from(contexts: Sequence[SpanContext]) -> Iterator[None]:
+    """Run a block on behalf of the requests whose span contexts are given (a background publisher).
+
+    One request: the block continues its trace, as if it ran in the request. Several (their ids travel in one
+    message): a `coalesced` span starts a trace of its own, linked to each request's span (up to 128).
+    """
+    if len(contexts) == 1:
+        token = otel_context.attach(trace.set_span_in_context(NonRecordingSpan(contexts[0])))
+        try:
+            yield
+        finally:
+            otel_context.detach(token)
+        return
+    links = [trace.Link(sc) for sc in contexts[:128]]
+    with tracer().start_as_current_span("coalesced publish", kind=SpanKind.INTERNAL, links=links):
+        yield
+
+
 def mark_error(error: BaseException) -> None:
     """Record `error` on the current span and mark it failed (for errors returned, not raised)."""
     from opentelemetry.trace import Status, StatusCode

@@ -247,6 +247,10 @@ def test_provider_call_and_publish_spans_reach_the_exporter_in_one_trace(exporte
         HTTP_TRACEPARENT=INCOMING,
     )
     assert response.status_code == 202, response.content
+    # The API publishes from its background coalescer thread, continuing the request's trace.
+    from notifier.outbox import coalescer
+
+    assert coalescer.wait_idle()
     delivery = response.json()["deliveries"][0]
     queue = f"{delivery['channel']}.high"
     with celery_app.connection_for_write() as conn:
