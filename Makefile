@@ -3,24 +3,35 @@ VENV ?= .venv
 PYTHON ?= python3
 PY := $(VENV)/bin/python
 PORT ?= 8000
-HIGH_QUEUES := push.high,email.high,sms.high,inapp.high,webhook.high
-LOW_QUEUES := push.low,email.low,sms.low,inapp.low,webhook.low
+FLOWER_PORT ?= 5555
 # Everything started from this Makefile is development mode: DEBUG on, the built-in SECRET_KEY, cookies over
 # plain HTTP. Without DEVELOPMENT=true the settings refuse to start with no SECRET_KEY (docs/security.md).
 DEV := DEVELOPMENT=true DEBUG=true
 
-.PHONY: run test lint format services migrate demo bench clean
+# Lock files: requirements.txt (runtime, what the image installs) and requirements-dev.txt (everything for
+# tests, lint, benchmarks and `make run`), compiled with hashes from requirements.in / requirements-dev.in.
+# Add a dependency to the .in file, then run `make lock`; never edit the .txt files by hand.
+PIP_COMPILE := CUSTOM_COMPILE_COMMAND="make lock" $(VENV)/bin/pip-compile --quiet --generate-hashes \
+	--allow-unsafe --strip-extras --no-emit-index-url --no-emit-find-links
+
+.PHONY: run test lint format services migrate demo bench clean lock
 
 # The Python client is installed for its tests (tests/test_client_python.py); its only dependency, httpx, is
-# pinned in requirements-dev.txt, and a hashed lock file cannot name a local path, hence --no-deps.
+# in the development lock, and a hashed lock file cannot name a local path, hence a second install, --no-deps.
 CLIENT_SOURCES := clients/python/pyproject.toml $(wildcard clients/python/src/notifier_client/*)
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt $(CLIENT_SOURCES)
-	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet --upgrade pip
-	$(VENV)/bin/pip install --quiet -r requirements-dev.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --require-hashes -r requirements-dev.txt
 	$(VENV)/bin/pip install --quiet --no-deps ./clients/python
 	touch $@
+
+## Recompile both lock files from the .in files (keeps existing pins unless a requirement changed).
+lock:
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet "$$(grep -o '^pip-tools==[^ ]*' requirements-dev.in)"
+	$(PIP_COMPILE) --output-file=requirements.txt requirements.in
+	$(PIP_COMPILE) --output-file=requirements-dev.txt requirements-dev.in
 
 services: $(VENV)/.installed
 	@$(DEV) $(PY) manage.py check_services --create-db
@@ -32,10 +43,11 @@ demo: migrate
 	@$(DEV) $(PY) manage.py collectstatic --noinput -v0
 	@$(DEV) $(PY) manage.py bootstrap_demo
 
-## Serve the API on :$(PORT) with the channel workers, the fan-out worker, beat and Flower (:5555).
+## Serve the API on :$(PORT) with the channel workers, the fan-out worker, beat and Flower (:$(FLOWER_PORT)).
+## Flower is optional: if it cannot start (its port is taken), the rest keeps running.
 run: demo
 	@echo "Development mode ($(DEV)): built-in SECRET_KEY, plain-HTTP cookies. Not for production (docs/operations.md)."
-	$(DEV) PORT=$(PORT) $(VENV)/bin/honcho start -f Procfile -p $(PORT)
+	$(DEV) PORT=$(PORT) FLOWER_PORT=$(FLOWER_PORT) $(VENV)/bin/honcho start -f Procfile -p $(PORT)
 
 ## Run the test suite against the real PostgreSQL, RabbitMQ and Redis.
 test: services

@@ -92,11 +92,13 @@ def take_tokens(name: str, group: list[tuple[Delivery, OutboundMessage]], out: O
     granted, wait = 0, 0.0
     if n_high:
         grant = ratelimit.acquire(name, n_high, priority="high")
+        metrics.count_rate_limit(name, "high", n_high, grant.granted)
         granted, wait = grant.granted, grant.wait
         if grant.granted < n_high:
             return granted, wait
     if len(group) > n_high:
         grant = ratelimit.acquire(name, len(group) - n_high, priority="low")
+        metrics.count_rate_limit(name, "low", len(group) - n_high, grant.granted)
         granted += grant.granted
         wait = max(wait, grant.wait)
     return granted, wait

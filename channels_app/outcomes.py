@@ -267,6 +267,17 @@ class Outcomes:
         for (channel, provider, status), n in counts.items():
             metrics.count_deliveries(channel, provider, status, n)
         count_sms_segments(updates)
+        # Accept (or due time, for scheduled and retried ones) to the provider's acknowledgement.
+        latencies: dict[tuple[str, str], list[float]] = defaultdict(list)
+        for delivery, fields in updates:
+            if fields.get("status") == Delivery.Status.SENT and fields.get("sent_at") is not None:
+                # The notification's accept time: the batch loaded it already, while the delivery's own
+                # created_at is left out of the send path's load (reading it would be a query per delivery).
+                accepted = delivery.notification.created_at
+                due = max(accepted, delivery.not_before or accepted)
+                latencies[(delivery.channel, delivery.priority)].append((fields["sent_at"] - due).total_seconds())
+        for (channel, priority), values in latencies.items():
+            metrics.observe_delivery_latency(channel, priority, values)
 
     # The columns an outcome may change; every touched row is written with all of them in one statement.
     COLUMNS = (

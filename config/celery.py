@@ -8,6 +8,7 @@ closes a known way for Celery on RabbitMQ to lose or duplicate a message; DESIGN
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 from celery import Celery
 from celery.schedules import crontab
@@ -27,6 +28,32 @@ DEAD_LETTER_EXCHANGE = Exchange("notifier.dlx", type="topic", durable=True)
 # A message redelivered this many times (its worker keeps dying on it) is dead-lettered by RabbitMQ
 # itself instead of looping forever: the quorum-queue poison-message guard.
 DELIVERY_LIMIT = int(os.environ.get("QUEUE_DELIVERY_LIMIT", "20"))
+
+
+@dataclass(frozen=True)
+class WorkerClass:
+    """One pool of Celery workers: the queues it consumes and how it runs them.
+
+    The one source of truth for worker classes: the Procfile, docker/compose.yml and the Kubernetes manifests
+    under deploy/ start exactly these (tests/test_deploy_files.py compares them). Priorities are separate
+    classes because a worker started with `-Q a,b` does not prefer `a`.
+    """
+
+    name: str
+    queues: tuple[str, ...]
+    pool: str
+    concurrency: int
+
+
+# Provider calls are I/O-bound: the high pool runs threads so one process holds many sends in flight.
+# Fan-out and the low pool stay prefork (CPU in rendering and bulk row writes). Maintenance gets its own
+# single process so the outbox relay (the loss-prevention path) never waits behind fan-out or retention.
+WORKER_CLASSES: tuple[WorkerClass, ...] = (
+    WorkerClass("high", tuple(f"{channel}.high" for channel in CHANNELS), "threads", 8),
+    WorkerClass("low", tuple(f"{channel}.low" for channel in CHANNELS), "prefork", 2),
+    WorkerClass("fanout", ("fanout",), "prefork", 2),
+    WorkerClass("maintenance", ("maintenance",), "prefork", 1),
+)
 
 
 def queue_name(channel: str, priority: str) -> str:

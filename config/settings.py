@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import json
 import os
+import tomllib
 from pathlib import Path
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
+# The one version number: pyproject.toml's, also the OpenAPI schema's (CHANGELOG.md names each release).
+VERSION: str = tomllib.loads((BASE_DIR / "pyproject.toml").read_text())["project"]["version"]
 
 
 def env_bool(name: str, default: bool = False) -> bool:
@@ -176,7 +179,7 @@ REST_FRAMEWORK = {
 SPECTACULAR_SETTINGS = {
     "TITLE": "Notifier API",
     "DESCRIPTION": "Send notifications over push, email, SMS, in-app and webhooks.",
-    "VERSION": "1.0.0",
+    "VERSION": VERSION,
     # `check --deploy` is about the deployment (docs/operations.md); the schema's own warnings (views without a
     # serializer_class) are reported by `manage.py spectacular --validate` instead.
     "ENABLE_DJANGO_DEPLOY_CHECK": False,

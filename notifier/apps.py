@@ -14,3 +14,7 @@ class NotifierConfig(AppConfig):
 
     def ready(self) -> None:
         from notifier import checks  # noqa: F401 - registers the start-up checks
+        from notifier.tracing import instrument
+
+        # Before any request is served or task run: the Django instrumentation adds its middleware here.
+        instrument()

@@ -30,6 +30,7 @@ CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 BREAKER_STATES = {"closed": 0, "half_open": 1, "half-open": 1, "open": 2}
 _PROVIDER_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _HTTP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+_LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
 _TASK_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 
 # --- Accept ------------------------------------------------------------------------------------------
@@ -54,6 +55,18 @@ THROTTLED = Counter(
     "notifier_provider_throttled",
     "Sends held back by the shared rate limiter or refused by a provider with 429.",
     ["provider"],
+)
+RATE_LIMIT_TOKENS = Counter(
+    "notifier_ratelimit_tokens",
+    "Shared rate-limit tokens asked for, by provider, priority and result (granted, denied).",
+    ["provider", "priority", "result"],
+)
+DELIVERY_LATENCY_SECONDS = Histogram(
+    "notifier_delivery_latency_seconds",
+    "Time from accept to the provider's acknowledgement of sent deliveries, by channel and priority "
+    "(priority high, channel sms is the OTP latency).",
+    ["channel", "priority"],
+    buckets=_LATENCY_BUCKETS,
 )
 BREAKER_STATE = Gauge(
     "notifier_breaker_state",
@@ -125,6 +138,21 @@ def count_throttled(provider: str, n: int = 1) -> None:
     """Count sends held back by the rate limiter (or refused by the provider as too many)."""
     if n > 0:
         THROTTLED.labels(_label(provider)).inc(n)
+
+
+def count_rate_limit(provider: str, priority: str, requested: int, granted: int) -> None:
+    """Count one shared rate-limit request: `granted` of `requested` tokens, the rest denied (deferred)."""
+    if granted > 0:
+        RATE_LIMIT_TOKENS.labels(_label(provider), _label(priority), "granted").inc(granted)
+    if requested > granted:
+        RATE_LIMIT_TOKENS.labels(_label(provider), _label(priority), "denied").inc(requested - granted)
+
+
+def observe_delivery_latency(channel: str, priority: str, seconds: Iterable[float]) -> None:
+    """Record accept-to-sent times of sent deliveries of one channel and priority."""
+    histogram = DELIVERY_LATENCY_SECONDS.labels(_label(channel), _label(priority))
+    for value in seconds:
+        histogram.observe(max(value, 0.0))
 
 
 def set_breaker_state(provider: str, state: str) -> None:
@@ -202,6 +230,36 @@ def collect_queue_depths(timeout: float | None = None) -> dict[str, tuple[int, i
     return depths
 
 
+def collect_outbox_state() -> tuple[int, float] | None:
+    """Return (relay backlog, age in seconds of the oldest delivery waiting in a queue); None if unreachable.
+
+    The backlog is what the relay has to publish: queued deliveries never published (the fast path missed
+    them) or published longer ago than OUTBOX_STALE_AFTER_SECONDS. Both read the partial index on queued
+    deliveries (delivery_outbox_idx); the count stops at 100,000.
+    """
+    from django.conf import settings
+    from django.db import connection
+
+    sql = """
+        SELECT
+          (SELECT count(*) FROM (
+             SELECT 1 FROM notifier_delivery
+             WHERE status = 'queued'
+               AND (published_at IS NULL OR published_at < now() - make_interval(secs => %s))
+             LIMIT 100000) AS backlog),
+          (SELECT coalesce(extract(epoch FROM now() - min(published_at)), 0)
+             FROM notifier_delivery WHERE status = 'queued' AND published_at IS NOT NULL)
+    """
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [settings.OUTBOX_STALE_AFTER_SECONDS])
+            backlog, oldest = cursor.fetchone()
+        return int(backlog), max(float(oldest), 0.0)
+    except Exception as exc:
+        logger.warning("outbox state read failed", extra={"error": type(exc).__name__})
+        return None
+
+
 def collect_pending_dead_letters() -> dict[str, int] | None:
     """Return pending dead letters per channel; None if the database is unreachable."""
     from django.db.models import Count
@@ -247,6 +305,19 @@ class OpsCollector(Collector):
             yield depth
             yield consumers
             yield dead
+        outbox = collect_outbox_state()
+        if outbox is not None:
+            backlog = GaugeMetricFamily(
+                "notifier_outbox_backlog", "Queued deliveries the outbox relay has to publish (missed or stale)."
+            )
+            backlog.add_metric([], outbox[0])
+            yield backlog
+            oldest = GaugeMetricFamily(
+                "notifier_queued_oldest_seconds",
+                "Age of the oldest delivery published to a queue and not yet taken by a worker.",
+            )
+            oldest.add_metric([], outbox[1])
+            yield oldest
         pending = collect_pending_dead_letters()
         if pending is not None:
             family = GaugeMetricFamily(

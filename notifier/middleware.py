@@ -1,4 +1,4 @@
-"""Request middleware: trace context in and out, per-request log context, access log and HTTP metrics."""
+"""Request middleware: trace id in the logs and on the response, access log and HTTP metrics."""
 
 from __future__ import annotations
 
@@ -19,10 +19,13 @@ QUIET_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 
 
 class RequestContextMiddleware:
-    """Continue the caller's W3C trace (or start one), bind it to the request's logs, echo it on the response.
+    """Bind the request's trace to its logs and echo it on the response; access log and HTTP metrics.
 
-    The response's `traceparent` carries the same trace id with this request's span id, so a caller can
-    find every log line, task and send of its request by that trace id.
+    The server span comes from the OpenTelemetry Django instrumentation (its middleware runs first and
+    continues the caller's `traceparent`). Paths it leaves out (probes, scrapes) get a trace position here,
+    from the caller's header or new, so every log line still carries a trace id. The response's `traceparent`
+    carries the trace id with this request's span id, so a caller can find every log line, task and send of
+    its request by that trace id.
     """
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
@@ -31,38 +34,34 @@ class RequestContextMiddleware:
     def __call__(self, request: HttpRequest) -> HttpResponse:
         # Gunicorn threads serve request after request: nothing bound for the previous one may leak.
         clear_log_context()
-        parent = tracing.parse_traceparent(request.headers.get(tracing.TRACEPARENT)) or tracing.new_trace()
-        otel_span, ctx = tracing.start_span(
-            f"HTTP {request.method}", parent, kind="server", attributes={"http.request.method": request.method or ""}
-        )
-        token = tracing.activate(ctx)
+        ctx = tracing.current_trace()
+        token = None
+        if ctx is None:
+            parent = tracing.parse_traceparent(request.headers.get(tracing.TRACEPARENT))
+            ctx = parent.child() if parent else tracing.new_trace()
+            token = tracing.activate(ctx)
+        bind_delivery_context(trace_id=ctx.trace_id, span_id=ctx.span_id)
         # notifier.apis reads request.trace_id to store it on the notification.
         request.trace_context = ctx  # type: ignore[attr-defined]
         request.trace_id = ctx.trace_id  # type: ignore[attr-defined]
         started = time.monotonic()
         status = 500
-        error: BaseException | None = None
         try:
             response = self.get_response(request)
             status = response.status_code
             response[tracing.TRACEPARENT] = ctx.traceparent
             return response
-        except BaseException as exc:
-            error = exc
-            raise
         finally:
             elapsed = time.monotonic() - started
             route = _route(request)
-            tracing.end_span(
-                otel_span, error=error, attributes={"http.route": route, "http.response.status_code": status}
-            )
             if settings.METRICS_ENABLED:
                 metrics.observe_http(request.method or "", route, status, elapsed)
             if settings.LOG_REQUESTS and request.path not in QUIET_PATHS:
                 bind_delivery_context(http_method=request.method, http_route=route)
                 # Never the raw path or query string: both may carry user ids, emails or tokens.
                 access_log.info("request", extra={"status": status, "duration_ms": round(elapsed * 1000, 1)})
-            tracing.deactivate(token)
+            if token is not None:
+                tracing.deactivate(token)
             clear_log_context()
 
 

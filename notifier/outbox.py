@@ -15,6 +15,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -23,7 +24,7 @@ from django.utils import timezone
 
 from config.celery import app as celery_app
 from config.celery import ensure_topology, queue_name
-from notifier import metrics
+from notifier import metrics, tracing
 from notifier.events import record_events
 from notifier.models import Delivery
 
@@ -76,9 +77,14 @@ def publish(
                 for chunk in _chunks(ids, size):
                     # argsrepr: Celery would otherwise saferepr() 500 ids per message for its logs and Flower.
                     argsrepr = f"[<{len(chunk)} delivery ids {chunk[0]}..{chunk[-1]}>]"
-                    celery_app.send_task(
-                        SEND_TASK, args=[chunk], queue=queue, producer=producer, argsrepr=argsrepr, **options
-                    )
+                    with tracing.span(
+                        f"publish {queue}",
+                        kind="producer",
+                        **{"messaging.destination.name": queue, "notifier.deliveries": len(chunk)},
+                    ):
+                        celery_app.send_task(
+                            SEND_TASK, args=[chunk], queue=queue, producer=producer, argsrepr=argsrepr, **options
+                        )
                     published.extend(chunk)
     except Exception as exc:  # any broker failure (including channel errors) leaves the rows to the relay
         _mark_broker_down()
@@ -129,6 +135,8 @@ class Coalescer:
 
     def __init__(self) -> None:
         self._rows: list[tuple[int, str, str]] = []
+        # The submitting requests' span contexts: the publish continues (or links to) their traces.
+        self._contexts: list[Any] = []
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._pid = 0
@@ -139,8 +147,11 @@ class Coalescer:
         rows = list(rows)
         if not rows:
             return
+        span_context = tracing.current_span_context()
         with self._cond:
             self._rows.extend(rows)
+            if span_context is not None:
+                self._contexts.append(span_context)
             if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
                 self._pid = os.getpid()
                 self._thread = threading.Thread(target=self._run, name="outbox-coalescer", daemon=True)
@@ -166,10 +177,12 @@ class Coalescer:
                     self._cond.notify_all()
                     self._cond.wait()
                 rows, self._rows = self._rows, []
+                contexts, self._contexts = self._contexts, []
                 self._busy = True
             try:
                 if not broker_recently_down():
-                    published = publish(group_by_queue(rows))
+                    with tracing.continue_from(contexts):
+                        published = publish(group_by_queue(rows))
                     mark_published(published)
             except Exception as exc:  # the relay publishes whatever this missed
                 logger.error("background publish failed; %d deliveries left to the relay: %s", len(rows), exc)

@@ -1,24 +1,36 @@
-"""W3C trace context across the API, the broker and the workers; OpenTelemetry spans when configured.
+"""Tracing through the OpenTelemetry instrumentation packages, with Notifier's own spans where none exist.
 
-A trace starts at the API (or continues the caller's `traceparent`), travels in the `traceparent` header of
-every Celery message this process publishes, and is picked up by the worker that runs the task. Its trace
-id is bound into every log line on the way, so one `trace_id` finds the request, the fan-out and every send.
-Spans are exported only when OTEL_EXPORTER_OTLP_ENDPOINT is set; otherwise all of this is plain string
-handling with no OpenTelemetry SDK in the path.
+Instrumented by the packages: incoming HTTP requests (Django), task publish and run with W3C trace context in
+every message's headers (Celery), Redis commands (redis), outgoing HTTP (requests: FCM, Twilio, webhooks) and
+AWS calls (botocore: SES, SNS). Written here, because no instrumentation matching opentelemetry-api 1.45 exists
+for them: a span per database statement (Django's execute wrapper; opentelemetry-instrumentation-psycopg has
+no release for this API version), a span per provider call (`provider_span`), and a span per publish of
+delivery ids (`span("publish <queue>")` in notifier/outbox.py).
+
+A trace starts at the API (or continues the caller's `traceparent`), travels in the headers of every Celery
+message, and is continued by the worker that runs the task. Its trace id is bound into every log line on the
+way. Spans are recorded and exported only when OTEL_EXPORTER_OTLP_ENDPOINT is set (or a test passes an
+exporter); otherwise the sampler drops them at creation, and only the ids propagate.
 """
 
 from __future__ import annotations
 
-import contextvars
 import logging
 import re
 import secrets
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON, Decision, ParentBased, Sampler, SamplingResult
+from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
 
 from notifier import metrics
 from notifier.logging import bind_delivery_context, bound_log_context, clear_log_context
@@ -29,6 +41,9 @@ TRACEPARENT = "traceparent"
 _TRACEPARENT_RE = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?$")
 _ZERO_TRACE = "0" * 32
 _ZERO_SPAN = "0" * 16
+# Probes and scrapes arrive every few seconds: no spans for them.
+EXCLUDED_URLS = "healthz,readyz,metrics"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -50,14 +65,14 @@ class TraceContext:
         return bool(int(self.flags, 16) & 1)
 
     def child(self) -> TraceContext:
-        """Return a new span in the same trace (what a hop to a new process or operation gets)."""
+        """Return a new span in the same trace."""
         return replace(self, span_id=new_span_id())
 
-
-def new_trace_id() -> str:
-    """Return a random 16-byte trace id as 32 lower-case hex characters."""
-    value = secrets.token_hex(16)
-    return value if value != _ZERO_TRACE else new_trace_id()
+    def span_context(self) -> SpanContext:
+        """Return this position as a remote OpenTelemetry span context."""
+        return SpanContext(
+            int(self.trace_id, 16), int(self.span_id, 16), is_remote=True, trace_flags=TraceFlags(int(self.flags, 16))
+        )
 
 
 def new_span_id() -> str:
@@ -67,8 +82,11 @@ def new_span_id() -> str:
 
 
 def new_trace(sampled: bool = True) -> TraceContext:
-    """Start a new trace."""
-    return TraceContext(new_trace_id(), new_span_id(), "01" if sampled else "00")
+    """Start a new trace (a random 16-byte trace id)."""
+    trace_id = secrets.token_hex(16)
+    if trace_id == _ZERO_TRACE:
+        return new_trace(sampled)
+    return TraceContext(trace_id, new_span_id(), "01" if sampled else "00")
 
 
 def parse_traceparent(value: str | bytes | None) -> TraceContext | None:
@@ -90,216 +108,319 @@ def parse_traceparent(value: str | bytes | None) -> TraceContext | None:
     return TraceContext(trace_id, span_id, flags)
 
 
-_current: contextvars.ContextVar[TraceContext | None] = contextvars.ContextVar("notifier_trace", default=None)
+def _from_span_context(sc: SpanContext) -> TraceContext:
+    return TraceContext(format(sc.trace_id, "032x"), format(sc.span_id, "016x"), f"{int(sc.trace_flags):02x}")
 
 
 def current_trace() -> TraceContext | None:
-    """Return the trace context of the running request or task, if any."""
-    return _current.get()
+    """Return the trace context of the running request, task or span, if any."""
+    sc = trace.get_current_span().get_span_context()
+    return _from_span_context(sc) if sc.is_valid else None
 
 
 def current_trace_id() -> str:
     """Return the running trace id, or "" (the value Notification.trace_id stores)."""
-    ctx = _current.get()
+    ctx = current_trace()
     return ctx.trace_id if ctx else ""
 
 
-def activate(ctx: TraceContext) -> contextvars.Token[TraceContext | None]:
-    """Make `ctx` the current trace context and bind its ids for logging."""
+def activate(ctx: TraceContext) -> object:
+    """Make `ctx` the current trace position (as a remote parent) and bind its ids for logging.
+
+    Returns the token for `deactivate`. For a position that came from outside (a header, a stored id).
+    """
     bind_delivery_context(trace_id=ctx.trace_id, span_id=ctx.span_id)
-    return _current.set(ctx)
+    return otel_context.attach(trace.set_span_in_context(NonRecordingSpan(ctx.span_context())))
 
 
-def deactivate(token: contextvars.Token[TraceContext | None] | None = None) -> None:
-    """Forget the current trace context (restoring the previous one when given its token)."""
-    if token is not None:
-        _current.reset(token)
-    else:
-        _current.set(None)
+def deactivate(token: object) -> None:
+    """Restore the trace position that was current before `activate` returned `token`."""
+    otel_context.detach(token)  # type: ignore[arg-type]
 
 
-# --- OpenTelemetry (optional) ------------------------------------------------------------------------
+# --- Provider, sampler, export -------------------------------------------------------------------------
 
-_otel_lock = threading.Lock()
-_otel_state: dict[str, Any] = {"configured": False, "tracer": None, "provider": None}
+
+class _SwitchableProcessor(SpanProcessor):
+    """Forward finished spans to the configured processor, which `configure_tracing` may replace at any time."""
+
+    def __init__(self) -> None:
+        self.delegate: SpanProcessor | None = None
+
+    def on_start(self, span: Span, parent_context: otel_context.Context | None = None) -> None:
+        """Forward the span's start."""
+        if self.delegate is not None:
+            self.delegate.on_start(span, parent_context=parent_context)
+
+    def on_end(self, span: ReadableSpan) -> None:
+        """Forward the finished span."""
+        if self.delegate is not None:
+            self.delegate.on_end(span)
+
+    def shutdown(self) -> None:
+        """Shut the delegate down (flushing what it holds)."""
+        if self.delegate is not None:
+            self.delegate.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        """Flush the delegate."""
+        return self.delegate.force_flush(timeout_millis) if self.delegate is not None else True
+
+
+class _ExportSampler(Sampler):
+    """Record spans (respecting the caller's sampled flag) only while an exporter is configured.
+
+    Without one every span is dropped at creation: no attributes, no processor calls, but valid ids, so the
+    trace id still propagates to logs, messages and responses.
+    """
+
+    def __init__(self) -> None:
+        self.exporting = False
+        self._on = ParentBased(ALWAYS_ON)
+
+    def should_sample(
+        self,
+        parent_context: otel_context.Context | None,
+        trace_id: int,
+        name: str,
+        kind: SpanKind | None = None,
+        attributes: Any = None,
+        links: Sequence[Any] | None = None,
+        trace_state: Any = None,
+    ) -> SamplingResult:
+        """Sample as ParentBased(ALWAYS_ON) while exporting; drop otherwise."""
+        if self.exporting:
+            return self._on.should_sample(parent_context, trace_id, name, kind, attributes, links, trace_state)
+        return SamplingResult(Decision.DROP)
+
+    def get_description(self) -> str:
+        """Describe the sampler."""
+        return "NotifierExportSampler"
+
+
+_lock = threading.Lock()
+_processor = _SwitchableProcessor()
+_sampler = _ExportSampler()
+_state: dict[str, Any] = {"provider": None, "instrumented": False}
+
+
+def _provider() -> TracerProvider:
+    with _lock:
+        if _state["provider"] is None:
+            from django.conf import settings
+
+            provider = TracerProvider(
+                resource=Resource.create({"service.name": settings.OTEL_SERVICE_NAME}), sampler=_sampler
+            )
+            provider.add_span_processor(_processor)
+            trace.set_tracer_provider(provider)
+            _state["provider"] = provider
+        return _state["provider"]
+
+
+def tracer() -> trace.Tracer:
+    """Return Notifier's tracer."""
+    return _provider().get_tracer("notifier")
 
 
 def configure_tracing(*, endpoint: str | None = None, exporter: Any = None, service_name: str | None = None) -> bool:
-    """Set up span export (OTLP over HTTP to `endpoint`, or the given exporter); returns whether it is on.
+    """Export spans over OTLP/HTTP to `endpoint` (default: the settings) or to `exporter`; return whether on.
 
-    Called lazily on first use with the settings; tests pass an in-memory exporter. Without an endpoint or
-    exporter tracing stays a no-op.
+    Tests pass an in-memory exporter (exported synchronously). `service_name` is fixed at the first call.
     """
     from django.conf import settings
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 
+    del service_name  # the resource is created once, from OTEL_SERVICE_NAME
+    _provider()
     endpoint = settings.OTEL_EXPORTER_OTLP_ENDPOINT if endpoint is None else endpoint
-    service_name = service_name or settings.OTEL_SERVICE_NAME
-    with _otel_lock:
-        _otel_state["configured"] = True
-        if not endpoint and exporter is None:
-            _otel_state["tracer"] = None
-            return False
-        from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
-
-        if exporter is None:
-            try:
-                from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-            except ImportError:
-                logger.warning("OTEL_EXPORTER_OTLP_ENDPOINT is set but the OTLP exporter is not installed")
-                _otel_state["tracer"] = None
-                return False
-            exporter = OTLPSpanExporter(endpoint=f"{endpoint.rstrip('/')}/v1/traces")
-            processor: Any = BatchSpanProcessor(exporter)
+    processor: SpanProcessor | None = None
+    if exporter is not None:
+        processor = SimpleSpanProcessor(exporter)
+    elif endpoint:
+        try:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        except ImportError:
+            logger.warning("OTEL_EXPORTER_OTLP_ENDPOINT is set but the OTLP exporter is not installed")
         else:
-            processor = SimpleSpanProcessor(exporter)
-        provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
-        provider.add_span_processor(processor)
-        if _otel_state["provider"] is not None:
-            _otel_state["provider"].shutdown()
-        _otel_state["provider"] = provider
-        _otel_state["tracer"] = provider.get_tracer("notifier")
-        return True
+            processor = BatchSpanProcessor(OTLPSpanExporter(endpoint=f"{endpoint.rstrip('/')}/v1/traces"))
+    with _lock:
+        old, _processor.delegate = _processor.delegate, processor
+        _sampler.exporting = processor is not None
+    if old is not None:
+        old.shutdown()
+    return processor is not None
 
 
 def reset_tracing() -> None:
-    """Turn span export off and forget the configuration (tests)."""
-    with _otel_lock:
-        if _otel_state["provider"] is not None:
-            _otel_state["provider"].shutdown()
-        _otel_state.update(configured=False, tracer=None, provider=None)
+    """Stop exporting spans (tests)."""
+    configure_tracing(endpoint="")
 
 
-def _tracer() -> Any:
-    if not _otel_state["configured"]:
-        configure_tracing()
-    return _otel_state["tracer"]
+def instrument() -> None:
+    """Turn on the instrumentation packages and the database spans (idempotent; from NotifierConfig.ready).
 
-
-def start_span(name: str, parent: TraceContext, *, kind: str = "internal", attributes: Mapping[str, Any] | None = None):
-    """Start an OpenTelemetry span under `parent`; return (span or None, the context to continue with).
-
-    With export off the span is None and the context is simply `parent.child()`.
+    Before any request is served: the Django instrumentation adds its middleware to settings.MIDDLEWARE.
     """
-    tracer = _tracer()
-    if tracer is None:
-        return None, parent.child()
-    from opentelemetry.trace import SpanKind
-    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+    with _lock:
+        if _state["instrumented"]:
+            return
+        _state["instrumented"] = True
+    provider = _provider()
+    configure_tracing()
+    from opentelemetry.instrumentation.botocore import BotocoreInstrumentor
+    from opentelemetry.instrumentation.celery import CeleryInstrumentor
+    from opentelemetry.instrumentation.django import DjangoInstrumentor
+    from opentelemetry.instrumentation.redis import RedisInstrumentor
+    from opentelemetry.instrumentation.requests import RequestsInstrumentor
 
-    otel_parent = TraceContextTextMapPropagator().extract({TRACEPARENT: parent.traceparent})
-    span = tracer.start_span(
-        name,
-        context=otel_parent,
-        kind=getattr(SpanKind, kind.upper(), SpanKind.INTERNAL),
-        attributes=dict(attributes or {}),
-    )
-    sc = span.get_span_context()
-    return span, TraceContext(format(sc.trace_id, "032x"), format(sc.span_id, "016x"), f"{int(sc.trace_flags):02x}")
+    DjangoInstrumentor().instrument(tracer_provider=provider, excluded_urls=EXCLUDED_URLS)
+    CeleryInstrumentor().instrument(tracer_provider=provider)
+    RedisInstrumentor().instrument(tracer_provider=provider)
+    RequestsInstrumentor().instrument(tracer_provider=provider)
+    BotocoreInstrumentor().instrument(tracer_provider=provider)
+    _instrument_database()
+    _connect_task_context()
 
 
-def end_span(span: Any, *, error: BaseException | None = None, attributes: Mapping[str, Any] | None = None) -> None:
-    """End a span from `start_span` (None is accepted and ignored)."""
-    if span is None:
-        return
-    from opentelemetry.trace import Status, StatusCode
-
-    for key, value in (attributes or {}).items():
-        span.set_attribute(key, value)
-    if error is not None:
-        span.record_exception(error)
-        span.set_status(Status(StatusCode.ERROR, type(error).__name__))
-    span.end()
+# --- Notifier's own spans ----------------------------------------------------------------------------
 
 
 @contextmanager
-def span(name: str, **attributes: Any) -> Iterator[TraceContext]:
-    """Run a block as a child span of the current trace (a new trace if there is none)."""
-    parent = current_trace() or new_trace()
-    otel_span, ctx = start_span(name, parent, attributes=attributes)
-    token = _current.set(ctx)
-    error: BaseException | None = None
-    try:
+def span(name: str, *, kind: str = "internal", **attributes: Any) -> Iterator[TraceContext]:
+    """Run a block as a child span of the current trace (a new trace if there is none); bind it for logs."""
+    span_kind = getattr(SpanKind, kind.upper(), SpanKind.INTERNAL)
+    with tracer().start_as_current_span(name, kind=span_kind, attributes=attributes) as otel_span:
+        ctx = _from_span_context(otel_span.get_span_context())
         with bind_delivery_context(trace_id=ctx.trace_id, span_id=ctx.span_id):
             yield ctx
-    except BaseException as exc:
-        error = exc
-        raise
-    finally:
-        end_span(otel_span, error=error)
-        _current.reset(token)
 
 
-# --- Celery ------------------------------------------------------------------------------------------
+@contextmanager
+def provider_span(provider: str, channel: str, messages: int, operation: str = "send") -> Iterator[TraceContext]:
+    """A client span for one call to a provider (`operation` send or send_batch); errors are recorded on it."""
+    with span(
+        f"provider.{operation} {provider}",
+        kind="client",
+        **{"notifier.provider": provider, "notifier.channel": channel, "notifier.messages": messages},
+    ) as ctx:
+        yield ctx
 
-_running: dict[str, tuple[float, Any, Any]] = {}
+
+def current_span_context() -> SpanContext | None:
+    """Return the current span's context to carry to another thread (None outside any trace)."""
+    sc = trace.get_current_span().get_span_context()
+    return sc if sc.is_valid else None
+
+
+@contextmanager
+def continue_from(contexts: Sequence[SpanContext]) -> Iterator[None]:
+    """Run a block on behalf of the requests whose span contexts are given (a background publisher).
+
+    One request: the block continues its trace, as if it ran in the request. Several (their ids travel in one
+    message): a `coalesced` span starts a trace of its own, linked to each request's span (up to 128).
+    """
+    if len(contexts) == 1:
+        token = otel_context.attach(trace.set_span_in_context(NonRecordingSpan(contexts[0])))
+        try:
+            yield
+        finally:
+            otel_context.detach(token)
+        return
+    links = [trace.Link(sc) for sc in contexts[:128]]
+    with tracer().start_as_current_span("coalesced publish", kind=SpanKind.INTERNAL, links=links):
+        yield
+
+
+def mark_error(error: BaseException) -> None:
+    """Record `error` on the current span and mark it failed (for errors returned, not raised)."""
+    from opentelemetry.trace import Status, StatusCode
+
+    current = trace.get_current_span()
+    if current.is_recording():
+        current.record_exception(error)
+        current.set_status(Status(StatusCode.ERROR, type(error).__name__))
+
+
+def carry_context(fn: Callable[..., T]) -> Callable[..., T]:
+    """Wrap `fn` to run in the caller's trace context when a pool thread calls it (threads start empty)."""
+    parent = otel_context.get_current()
+
+    def run(*args: Any, **kwargs: Any) -> T:
+        token = otel_context.attach(parent)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            otel_context.detach(token)
+
+    return run
+
+
+def _db_span(execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Mapping[str, Any]) -> Any:
+    # The operation only (SELECT, INSERT, ...): statements carry bulk parameters and, inlined, personal data.
+    operation = sql.lstrip().split(None, 1)[0].upper() if sql and sql.strip() else "SQL"
+    with tracer().start_as_current_span(
+        f"db {operation}",
+        kind=SpanKind.CLIENT,
+        attributes={"db.system.name": "postgresql", "db.operation.name": operation},
+    ):
+        return execute(sql, params, many, context)
+
+
+def _add_db_wrapper(connection: Any, **_kwargs: Any) -> None:
+    if _db_span not in connection.execute_wrappers:
+        connection.execute_wrappers.append(_db_span)
+
+
+def _instrument_database() -> None:
+    from django.db import connections
+    from django.db.backends.signals import connection_created
+
+    connection_created.connect(_add_db_wrapper, weak=False, dispatch_uid="notifier.tracing.db")
+    for connection in connections.all(initialized_only=True):
+        _add_db_wrapper(connection)
+
+
+# --- Celery: logs and task metrics -------------------------------------------------------------------
+
+_running: dict[str, tuple[float, Any]] = {}
 _running_lock = threading.Lock()
 
 
-def on_before_task_publish(headers: dict[str, Any] | None = None, **_kwargs: Any) -> None:
-    """Put the current trace (a new one if there is none, as for beat) into the message's headers."""
-    if headers is None or headers.get(TRACEPARENT):
-        return
-    parent = current_trace()
-    headers[TRACEPARENT] = (parent.child() if parent else new_trace()).traceparent
-
-
-def _message_traceparent(task: Any) -> str | None:
-    request = getattr(task, "request", None)
-    if request is None:
-        return None
-    value = getattr(request, TRACEPARENT, None)
-    if not value:
-        # Eager runs (task.apply) keep the headers under request.headers.
-        headers = getattr(request, "headers", None) or {}
-        value = headers.get(TRACEPARENT) if isinstance(headers, Mapping) else None
-    return value
-
-
 def on_task_prerun(task_id: str | None = None, task: Any = None, **_kwargs: Any) -> None:
-    """Continue the message's trace in the worker and bind it (with the task id) to the task's logs."""
+    """Bind the task's trace (its span, started by the Celery instrumentation) and ids to the task's logs."""
     request = getattr(task, "request", None)
-    # An eager run (task.apply) happens inside its caller's request or task: keep the caller's context to
-    # restore afterwards. In a worker, prefork children and threads run task after task, and nothing of the
-    # previous one may leak, so the context starts empty.
-    saved = (bound_log_context(), current_trace()) if getattr(request, "is_eager", False) else None
+    # An eager run (task.apply) happens inside its caller's request or task: keep the caller's log context to
+    # restore afterwards. In a worker, threads and prefork children run task after task: start empty.
+    saved = bound_log_context() if getattr(request, "is_eager", False) else None
     clear_log_context()
-    parent = parse_traceparent(_message_traceparent(task)) or new_trace()
-    name = getattr(task, "name", "task")
-    otel_span, ctx = start_span(name, parent, kind="consumer", attributes={"celery.task_id": task_id or ""})
-    activate(ctx)
-    bind_delivery_context(task_id=task_id, task=name)
+    ctx = current_trace()
+    if ctx is not None:
+        bind_delivery_context(trace_id=ctx.trace_id, span_id=ctx.span_id)
+    bind_delivery_context(task_id=task_id, task=getattr(task, "name", "task"))
     with _running_lock:
-        _running[task_id or ""] = (time.monotonic(), otel_span, saved)
+        _running[task_id or ""] = (time.monotonic(), saved)
 
 
 def on_task_postrun(task_id: str | None = None, task: Any = None, state: str | None = None, **_kwargs: Any) -> None:
-    """End the task's span, count it, and clear its log context (restoring an eager caller's)."""
+    """Count the task, and clear its log context (restoring an eager caller's)."""
     with _running_lock:
-        started, otel_span, saved = _running.pop(task_id or "", (None, None, None))
+        started, saved = _running.pop(task_id or "", (None, None))
     elapsed = time.monotonic() - started if started is not None else None
-    end_span(otel_span, attributes={"celery.state": state or ""})
     metrics.observe_task(getattr(task, "name", "unknown"), state or "unknown", elapsed)
-    deactivate()
     clear_log_context()
-    if saved is not None:
-        context, trace = saved
-        if context:
-            bind_delivery_context(**context)
-        if trace is not None:
-            _current.set(trace)
+    if saved:
+        bind_delivery_context(**saved)
+
+
+def _connect_task_context() -> None:
+    # Connected after the Celery instrumentation's own handlers, so its span is current when ours run.
+    from celery.signals import task_postrun, task_prerun
+
+    task_prerun.connect(on_task_prerun, weak=False, dispatch_uid="notifier.tracing.prerun")
+    task_postrun.connect(on_task_postrun, weak=False, dispatch_uid="notifier.tracing.postrun")
 
 
 def connect_signals() -> None:
-    """Connect the trace-propagation and worker-metrics handlers to Celery's signals (idempotent).
-
-    Call once from config/celery.py after the app is created; it applies to every process that imports
-    the app (the API publishing, the workers consuming, beat).
-    """
-    from celery.signals import before_task_publish, task_postrun, task_prerun
-
-    before_task_publish.connect(on_before_task_publish, weak=False, dispatch_uid="notifier.tracing.publish")
-    task_prerun.connect(on_task_prerun, weak=False, dispatch_uid="notifier.tracing.prerun")
-    task_postrun.connect(on_task_postrun, weak=False, dispatch_uid="notifier.tracing.postrun")
+    """Connect the worker metrics (from config/celery.py; the trace handlers connect in `instrument`)."""
     metrics.connect_worker_metrics()

@@ -1,4 +1,5 @@
-"""W3C trace context: parsing, the request middleware, Celery message headers and optional OTel spans."""
+"""Tracing: W3C trace context parsing, the OpenTelemetry instrumentation (Django, Celery) with trace ids in
+the logs, and Notifier's own spans for provider calls and publishes reaching an exporter end to end."""
 
 from __future__ import annotations
 
@@ -112,7 +113,6 @@ def test_missing_or_invalid_traceparent_starts_a_new_trace() -> None:
 
 def test_publish_puts_the_current_trace_in_the_message_headers() -> None:
     """A task published inside a trace carries its traceparent as a message header on RabbitMQ."""
-    tracing.connect_signals()
     purge_all_queues()
     token = tracing.activate(tracing.parse_traceparent(INCOMING))  # type: ignore[arg-type]
     try:
@@ -128,9 +128,8 @@ def test_publish_puts_the_current_trace_in_the_message_headers() -> None:
     purge_all_queues()
 
 
-def test_worker_side_binds_the_message_trace_for_the_task() -> None:
-    """task_prerun binds the message's trace id (and task id) for the task's logs; postrun clears it."""
-    tracing.connect_signals()
+def test_worker_side_binds_the_task_trace_and_clears_it_after() -> None:
+    """task_prerun binds the task span's trace id (a child of the caller's) and task id; postrun clears them."""
     seen: dict[str, Any] = {}
 
     @celery_app.task(name="tests.ops.capture_context", bind=True)
@@ -138,20 +137,23 @@ def test_worker_side_binds_the_message_trace_for_the_task() -> None:
         seen.update(bound_log_context())
         seen["current"] = tracing.current_trace_id()
 
+    token = tracing.activate(tracing.parse_traceparent(INCOMING))  # type: ignore[arg-type]
+    clear_log_context()
     try:
-        capture.apply(headers={"traceparent": INCOMING}, task_id="task-1")
+        capture.apply(task_id="task-1")
     finally:
         celery_app.tasks.pop("tests.ops.capture_context", None)
+        tracing.deactivate(token)
     assert seen["trace_id"] == TRACE_ID
     assert seen["current"] == TRACE_ID
+    assert seen["span_id"] != "00f067aa0ba902b7"  # the task's own span
     assert seen["task_id"] == "task-1"
     assert bound_log_context() == {}
     assert tracing.current_trace() is None
 
 
 def test_eager_run_restores_the_callers_context() -> None:
-    """A task applied eagerly inside a request gets its own context and hands the caller's back after."""
-    tracing.connect_signals()
+    """A task applied eagerly inside a request gets its own span and hands the caller's context back after."""
     caller = tracing.new_trace()
     token = tracing.activate(caller)
 
@@ -159,38 +161,124 @@ def test_eager_run_restores_the_callers_context() -> None:
 
     @celery_app.task(name="tests.ops.noop")
     def noop() -> None:
-        inside.append(tracing.current_trace_id())
+        inside.append(bound_log_context()["span_id"])
 
     try:
-        noop.apply(headers={"traceparent": INCOMING})
-        assert inside == [TRACE_ID]
-        assert tracing.current_trace_id() == caller.trace_id
+        noop.apply()
+        assert len(inside) == 1 and inside[0] != caller.span_id
+        assert tracing.current_trace() == caller
         assert bound_log_context()["trace_id"] == caller.trace_id
+        assert bound_log_context()["span_id"] == caller.span_id
     finally:
         celery_app.tasks.pop("tests.ops.noop", None)
         tracing.deactivate(token)
         clear_log_context()
 
 
-@pytest.mark.urls(__name__)
-def test_spans_are_exported_only_when_configured() -> None:
-    """With an exporter configured, the request becomes a server span in the caller's trace."""
+@pytest.fixture
+def exporter() -> Iterator[Any]:
+    """Export spans to memory for one test."""
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+    memory = InMemorySpanExporter()
+    assert tracing.configure_tracing(exporter=memory) is True
+    yield memory
     tracing.reset_tracing()
-    # Not configured (no OTEL_EXPORTER_OTLP_ENDPOINT): no tracer at all.
+
+
+@pytest.mark.urls(__name__)
+def test_without_an_exporter_nothing_is_recorded_but_ids_propagate() -> None:
+    """No OTEL_EXPORTER_OTLP_ENDPOINT: configure_tracing is off, spans are not recorded, the trace id travels."""
     assert tracing.configure_tracing(endpoint="") is False
-    exporter = InMemorySpanExporter()
-    assert tracing.configure_tracing(exporter=exporter) is True
-    try:
-        response = Client().get("/ops-test/echo", HTTP_TRACEPARENT=INCOMING)
-    finally:
-        tracing.reset_tracing()
-    spans = exporter.get_finished_spans()
+    with tracing.span("not recorded") as ctx:
+        from opentelemetry import trace
+
+        assert not trace.get_current_span().is_recording()
+        assert tracing.current_trace_id() == ctx.trace_id != ""
+    response = Client().get("/ops-test/echo", HTTP_TRACEPARENT=INCOMING)
+    assert tracing.parse_traceparent(response["traceparent"]).trace_id == TRACE_ID  # type: ignore[union-attr]
+
+
+@pytest.mark.urls(__name__)
+def test_request_becomes_a_django_server_span_in_the_callers_trace(exporter: Any) -> None:
+    """With an exporter, the Django instrumentation's server span continues the caller's trace; the response
+    echoes that span."""
+    response = Client().get("/ops-test/echo", HTTP_TRACEPARENT=INCOMING)
+    spans = [s for s in exporter.get_finished_spans() if s.kind.name == "SERVER"]
     assert len(spans) == 1
     span = spans[0]
     assert format(span.context.trace_id, "032x") == TRACE_ID
     assert span.parent is not None and format(span.parent.span_id, "016x") == "00f067aa0ba902b7"
     echoed = tracing.parse_traceparent(response["traceparent"])
     assert echoed is not None and echoed.span_id == format(span.context.span_id, "016x")
-    assert span.attributes["http.response.status_code"] == 200
+    status = span.attributes.get("http.response.status_code", span.attributes.get("http.status_code"))
+    assert status == 200
+
+
+def test_probes_make_no_spans(exporter: Any) -> None:
+    """/healthz is excluded from the instrumentation; its logs still get a trace id."""
+    response = Client().get("/healthz")
+    assert response.status_code == 200, response.content
+    assert tracing.parse_traceparent(response["traceparent"]) is not None
+    assert not [s for s in exporter.get_finished_spans() if s.kind.name == "SERVER"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_provider_call_and_publish_spans_reach_the_exporter_in_one_trace(exporter: Any, api: Any) -> None:
+    """End to end in one trace: the API request, its publish span, the Celery publish with the trace in the
+    message header, the task run continuing it, the provider-call span, and database and Redis spans."""
+    from channels_app.tasks import send_deliveries
+    from notifier.models import Delivery
+    from preferences.services import recipient_upsert
+    from templates_app.services import template_put
+
+    purge_all_queues()
+    template_put(
+        key="otp-trace",
+        category="security",
+        default_locale="en",
+        content={"en": {"email": {"subject": "Code", "text": "Your code is {{ code }}"}}},
+    )
+    recipient_upsert(user_id="u-trace", email="trace@example.com")
+    response = api.post(
+        "/api/v1/notifications",
+        {"recipient": {"user_id": "u-trace"}, "category": "security", "template": "otp-trace", "payload": {"code": 7}},
+        format="json",
+        HTTP_TRACEPARENT=INCOMING,
+    )
+    assert response.status_code == 202, response.content
+    # The API publishes from its background coalescer thread, continuing the request's trace.
+    from notifier.outbox import coalescer
+
+    assert coalescer.wait_idle()
+    delivery = response.json()["deliveries"][0]
+    queue = f"{delivery['channel']}.high"
+    with celery_app.connection_for_write() as conn:
+        message = celery_app.amqp.queues[queue](conn.channel()).get(no_ack=True)
+    assert message is not None
+    header = tracing.parse_traceparent(message.headers.get("traceparent"))
+    assert header is not None and header.trace_id == TRACE_ID
+    # The worker side, in this process so its spans reach the same exporter, continuing the message's header
+    # as a worker does (test_observability_e2e checks a real worker logs the same trace id).
+    args, _kwargs, _embed = message.decode()
+    token = tracing.activate(header)
+    try:
+        send_deliveries.apply(args=args, task_id="trace-task")
+    finally:
+        tracing.deactivate(token)
+        clear_log_context()
+    purge_all_queues()
+
+    spans = exporter.get_finished_spans()
+    by_name = {s.name: s for s in spans}
+    publish = by_name[f"publish {queue}"]
+    assert publish.kind.name == "PRODUCER"
+    assert publish.attributes["messaging.destination.name"] == queue
+    provider = next(s for s in spans if s.name.startswith("provider.send_batch "))
+    assert provider.kind.name == "CLIENT" and provider.attributes["notifier.provider"] == "sandbox"
+    for span in (publish, provider):
+        assert format(span.context.trace_id, "032x") == TRACE_ID, span.name
+    assert Delivery.objects.get(pk=delivery["id"]).status == "sent"
+    assert any(s.name.startswith("apply_async/") for s in spans)  # Celery instrumentation
+    assert any(s.name.startswith("db ") for s in spans)  # our database spans
+    assert any(s.attributes.get("db.system") == "redis" or s.name.startswith(("EVALSHA", "GET", "SET")) for s in spans)

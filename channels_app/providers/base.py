@@ -18,6 +18,8 @@ from typing import Any, ClassVar
 import requests
 from urllib3.exceptions import ConnectTimeoutError, NewConnectionError
 
+from notifier import tracing
+
 
 @dataclass(frozen=True)
 class OutboundMessage:
@@ -204,12 +206,15 @@ class Provider:
 
     def _send_one(self, message: OutboundMessage) -> Outcome:
         """Send one message; whatever it raises becomes that message's outcome, never its neighbours'."""
-        try:
-            return self.send(message)
-        except ProviderError as exc:
-            return exc
-        except Exception as exc:  # a bug or a bad per-client setting fails this delivery alone
-            return UnexpectedError(exc)
+        with tracing.provider_span(self.name, message.channel, 1):
+            try:
+                return self.send(message)
+            except ProviderError as exc:
+                tracing.mark_error(exc)
+                return exc
+            except Exception as exc:  # a bug or a bad per-client setting fails this delivery alone
+                tracing.mark_error(exc)
+                return UnexpectedError(exc)
 
     def _has_batch_api(self) -> bool:
         return type(self).send_batch is not Provider.send_batch
@@ -242,7 +247,8 @@ class Provider:
         for start in range(0, len(messages), size):
             chunk = messages[start : start + size]
             try:
-                outcomes = self.send_batch(chunk)
+                with tracing.provider_span(self.name, chunk[0].channel, len(chunk), operation="send_batch"):
+                    outcomes = self.send_batch(chunk)
             except Exception:
                 outcomes = [self._send_one(m) for m in chunk]
             for offset, outcome in enumerate(outcomes):
@@ -271,7 +277,9 @@ class Provider:
 
         pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"send-{self.name}")
         try:
-            futures: dict[Future[Outcome], int] = {pool.submit(run, i): i for i in range(len(messages))}
+            # Each call's span (and its HTTP span) belongs in the task's trace: pool threads start without one.
+            traced = tracing.carry_context(run)
+            futures: dict[Future[Outcome], int] = {pool.submit(traced, i): i for i in range(len(messages))}
             pending = set(futures)
             abandoned = 0
             while pending:

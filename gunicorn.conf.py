@@ -1,0 +1,34 @@
+"""gunicorn settings for the API: the one place they live (Procfile, compose, Kubernetes and the image use it).
+
+Run as `gunicorn -c gunicorn.conf.py config.wsgi`. Environment: GUNICORN_BIND (default 127.0.0.1:$PORT, PORT
+default 8000; containers set 0.0.0.0:8000), WEB_WORKERS (2), WEB_THREADS (4), FORWARDED_ALLOW_IPS
+(127.0.0.1: the proxies whose X-Forwarded-* headers are trusted).
+"""
+
+from __future__ import annotations
+
+import os
+
+bind = os.environ.get("GUNICORN_BIND") or f"127.0.0.1:{os.environ.get('PORT', '8000')}"
+workers = int(os.environ.get("WEB_WORKERS", "2"))
+# Threads per worker: a request mostly waits on PostgreSQL, Redis and RabbitMQ. Each thread holds one
+# database connection (docs/kubernetes.md, connection budget).
+threads = int(os.environ.get("WEB_THREADS", "4"))
+# SIGTERM: stop accepting, finish in-flight requests for up to 30 s (the container's grace period is longer).
+graceful_timeout = 30
+timeout = 30
+keepalive = 5
+# Recycle a worker after 1,000-1,100 requests: bounds slow leaks in any library; the jitter keeps the workers
+# from restarting all at once. Metrics survive (multiprocess files; none of our gauges is per live process).
+max_requests = 1000
+max_requests_jitter = 100
+# Only these peers may set the client address and scheme through X-Forwarded-* headers.
+forwarded_allow_ips = os.environ.get("FORWARDED_ALLOW_IPS", "127.0.0.1")
+# The heartbeat file lives in memory, not on a (possibly read-only or slow) container filesystem.
+worker_tmp_dir = "/dev/shm" if os.path.isdir("/dev/shm") else None  # noqa: S108
+# Access lines come from the application's own logging (notifier.access, masked, with the trace id).
+accesslog = None
+errorlog = "-"
+# gunicorn's control socket would be created under $HOME, read-only in the image and on Kubernetes; nothing
+# here uses it (signals reload and stop the server).
+control_socket_disable = True
