@@ -8,6 +8,7 @@ from celery import shared_task
 from django.db import InterfaceError, OperationalError
 
 from channels_app.services import deliver
+from channels_app.statusevents import status_events_send, status_events_sweep
 
 
 @shared_task(
@@ -28,3 +29,22 @@ def send_deliveries(delivery_ids: list[int]) -> dict[str, int]:
     """Deliver a batch of deliveries (one id for a transactional send, hundreds on the fan-out path)."""
     report = deliver([int(i) for i in delivery_ids])
     return {"claimed": report.claimed, "sent": report.sent, "failed": report.failed}
+
+
+@shared_task(
+    name="channels_app.tasks.send_status_events",
+    autoretry_for=(OperationalError, InterfaceError),
+    retry_backoff=2,
+    retry_backoff_max=60,
+    retry_jitter=True,
+    max_retries=5,
+)
+def send_status_events(endpoint_id: int) -> int:
+    """Send one event endpoint's pending status events (queue `events`)."""
+    return status_events_send(endpoint_id=int(endpoint_id))
+
+
+@shared_task(name="channels_app.tasks.sweep_status_events")
+def sweep_status_events() -> int:
+    """Wake the senders of endpoints with due pending events (periodic, on queue `events`)."""
+    return status_events_sweep()

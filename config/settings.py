@@ -225,6 +225,25 @@ RESILIENCE_ASSUMED_WORKERS = env_int("RESILIENCE_ASSUMED_WORKERS", 4)
 # Webhooks reach only public addresses unless this is on (local development and tests only).
 WEBHOOK_ALLOW_PRIVATE_TARGETS = env_bool("WEBHOOK_ALLOW_PRIVATE_TARGETS", default=False)
 
+# Status events to calling services (docs/reach.md): the retry curve of a failing endpoint, how long an event
+# is retried before it is given up, and how long one sender run keeps a worker before yielding it.
+EVENT_RETRY_BASE_SECONDS = env_float("EVENT_RETRY_BASE_SECONDS", 5.0)
+EVENT_RETRY_MAX_SECONDS = env_float("EVENT_RETRY_MAX_SECONDS", 3600.0)
+EVENT_RETRY_WINDOW_SECONDS = env_int("EVENT_RETRY_WINDOW_SECONDS", 24 * 3600)
+EVENT_SENDER_RUN_SECONDS = env_float("EVENT_SENDER_RUN_SECONDS", 10.0)
+EVENT_SENDER_LEASE_SECONDS = env_float("EVENT_SENDER_LEASE_SECONDS", 120.0)
+EVENT_MAX_BATCH = 500
+
+# The inbox in a browser (docs/reach.md): origins allowed to call /inbox/v1/, inbox token lifetimes, the
+# stream's heartbeat, and how far back a resumed stream replays (covers items committed out of order).
+INBOX_ALLOWED_ORIGINS = env_list("INBOX_ALLOWED_ORIGINS", "")
+INBOX_TOKEN_DEFAULT_TTL_SECONDS = env_int("INBOX_TOKEN_DEFAULT_TTL_SECONDS", 3600)
+INBOX_TOKEN_MAX_TTL_SECONDS = env_int("INBOX_TOKEN_MAX_TTL_SECONDS", 24 * 3600)
+INBOX_HEARTBEAT_SECONDS = env_float("INBOX_HEARTBEAT_SECONDS", 15.0)
+INBOX_RESUME_MARGIN_SECONDS = env_float("INBOX_RESUME_MARGIN_SECONDS", 30.0)
+# Where the browser reaches the inbox (the stream server); the demo page points its widget there.
+INBOX_PUBLIC_URL = os.environ.get("INBOX_PUBLIC_URL", f"http://127.0.0.1:{os.environ.get('STREAM_PORT', '8010')}")
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -51,6 +51,7 @@ from config.celery import queue_name
 from notifier.db import bound_cursor, json_rows
 from notifier.models import Campaign, Delivery, FanoutLane, Notification
 from notifier.outbox import broker_recently_down, publish
+from notifier.reach import reach_record
 from preferences.compliance import Verdict, evaluate, suppressed_addresses
 from preferences.models import Recipient
 
@@ -464,6 +465,8 @@ def fanout_page(*, notification_id: object, lane: int = 0) -> PageResult:
         with bound_cursor() as cursor:
             cursor.execute(_INSERT_SQL, [n.pk, n.priority, now, now, now, json_rows(rows), now])
             inserted = cursor.fetchall()
+        # Deliveries suppressed at fan-out are status changes too: events for the calling service, in bulk.
+        reach_record([(row[0], row[2], "") for row in inserted if row[2] == S.SUPPRESSED], at=now)
     queued = [(row[0], row[1]) for row in inserted if row[2] == S.QUEUED]
     if len(inserted) < len(targets):
         # Part of this page was written by an earlier run that did not reach its checkpoint: publish again
