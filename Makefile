@@ -3,6 +3,9 @@ VENV ?= .venv
 PYTHON ?= python3
 PY := $(VENV)/bin/python
 PORT ?= 8000
+# The inbox stream server (uvicorn: SSE, /inbox/v1/, widget and demo page).
+STREAM_PORT ?= 8010
+export STREAM_PORT
 HIGH_QUEUES := push.high,email.high,sms.high,inapp.high,webhook.high
 LOW_QUEUES := push.low,email.low,sms.low,inapp.low,webhook.low
 
@@ -24,7 +27,7 @@ demo: migrate
 	@$(PY) manage.py collectstatic --noinput -v0
 	@$(PY) manage.py bootstrap_demo
 
-## Serve the API on :$(PORT) with the channel workers, the fan-out worker, beat and Flower (:5555).
+## Serve the API on :$(PORT), the inbox streams on :$(STREAM_PORT), the channel, fan-out and event workers, beat and Flower (:5555).
 run: demo
 	PORT=$(PORT) $(VENV)/bin/honcho start -f Procfile -p $(PORT)
 

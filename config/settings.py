@@ -69,6 +69,8 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "notifier.middleware.RequestContextMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    # CORS for the browser inbox (/inbox/v1/ only, INBOX_ALLOWED_ORIGINS).
+    "notifier.inbox.cors.InboxCorsMiddleware",
     # Serves the admin's static files under gunicorn (collected into STATIC_ROOT by collectstatic).
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -243,6 +245,11 @@ INBOX_HEARTBEAT_SECONDS = env_float("INBOX_HEARTBEAT_SECONDS", 15.0)
 INBOX_RESUME_MARGIN_SECONDS = env_float("INBOX_RESUME_MARGIN_SECONDS", 30.0)
 # Where the browser reaches the inbox (the stream server); the demo page points its widget there.
 INBOX_PUBLIC_URL = os.environ.get("INBOX_PUBLIC_URL", f"http://127.0.0.1:{os.environ.get('STREAM_PORT', '8010')}")
+# Database connections of one stream server process for its reads (its LISTEN connection is one more).
+INBOX_STREAM_DB_POOL = env_int("INBOX_STREAM_DB_POOL", 4)
+# The demo page (/inbox/demo/) mints tokens for anyone who opens it: on with DEBUG, or explicitly.
+INBOX_DEMO_ENABLED = env_bool("INBOX_DEMO_ENABLED", default=False)
+INBOX_DEMO_USER_ID = os.environ.get("INBOX_DEMO_USER_ID", "u-42")
 
 LOGGING = {
     "version": 1,

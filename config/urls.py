@@ -22,4 +22,5 @@ urlpatterns = [
     path("callbacks/", include("notifier.callbacks.urls")),
     path("", include("notifier.ops_urls")),
     path("", include("preferences.unsubscribe_urls")),
+    path("", include("notifier.inbox.browser_urls")),
 ]
