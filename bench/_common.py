@@ -20,14 +20,16 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-DB_NAME = "bench_notifier"
-VHOST = "notifier_bench"
+# BENCH_NS gives a run its own database and vhost (several people benchmarking on one machine).
+_NS = os.environ.get("BENCH_NS", "")
+DB_NAME = "bench_notifier" + (f"_{_NS}" if _NS else "")
+VHOST = "notifier_bench" + (f"_{_NS}" if _NS else "")
 DATABASE_URL = f"postgres://postgres@127.0.0.1:5432/{DB_NAME}"
 BROKER_URL = f"amqp://guest:guest@127.0.0.1:5672/{VHOST}"
 ENV = {
     "DATABASE_URL": DATABASE_URL,
     "CELERY_BROKER_URL": BROKER_URL,
-    "REDIS_KEY_PREFIX": "notifier-bench:",
+    "REDIS_KEY_PREFIX": f"notifier-bench{_NS}:",
     # DEBUG off: no query log, no debug cursor formatting 5,000-element arrays.
     "DEBUG": "false",
     "SECRET_KEY": "bench-only-secret",

@@ -219,3 +219,33 @@ def test_endpoint_api_validates_rotates_and_deletes(api: APIClient, settings: An
     assert api.delete("/api/v1/event-endpoint").status_code == 204
     assert api.get("/api/v1/event-endpoint").status_code == 404
     assert json.loads(api.delete("/api/v1/event-endpoint").content)["error"]["code"] == "not_found"
+
+
+@pytest.mark.django_db
+def test_events_are_recorded_in_one_statement_per_batch_only_for_subscribed_clients() -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from notifier.events import record_events
+    from notifier.statusevents.services import event_endpoint_put
+
+    subscribed = api_client_create(name="svc-sub")[0]
+    silent = api_client_create(name="svc-silent")[0]
+    event_endpoint_put(client=subscribed, url="https://hooks.example.com/e", statuses=["failed"], max_batch=1)
+    mine = [factories.make_delivery(client=subscribed, status="failed", reason="boom") for _ in range(3)]
+    theirs = [factories.make_delivery(client=silent, status="failed") for _ in range(3)]
+    rows = [(d.pk, "failed", "boom") for d in mine + theirs] + [(mine[0].pk, "sending", "")]
+
+    def statements(batch: list[tuple[int, str, str]]) -> int:
+        with CaptureQueriesContext(connection) as captured:
+            record_events(batch)
+        return len(captured.captured_queries)
+
+    assert statements(rows[:1]) == statements(rows) == 2  # the history insert and one reach statement
+    events = list(StatusEvent.objects.order_by("id"))
+    # Only the subscribed client's deliveries, only the subscribed type; `sending` never becomes an event.
+    assert sorted(e.delivery_id for e in events) == sorted([mine[0].pk] + [d.pk for d in mine])
+    assert {e.type for e in events} == {"delivery.failed"}
+    assert events[-1].data["reason"] == "boom" and events[-1].data["status"] == "failed"
+    # A batch with nothing anyone can subscribe to costs no extra statement at all.
+    assert statements([(d.pk, "deferred", "quiet_hours") for d in mine]) == 1
