@@ -24,6 +24,7 @@ import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -32,7 +33,6 @@ from bench._common import (
     ROOT,
     ApiServer,
     Worker,
-    api_key,
     cleanup,
     log,
     mean,
@@ -129,7 +129,9 @@ async def open_streams(streams: list[Stream], port: int, arrivals: dict[str, flo
     return tasks
 
 
-async def measure(args, streams: list[Stream], stream_port: int, api_url: str, key: str) -> dict[str, object]:
+async def measure(
+    args: Any, streams: list[Stream], stream_port: int, api_url: str, key: str, client_id: int
+) -> dict[str, object]:
     arrivals: dict[str, float] = {}
     opened_at = time.monotonic()
     tasks = await open_streams(streams, stream_port, arrivals, args.step)
@@ -140,7 +142,28 @@ async def measure(args, streams: list[Stream], stream_port: int, api_url: str, k
     pool = ThreadPoolExecutor(max_workers=8)
     loop = asyncio.get_running_loop()
 
+    def deliver_directly(title: str, user: str) -> None:
+        # --direct: the worker's pipeline (claim, render, in-app store, outcome with its NOTIFY) run here, without
+        # the HTTP API and the broker in front of it.
+        from channels_app.services import deliver
+        from notifier.models import Delivery, Notification
+        from preferences.models import Recipient
+
+        recipient = Recipient.objects.get(user_id=user)
+        sent_at[title] = time.monotonic()
+        n = Notification.objects.create(
+            client_id=client_id, category="transactional", template_key="live", template_version=1,
+            channels=["inapp"], payload={"t": title}, recipient=recipient, user_id=user, priority="high",
+        )  # fmt: skip
+        d = Delivery.objects.create(
+            notification=n, recipient=recipient, channel="inapp", priority="high", address=user, status="queued"
+        )
+        deliver([d.pk])
+
     def post(title: str, user: str) -> None:
+        if args.direct:
+            deliver_directly(title, user)
+            return
         body = {"recipient": {"user_id": user}, "category": "transactional", "template": "live", "channels": ["inapp"]}
         body["payload"] = {"t": title}
         request = urllib.request.Request(
@@ -180,6 +203,9 @@ def main() -> None:
     p.add_argument("--rate", type=float, default=20.0, help="messages per second")
     p.add_argument("--step", type=int, default=500, help="streams opened at once")
     p.add_argument("--port", type=int, default=18766)
+    p.add_argument(
+        "--direct", action="store_true", help="deliver in this process (no API, no broker): store -> screen only"
+    )
     args = p.parse_args()
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
@@ -208,14 +234,21 @@ def main() -> None:
             Stream(r.user_id, inbox_token_mint(recipient=r, ttl_seconds=7200)[0])
             for r in Recipient.objects.filter(user_id__startswith="live-").only("id", "user_id")
         ]
-        key = api_key()
+        from notifier.services import api_client_create
+
+        client, key = api_client_create(name="bench-live")
         server = StreamServer(args.port)
-        api = ApiServer(port=args.port + 1).wait_ready()
-        inapp = Worker("live-inapp", ["inapp.high"], concurrency=8, pool="threads")
-        with workers(inapp):
+        if args.direct:
             cpu_before = server.usage()[1]
-            result = asyncio.run(measure(args, streams, args.port, api.url, key))
+            result = asyncio.run(measure(args, streams, args.port, "", key, client.pk))
             rss, cpu_after = server.usage()
+        else:
+            api = ApiServer(port=args.port + 1).wait_ready()
+            inapp = Worker("live-inapp", ["inapp.high"], concurrency=8, pool="threads")
+            with workers(inapp):
+                cpu_before = server.usage()[1]
+                result = asyncio.run(measure(args, streams, args.port, api.url, key, client.pk))
+                rss, cpu_after = server.usage()
         lat = result["latencies"]
         print("\n=== bench/inbox_streams.py ===")
         print(
@@ -223,7 +256,8 @@ def main() -> None:
             f" (opened in {result['open_seconds']:.1f} s)"
         )
         print(f"still open at the end        {result['still_open']}")
-        print(f"messages                     {args.messages} at {args.rate:.0f}/s, lost {result['lost']}")
+        how = "delivered in-process (no API, no broker)" if args.direct else "over the HTTP API"
+        print(f"messages                     {args.messages} at {args.rate:.0f}/s {how}, lost {result['lost']}")
         print(
             f"send -> received (ms)        p50 {percentile(lat, 50):.0f}  p95 {percentile(lat, 95):.0f}  "
             f"p99 {percentile(lat, 99):.0f}  max {max(lat) if lat else float('nan'):.0f}  mean {mean(lat):.0f}"

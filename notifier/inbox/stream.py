@@ -41,6 +41,7 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 _VISIBLE = list(INBOX_VISIBLE_STATUSES)
+MAX_QUEUED = 1000
 _ITEM_COLUMNS = "d.id, d.notification_id, d.content, n.category, d.status, d.created_at, d.read_at"
 _ITEM_SQL = (
     f"SELECT {_ITEM_COLUMNS} FROM notifier_delivery d JOIN notifier_notification n ON n.id = d.notification_id"  # noqa: S608
@@ -87,11 +88,14 @@ def _now_ms() -> int:
 class Subscriber:
     """One open stream: a queue of encoded events for its connection."""
 
-    __slots__ = ("queue", "recent", "recipient_id")
+    __slots__ = ("overflow", "queue", "recent", "recipient_id")
 
     def __init__(self, recipient_id: int) -> None:
         self.recipient_id = recipient_id
         self.queue: asyncio.Queue[bytes] = asyncio.Queue()
+        # A client that stops reading while events keep coming is cut off (it reconnects and resumes) rather
+        # than buffered without bound in the server's memory.
+        self.overflow = False
         # Item ids sent lately, so a replay racing a live notification does not send an item twice.
         self.recent: deque[int] = deque(maxlen=64)
 
@@ -99,10 +103,17 @@ class Subscriber:
         if item["id"] in self.recent:
             return
         self.recent.append(item["id"])
-        self.queue.put_nowait(encode("message", item))
+        self._put(encode("message", item))
 
     def put_unread(self, count: int) -> None:
-        self.queue.put_nowait(encode("unread", {"unread_count": count}))
+        self._put(encode("unread", {"unread_count": count}))
+
+    def _put(self, chunk: bytes) -> None:
+        if self.queue.qsize() >= MAX_QUEUED:
+            self.overflow = True
+            self.queue.put_nowait(b"")  # wake the pump so it closes the stream
+            return
+        self.queue.put_nowait(chunk)
 
 
 def encode(event: str, data: Any) -> bytes:
@@ -302,6 +313,8 @@ async def stream_app(scope: Scope, receive: Receive, send: Send) -> None:
         resume = _parse_cursor(headers.get("last-event-id") or query.get("last_event_id", ""))
         await _catch_up(h, sub, resume)
         await _pump(h, sub, resume, receive, send)
+        with contextlib.suppress(OSError):
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
     finally:
         h.remove(sub)
 
@@ -331,6 +344,8 @@ async def _pump(h: Hub, sub: Subscriber, resume: datetime | None, receive: Recei
                 chunk = await asyncio.wait_for(sub.queue.get(), timeout=settings.INBOX_HEARTBEAT_SECONDS)
             except TimeoutError:
                 chunk = b": heartbeat\n\n"
+            if sub.overflow:
+                return
             if chunk == b"":
                 # The LISTEN connection came back: anything stored while it was down is read again.
                 since = datetime.fromtimestamp(time.time() - 60 - settings.INBOX_RESUME_MARGIN_SECONDS, tz=UTC)
