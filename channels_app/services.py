@@ -106,17 +106,10 @@ def _template_version(notification: Notification) -> TemplateVersion:
     return version
 
 
-def backoff_seconds(
-    attempt: int, retry_after: float | None = None, *, base: float | None = None, ceiling: float | None = None
-) -> float:
-    """Return the delay before retry `attempt`: exponential with full jitter, never less than Retry-After.
-
-    `base` and `ceiling` default to the deliveries' RETRY_BACKOFF_* settings (status events pass their own).
-    """
-    base = settings.RETRY_BACKOFF_BASE_SECONDS if base is None else base
-    ceiling = settings.RETRY_BACKOFF_MAX_SECONDS if ceiling is None else ceiling
-    cap = min(ceiling, base * (2 ** max(attempt - 1, 0)))
-    delay = random.uniform(base / 2, max(cap, base))
+def backoff_seconds(attempt: int, retry_after: float | None = None) -> float:
+    """Return the delay before retry `attempt`: exponential with full jitter, never less than Retry-After."""
+    cap = min(settings.RETRY_BACKOFF_MAX_SECONDS, settings.RETRY_BACKOFF_BASE_SECONDS * (2 ** max(attempt - 1, 0)))
+    delay = random.uniform(settings.RETRY_BACKOFF_BASE_SECONDS / 2, max(cap, settings.RETRY_BACKOFF_BASE_SECONDS))
     return max(delay, retry_after or 0.0)
 
 

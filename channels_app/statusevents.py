@@ -4,14 +4,15 @@ Runs on the event workers (queue `events`), never on the send path. One endpoint
 time (a Redis lease per endpoint), so its events arrive in order; while its oldest pending event keeps
 failing, the whole endpoint backs off and the worker moves on to other endpoints: a slow or dead receiver
 stalls only its own events. Requests go through the webhook adapter (SSRF guard, timeouts, Standard Webhooks
-signature); events older than EVENT_RETRY_WINDOW_SECONDS are given up with a record (an EventAttempt).
+signature, and whatever bound the adapter puts on a call's total time); events older than
+EVENT_RETRY_WINDOW_SECONDS are given up with a record (an EventAttempt).
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import math
+import random
 import time
 import uuid
 from collections.abc import Sequence
@@ -23,9 +24,8 @@ from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from channels_app.providers.base import ProviderError
+from channels_app.providers.base import OutboundMessage, ProviderError
 from channels_app.providers.webhook import WebhookProvider
-from channels_app.services import backoff_seconds
 from notifier.models import EventAttempt, EventEndpoint, StatusEvent
 from notifier.reach import status_events_wake
 from notifier.redis import get_redis, rkey
@@ -51,16 +51,22 @@ def event_body(event: StatusEvent) -> dict[str, Any]:
     return {"id": event_id(event.pk), "type": event.type, "timestamp": event.at.isoformat(), "data": event.data}
 
 
-def request_body(events: Sequence[StatusEvent], max_batch: int) -> tuple[str, bytes]:
-    """Return the message id and JSON body of one request: the event itself, or a batch of them."""
+def request_payload(events: Sequence[StatusEvent], max_batch: int) -> tuple[str, dict[str, Any]]:
+    """Return the message id and JSON payload of one request: the event itself, or a batch of them."""
     if max_batch <= 1:
-        msg_id, payload = event_id(events[0].pk), event_body(events[0])
-    else:
-        # A batch's id names its first and last event; each event inside keeps its own id to deduplicate on.
-        msg_id = f"evb_{events[0].pk}_{events[-1].pk}"
-        timestamp = events[-1].at.isoformat()
-        payload = {"type": "batch", "timestamp": timestamp, "data": [event_body(e) for e in events]}
-    return msg_id, json.dumps(payload, separators=(",", ":"), ensure_ascii=False, default=str).encode()
+        return event_id(events[0].pk), event_body(events[0])
+    # A batch's id names its first and last event; each event inside keeps its own id to deduplicate on.
+    payload = {"type": "batch", "timestamp": events[-1].at.isoformat(), "data": [event_body(e) for e in events]}
+    return f"evb_{events[0].pk}_{events[-1].pk}", payload
+
+
+def backoff(failures: int) -> float:
+    """Return the wait after the endpoint's `failures`-th failure in a row: exponential, full jitter.
+
+    The curve of the deliveries' retries (channels_app backoff_seconds) on the EVENT_RETRY_* settings.
+    """
+    base, ceiling = settings.EVENT_RETRY_BASE_SECONDS, settings.EVENT_RETRY_MAX_SECONDS
+    return random.uniform(base / 2, max(base, min(ceiling, base * 2 ** max(failures - 1, 0))))
 
 
 def status_events_send(*, endpoint_id: int) -> int:
@@ -131,20 +137,33 @@ def _drain(endpoint_id: int, deadline: float, renew: Any) -> tuple[str, int]:
 
 
 def _post(endpoint: EventEndpoint, events: list[StatusEvent]) -> bool:
-    """POST one request of events and record the attempt; on failure back the endpoint off, give up old events."""
-    adapter = _adapter()
-    msg_id, body = request_body(events, endpoint.max_batch)
-    headers = adapter.signed_headers(secret=endpoint.secret, msg_id=msg_id, body=body)
+    """POST one request of events and record the attempt; on failure back the endpoint off, give up old events.
+
+    The request is an ordinary webhook message for the webhook adapter's `send`: the same SSRF guard (address
+    checked and pinned, no redirects), timeouts and bounded answer as the webhook channel, signed per Standard
+    Webhooks with the endpoint's secret, `webhook-id` being the event's (or batch's) stable id.
+    """
+    msg_id, payload = request_payload(events, endpoint.max_batch)
+    message = OutboundMessage(
+        delivery_id=events[0].pk,
+        channel="webhook",
+        address=endpoint.url,
+        content={"body": payload},
+        idempotency_key=msg_id,
+        meta={"webhook_secret": endpoint.secret},
+    )
     started = time.monotonic()
     status: int | None = None
     error = ""
     try:
-        status, _ = adapter.post(endpoint.url, body, headers)
+        _adapter().send(message)
+        status = 200
     except ProviderError as exc:
         error = str(exc)
+        # The adapter names an HTTP answer "http_<status>"; anything else got no answer (refused, timed out).
+        if exc.code.startswith("http_") and exc.code[5:].isdigit():
+            status = int(exc.code[5:])
     ok = status is not None and 200 <= status < 300
-    if status is not None and not ok:
-        error = f"HTTP {status}"
     now = timezone.now()
     ids = [e.pk for e in events]
     given_up = 0
@@ -162,9 +181,7 @@ def _post(endpoint: EventEndpoint, events: list[StatusEvent]) -> bool:
                 endpoint_id=endpoint.pk, state=StatusEvent.State.PENDING, at__lt=cutoff
             ).update(state=StatusEvent.State.GIVEN_UP)
             failures = endpoint.failures + 1
-            delay = backoff_seconds(
-                failures, base=settings.EVENT_RETRY_BASE_SECONDS, ceiling=settings.EVENT_RETRY_MAX_SECONDS
-            )
+            delay = backoff(failures)
             EventEndpoint.objects.filter(pk=endpoint.pk).update(
                 failures=failures, retry_at=now + timedelta(seconds=delay)
             )

@@ -109,16 +109,6 @@ class WebhookProvider(Provider):
             pool_size=settings.PROVIDER_CONCURRENCY,
         )
 
-    def signed_headers(self, *, secret: str, msg_id: str, body: bytes, timestamp: int | None = None) -> dict[str, str]:
-        """Return the Standard Webhooks headers (id, timestamp, signature) of one JSON request body."""
-        ts = int(time.time()) if timestamp is None else timestamp
-        return {
-            "Content-Type": "application/json",
-            "webhook-id": msg_id,
-            "webhook-timestamp": str(ts),
-            "webhook-signature": sign(secret=secret, msg_id=msg_id, timestamp=ts, body=body),
-        }
-
     def build_request(self, message: OutboundMessage, *, timestamp: int | None = None) -> tuple[bytes, dict[str, str]]:
         """Return the body and headers of the signed request for `message`."""
         secret = message.meta.get("webhook_secret") or self.signing_secret
@@ -126,25 +116,23 @@ class WebhookProvider(Provider):
             raise PermanentError("no webhook signing secret for this endpoint", code="no_secret")
         payload: Any = message.content.get("body", {})
         body = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
-        headers = self.signed_headers(secret=secret, msg_id=message.idempotency_key, body=body, timestamp=timestamp)
+        ts = int(time.time()) if timestamp is None else timestamp
+        headers = {
+            "Content-Type": "application/json",
+            "webhook-id": message.idempotency_key,
+            "webhook-timestamp": str(ts),
+            "webhook-signature": sign(secret=secret, msg_id=message.idempotency_key, timestamp=ts, body=body),
+        }
         return body, headers
 
     def send(self, message: OutboundMessage) -> SendResult:
         """POST the signed payload; sort the answer into success, permanent or retriable."""
-        body, headers = self.build_request(message)
-        status, response_headers = self.post(message.address, body, headers)
-        return self._outcome(status, response_headers, message)
-
-    def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> tuple[int, Mapping[str, str]]:
-        """POST `body` to `url` through the SSRF guard; return the status and headers of the answer.
-
-        Raise ProviderError when no answer came (refused address, timeout, connection error, bad URL). Shared
-        by the webhook channel and the status events sent to calling services (notifier/statusevents).
-        """
+        url = message.address
         if not url.lower().startswith(("http://", "https://")):
             raise PermanentError("webhook URL must be http(s)", code="bad_url")
+        body, headers = self.build_request(message)
         try:
-            response = self.session.post(url, data=body, headers=dict(headers), timeout=self.timeout, stream=True)
+            response = self.session.post(url, data=body, headers=headers, timeout=self.timeout, stream=True)
         except UnsafeTargetError as exc:
             raise PermanentError(str(exc), code="unsafe_target") from None
         except requests.exceptions.ConnectTimeout:
@@ -173,7 +161,7 @@ class WebhookProvider(Provider):
             pass
         finally:
             response.close()
-        return response.status_code, response.headers
+        return self._outcome(response.status_code, response.headers, message)
 
     def _outcome(self, status: int, headers: Mapping[str, str], message: OutboundMessage) -> SendResult:
         code = f"http_{status}"
