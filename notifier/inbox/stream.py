@@ -42,6 +42,7 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 _VISIBLE = list(INBOX_VISIBLE_STATUSES)
 MAX_QUEUED = 1000
+HEARTBEAT = b": heartbeat\n\n"
 _ITEM_COLUMNS = "d.id, d.notification_id, d.content, n.category, d.status, d.created_at, d.read_at"
 _ITEM_SQL = (
     f"SELECT {_ITEM_COLUMNS} FROM notifier_delivery d JOIN notifier_notification n ON n.id = d.notification_id"  # noqa: S608
@@ -88,11 +89,16 @@ def _now_ms() -> int:
 class Subscriber:
     """One open stream: a queue of encoded events for its connection."""
 
-    __slots__ = ("overflow", "queue", "recent", "recipient_id")
+    __slots__ = ("closed", "last_write", "overflow", "queue", "recent", "recipient_id", "resync")
 
     def __init__(self, recipient_id: int) -> None:
         self.recipient_id = recipient_id
         self.queue: asyncio.Queue[bytes] = asyncio.Queue()
+        self.last_write = time.monotonic()
+        # Why the pump was woken with an empty entry: the client left, or the LISTEN connection came back and
+        # this stream must re-read what it may have missed.
+        self.closed = False
+        self.resync = False
         # A client that stops reading while events keep coming is cut off (it reconnects and resumes) rather
         # than buffered without bound in the server's memory.
         self.overflow = False
@@ -166,11 +172,13 @@ class Hub:
         self._listener: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()
         self._pushes: set[asyncio.Task[None]] = set()
+        self._ticker: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         """Start listening (once per process) and wait until LISTEN is in place."""
         if self._listener is None:
             self._listener = asyncio.create_task(self._listen(), name="inbox-listen")
+            self._ticker = asyncio.create_task(self._heartbeats(), name="inbox-heartbeats")
         await asyncio.wait_for(self._ready.wait(), timeout=10)
 
     def add(self, sub: Subscriber) -> None:
@@ -201,7 +209,8 @@ class Hub:
                         # Reconnected: notifications may have been missed meanwhile; let every stream catch up.
                         for subs in list(self.subscribers.values()):
                             for sub in list(subs):
-                                sub.queue.put_nowait(b"")  # an empty entry asks the stream to resync
+                                sub.resync = True
+                                sub.queue.put_nowait(b"")
                     self._ready.set()
                     delay = 0.5
                     async for notify in conn.notifies():
@@ -212,6 +221,23 @@ class Hub:
                 log.warning("inbox LISTEN connection lost; reconnecting", exc_info=True)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 10.0)
+
+    async def _heartbeats(self) -> None:
+        """Once a second, queue a heartbeat for every stream idle for INBOX_HEARTBEAT_SECONDS.
+
+        One task for all streams instead of a timeout per stream (a timer and a task each time in asyncio), and
+        each stream's heartbeat falls due from its own last write, so they spread over the interval.
+        """
+        interval = settings.INBOX_HEARTBEAT_SECONDS
+        tick = min(1.0, interval / 2)
+        while True:
+            await asyncio.sleep(tick)
+            due = time.monotonic() - interval
+            for subs in list(self.subscribers.values()):
+                for sub in subs:
+                    if sub.last_write <= due:
+                        sub.last_write = time.monotonic()  # not twice while this one waits to be written
+                        sub.queue.put_nowait(HEARTBEAT)
 
     def _dispatch(self, payload: str) -> None:
         recipient, _, delivery = payload.partition(":")
@@ -327,39 +353,35 @@ async def _catch_up(h: Hub, sub: Subscriber, since: datetime | None) -> None:
 
 
 async def _pump(h: Hub, sub: Subscriber, resume: datetime | None, receive: Receive, send: Send) -> None:
-    """Write queued events and heartbeats until the client disconnects."""
-    disconnected = asyncio.Event()
+    """Write queued events and heartbeats until the client disconnects (or falls too far behind)."""
 
     async def watch() -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                disconnected.set()
-                return
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        sub.closed = True
+        sub.queue.put_nowait(b"")
 
     watcher = asyncio.create_task(watch())
     try:
-        while not disconnected.is_set():
-            try:
-                chunk = await asyncio.wait_for(sub.queue.get(), timeout=settings.INBOX_HEARTBEAT_SECONDS)
-            except TimeoutError:
-                chunk = b": heartbeat\n\n"
-            if sub.overflow:
+        while True:
+            chunk = await sub.queue.get()
+            if sub.closed or sub.overflow:
                 return
-            if chunk == b"":
+            if sub.resync:
                 # The LISTEN connection came back: anything stored while it was down is read again.
+                sub.resync = False
                 since = datetime.fromtimestamp(time.time() - 60 - settings.INBOX_RESUME_MARGIN_SECONDS, tz=UTC)
                 await _catch_up(h, sub, since if resume is None else min(since, resume))
-                continue
             # Coalesce whatever else is queued into the same write.
             while not sub.queue.empty():
-                more = sub.queue.get_nowait()
-                if more:
-                    chunk += more
+                chunk += sub.queue.get_nowait()
+            if not chunk:
+                continue
             try:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             except OSError:
                 return
+            sub.last_write = time.monotonic()
     finally:
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
