@@ -338,7 +338,7 @@ async def stream_app(scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.body", "body": b"retry: 2000\n\n", "more_body": True})
         resume = _parse_cursor(headers.get("last-event-id") or query.get("last_event_id", ""))
         await _catch_up(h, sub, resume)
-        await _pump(h, sub, resume, receive, send)
+        await _pump(h, sub, resume, receive, send, expires=principal.expires)
         with contextlib.suppress(OSError):
             await send({"type": "http.response.body", "body": b"", "more_body": False})
     finally:
@@ -352,8 +352,14 @@ async def _catch_up(h: Hub, sub: Subscriber, since: datetime | None) -> None:
     sub.put_unread(await h.unread(sub.recipient_id))
 
 
-async def _pump(h: Hub, sub: Subscriber, resume: datetime | None, receive: Receive, send: Send) -> None:
-    """Write queued events and heartbeats until the client disconnects (or falls too far behind)."""
+async def _pump(
+    h: Hub, sub: Subscriber, resume: datetime | None, receive: Receive, send: Send, *, expires: float
+) -> None:
+    """Write queued events and heartbeats until the client disconnects, falls too far behind, or its token expires.
+
+    An expired token ends the stream (checked at least every heartbeat): the browser's reconnect is then refused
+    and the page must hand the widget a fresh token.
+    """
 
     async def watch() -> None:
         while (await receive())["type"] != "http.disconnect":
@@ -365,7 +371,7 @@ async def _pump(h: Hub, sub: Subscriber, resume: datetime | None, receive: Recei
     try:
         while True:
             chunk = await sub.queue.get()
-            if sub.closed or sub.overflow:
+            if sub.closed or sub.overflow or time.time() >= expires:
                 return
             if sub.resync:
                 # The LISTEN connection came back: anything stored while it was down is read again.

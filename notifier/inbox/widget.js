@@ -92,6 +92,13 @@
         this.dispatchEvent(new CustomEvent("notifier-message", { detail: item }));
       });
       this.source.addEventListener("unread", (e) => this.setUnread(JSON.parse(e.data).unread_count));
+      // A refused reconnect (expired token) closes the EventSource for good: tell the page, which can set a
+      // fresh `token` attribute (that restarts the widget).
+      this.source.addEventListener("error", () => {
+        if (this.source && this.source.readyState === EventSource.CLOSED) {
+          this.dispatchEvent(new CustomEvent("notifier-disconnected", { bubbles: true }));
+        }
+      });
     }
 
     setUnread(n) {
