@@ -122,8 +122,10 @@ def _drain(endpoint_id: int, deadline: float, renew: Any) -> tuple[str, int]:
                 # Delayed messages count whole seconds: a short backoff is cheaper to sleep here.
                 time.sleep(wait)
                 continue
-            # Backing off: a delayed wake (and the sweep) comes back at retry_at; the worker serves others.
-            status_events_wake(endpoint_ids=[endpoint_id], countdown=math.ceil(wait))
+            # Backing off: a delayed wake (and the sweep) comes back at retry_at; the worker serves others. One
+            # delayed wake per backoff, however many new events wake the endpoint while it waits.
+            if get_redis().set(rkey("evretry", endpoint_id), "1", nx=True, px=int(wait * 1000)):
+                status_events_wake(endpoint_ids=[endpoint_id], countdown=math.ceil(wait))
             return "waiting", delivered
         events = list(
             StatusEvent.objects.filter(endpoint_id=endpoint_id, state=StatusEvent.State.PENDING)
