@@ -11,7 +11,7 @@ sent by their own workers on their own queue (notifier/statusevents).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from datetime import datetime
 
 from django.db import transaction
@@ -75,15 +75,8 @@ def reach_record(rows: Iterable[tuple[int, str, str]], *, at: datetime | None = 
         _, endpoints = cursor.fetchone()
     endpoints = list(endpoints or [])
     if endpoints:
-        transaction.on_commit(lambda: _wake(endpoints))
+        transaction.on_commit(lambda: status_events_wake(endpoint_ids=endpoints))
     return endpoints
-
-
-def _wake(endpoint_ids: Sequence[int]) -> None:
-    try:
-        status_events_wake(endpoint_ids=endpoint_ids)
-    except Exception:  # the sweep wakes them anyway; a broker hiccup must not fail a committed outcome
-        log.warning("could not wake status event senders; the sweep will", exc_info=True)
 
 
 def status_events_wake(*, endpoint_ids: Iterable[int], countdown: int | None = None, force: bool = False) -> None:
@@ -91,18 +84,29 @@ def status_events_wake(*, endpoint_ids: Iterable[int], countdown: int | None = N
 
     A burst of batches for one endpoint thus makes one broker message, not one per batch; a sender that is
     already running for the endpoint picks the new events up itself. A `countdown` (a backoff) or `force`
-    (a sender handing over to a fresh task) always publishes. Published by task name: the sender
+    (a sender handing over to a fresh task) always publishes. Never raises: what is not woken, the periodic
+    sweep wakes. Published by task name: the sender
     lives above this layer (channels_app.statusevents), next to the webhook adapter it uses.
     """
-    from config.celery import app
+    # Late imports: the outbox imports notifier.events, which imports this module.
+    from config.celery import app, ensure_topology
+    from notifier.outbox import _mark_broker_down, broker_recently_down
 
+    if broker_recently_down():
+        return  # like the outbox: no connection timeout per batch while the broker is away; the sweep wakes
     redis = get_redis()
-    for endpoint_id in endpoint_ids:
-        if countdown is None and not force:
-            try:
-                if not redis.set(rkey("evwake", endpoint_id), "1", nx=True, px=WAKE_COALESCE_MS):
-                    continue
-            except RedisError:
-                pass  # without Redis, wake every time: more messages, nothing missed
-        # Delayed delivery counts whole seconds (a countdown under one second is no countdown).
-        app.send_task(SEND_TASK, args=[endpoint_id], queue=EVENTS_QUEUE, countdown=countdown or None)
+    try:
+        if countdown:
+            ensure_topology()
+        for endpoint_id in endpoint_ids:
+            if countdown is None and not force:
+                try:
+                    if not redis.set(rkey("evwake", endpoint_id), "1", nx=True, px=WAKE_COALESCE_MS):
+                        continue
+                except RedisError:
+                    pass  # without Redis, wake every time: more messages, nothing missed
+            # Delayed delivery counts whole seconds (a countdown under one second is no countdown).
+            app.send_task(SEND_TASK, args=[endpoint_id], queue=EVENTS_QUEUE, countdown=countdown or None, retry=False)
+    except Exception:  # the sweep wakes them anyway; a broker hiccup must not fail a committed change
+        _mark_broker_down()
+        log.warning("could not wake status event senders; the sweep will", exc_info=True)
