@@ -249,3 +249,29 @@ def test_events_are_recorded_in_one_statement_per_batch_only_for_subscribed_clie
     assert events[-1].data["reason"] == "boom" and events[-1].data["status"] == "failed"
     # A batch with nothing anyone can subscribe to costs no extra statement at all.
     assert statements([(d.pk, "deferred", "quiet_hours") for d in mine]) == 1
+
+
+@pytest.mark.django_db
+def test_admin_shows_endpoints_and_their_attempts_but_never_the_secret(client: Any) -> None:
+    from django.contrib.auth.models import User
+    from django.utils import timezone
+
+    from notifier.statusevents.services import event_endpoint_put
+
+    api_client = api_client_create(name="svc-admin")[0]
+    endpoint, secret = event_endpoint_put(
+        client=api_client, url="https://hooks.example.com/e", statuses=["sent"], max_batch=1
+    )
+    EventAttempt.objects.create(
+        endpoint=endpoint, first_event_id=7, last_event_id=7, events=1, ok=False, status_code=503,
+        error="HTTP 503", at=timezone.now(),
+    )  # fmt: skip
+    User.objects.create_superuser("ops", "ops@example.com", "pw")
+    client.login(username="ops", password="pw")
+    page = client.get(f"/admin/notifier/eventendpoint/{endpoint.pk}/change/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert "HTTP 503" in html and "hooks.example.com" in html
+    assert secret is not None and secret not in html
+    listing = client.get("/admin/notifier/eventattempt/")
+    assert listing.status_code == 200 and "HTTP 503" in listing.content.decode()
