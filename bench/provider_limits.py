@@ -22,6 +22,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+os.environ.setdefault("DEVELOPMENT", "true")  # a local benchmark: the built-in SECRET_KEY is fine
 PROVIDER = "bench"
 
 

@@ -15,6 +15,8 @@ PAGE = 100
 class SandboxMessageListApi(APIView):
     """List sandbox messages, newest first, filtered by channel, address or delivery id, keyset-paginated."""
 
+    required_scope = "operations"
+
     def get(self, request: Request) -> Response:
         qs = SandboxMessage.objects.all()
         params = request.query_params

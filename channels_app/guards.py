@@ -11,31 +11,43 @@ decision is recorded: it is never silently re-sent elsewhere.
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from django.conf import settings
+
 from channels_app import breaker, ratelimit
 from channels_app.providers import registry
-from channels_app.providers.base import OutboundMessage, Outcome, Provider, ProviderError
+from channels_app.providers.base import (
+    TICK,
+    OutboundMessage,
+    Outcome,
+    Provider,
+    ProviderError,
+    UnexpectedError,
+)
 from notifier import metrics
 from preferences.compliance import is_optional
-from preferences.services import unsubscribe_url
+from preferences.services import preference_link, unsubscribe_url
 
 if TYPE_CHECKING:
-    from channels_app.services import _Outcomes
+    from channels_app.outcomes import Outcomes
     from notifier.models import Delivery
 
-AMBIGUOUS_PREFIX = "ambiguous:"
 BREAKER_WAIT_SECONDS = 30.0
 
 
-def pick_provider(channel: str, delivery: Delivery, out: _Outcomes, want: int = 1) -> str | None:
+def pick_provider(channel: str, delivery: Delivery, out: Outcomes, want: int = 1) -> str | None:
     """Return the provider for this attempt, or None after deferring the delivery (no provider available)."""
     names = registry.chain(channel)
-    if delivery.reason.startswith(AMBIGUOUS_PREFIX):
-        pinned = delivery.reason[len(AMBIGUOUS_PREFIX) :]
+    if delivery.pinned_provider:
+        # An earlier attempt may have reached this provider: only it may have the next one, however long the
+        # delivery has to wait for it (open breaker, rate limit). A provider removed from the chain since
+        # gives way to the first one, recorded as a failover event below.
+        pinned = delivery.pinned_provider
         names = [pinned] if pinned in names else names[:1]
     elif delivery.provider in names and delivery.last_error and len(names) > 1:
         # The last attempt failed retriably on this provider: start with the next one.
@@ -46,20 +58,20 @@ def pick_provider(channel: str, delivery: Delivery, out: _Outcomes, want: int = 
         admitted, wait = _breaker_admits(name, out, want)
         if admitted:
             if delivery.provider and name != delivery.provider and delivery.last_error:
-                out.events.append((delivery.pk, "failover", f"{delivery.provider} -> {name}"))
+                out.event(delivery.pk, "failover", f"{delivery.provider} -> {name}")
             return name
         retry_in = min(retry_in, wait or BREAKER_WAIT_SECONDS)
     out.wait(delivery, until=out.now + timedelta(seconds=max(retry_in, 1.0)), reason="breaker_open")
     return None
 
 
-def _breaker_admits(name: str, out: _Outcomes, want: int = 1) -> tuple[bool, float]:
+def _breaker_admits(name: str, out: Outcomes, want: int = 1) -> tuple[bool, float]:
     """Ask the shared breaker once per provider and batch, then hand out its admitted slots.
 
     Ask for no more slots than the batch can use: a half-open breaker hands out a few probe slots, and a slot
     taken but never reported would keep it half-open for another cool-down.
     """
-    slots: dict[str, list[float]] = out.__dict__.setdefault("breaker_slots", {})
+    slots = out.breaker_slots
     if name not in slots:
         admission = breaker.admit(name, max(1, want))
         slots[name] = [admission.allowed, admission.retry_in]
@@ -70,7 +82,7 @@ def _breaker_admits(name: str, out: _Outcomes, want: int = 1) -> tuple[bool, flo
     return True, 0.0
 
 
-def take_tokens(name: str, group: list[tuple[Delivery, OutboundMessage]], out: _Outcomes) -> tuple[int, float]:
+def take_tokens(name: str, group: list[tuple[Delivery, OutboundMessage]], out: Outcomes) -> tuple[int, float]:
     """Take shared rate-limit tokens; return (how many of `group` may be sent now, seconds to wait).
 
     High-priority deliveries are put first and ask first: the limiter keeps a reserve only they may use.
@@ -103,19 +115,31 @@ def spread_waits(name: str, wait: float, n: int) -> list[float]:
     return [wait + i / rate for i in range(n)]
 
 
-def timed_send(provider: Provider, messages: list[OutboundMessage]) -> list[Outcome]:
-    """Send a batch and record the call's latency."""
+def timed_stream(
+    provider: Provider, messages: list[OutboundMessage], window: threading.Semaphore | None = None
+) -> Iterator[tuple[int, Outcome | None]]:
+    """Send a batch, yielding (index, outcome) as answers arrive, and (TICK, None) while none do.
+
+    Records the whole call's latency at the end.
+    """
     started = time.monotonic()
-    outcomes = provider.send_batch(messages)
+    failures = total = 0
+    for index, outcome in provider.send_stream(messages, window=window, ticks=True):
+        if index == TICK:
+            yield index, None
+            continue
+        total += 1
+        failures += isinstance(outcome, ProviderError)
+        yield index, outcome
     elapsed = time.monotonic() - started
-    failures = sum(1 for o in outcomes if isinstance(o, ProviderError))
-    outcome = "ok" if not failures else ("error" if failures == len(outcomes) else "partial")
-    metrics.observe_provider_call(provider.name, elapsed, outcome)
-    return outcomes
+    result = "ok" if not failures else ("error" if failures == total else "partial")
+    metrics.observe_provider_call(provider.name, elapsed, result)
 
 
 def note_outcomes(name: str, outcomes: Sequence[Outcome]) -> None:
     """Feed a batch's outcomes to the breaker and the adaptive limiter (one call each, not one per message)."""
+    # An unexpected exception is our fault (a bug, a bad per-client setting), not the provider's answer.
+    outcomes = [o for o in outcomes if not isinstance(o, UnexpectedError)]
     answered = sum(1 for o in outcomes if not isinstance(o, ProviderError) or not o.retriable)
     transient = [o for o in outcomes if isinstance(o, ProviderError) and o.retriable]
     throttled = [o for o in transient if o.throttled]
@@ -132,8 +156,15 @@ def note_outcomes(name: str, outcomes: Sequence[Outcome]) -> None:
 
 
 def message_meta(delivery: Delivery) -> dict[str, Any]:
-    """Return per-message extras for the adapter (the one-click unsubscribe link for optional email)."""
+    """Return per-message extras for the adapter: for optional email the one-click unsubscribe link and,
+    beside it, the link to the recipient's preference center (added to the body by the pipeline)."""
     if delivery.channel == "email" and is_optional(delivery.notification.category):
         url = unsubscribe_url(recipient=delivery.recipient, category=delivery.notification.category)
-        return {"list_unsubscribe": url}
+        return {"list_unsubscribe": url, "preferences_url": recipient_preferences_url(delivery)}
     return {}
+
+
+def recipient_preferences_url(delivery: Delivery) -> str:
+    """Return a fresh preference-center link for the delivery's recipient, valid for the configured lifetime."""
+    url, _ = preference_link(recipient=delivery.recipient, ttl_seconds=settings.PREFERENCE_LINK_TTL_SECONDS)
+    return url

@@ -335,10 +335,13 @@ class RateLimiter:
         buckets = [(bucket_key(provider), provider_limit)]
         if account_limit is not None:
             buckets.append((bucket_key(provider, account), account_limit))
+        return self.acquire_buckets(buckets, n, high=priority == PRIORITY_HIGH)
+
+    def acquire_buckets(self, buckets: list[tuple[str, Limit]], n: int = 1, *, high: bool = True) -> Grant:
+        """Take up to `n` tokens from every bucket at once (keys and limits given; the API client limit uses it)."""
         buckets = [(key, limit) for key, limit in buckets if limit.rate is not None]
         if not buckets or n == 0:
             return Grant(granted=n, wait=0.0)
-        high = priority == PRIORITY_HIGH
 
         def shared(client: redis.Redis) -> Grant:
             args: list[Any] = [n, 1 if high else 0, KEY_TTL_SECONDS]

@@ -3,31 +3,59 @@
 from __future__ import annotations
 
 import os
+import random
+from typing import Any
 
 from celery import shared_task
-from django.db import InterfaceError, OperationalError
+from django.db import InterfaceError, OperationalError, connection
 
 from channels_app.services import deliver
 from channels_app.statusevents import status_events_send, status_events_sweep
+from config.celery import app as celery_app
+
+# The database being away is not the message's fault: the message is retried (re-published with a delay) for
+# as long as the outage lasts, never dead-lettered. The delay grows to this cap, so the send resumes within
+# about this long of the database's return.
+DB_RETRY_MAX_SECONDS = float(os.environ.get("SEND_TASK_DB_RETRY_MAX_SECONDS", "30"))
+
+
+def db_retry_countdown(retries: int) -> float:
+    """Return the delay before re-running a send task that could not reach the database (full jitter)."""
+    cap = min(DB_RETRY_MAX_SECONDS, 2.0 * (2**retries))
+    return random.uniform(min(1.0, cap), cap)
+
+
+def own_queue(routing_key: str) -> str | None:
+    """Return the queue a message came from, also when it came back through native delayed delivery.
+
+    A delayed message's routing key is its delay in bits before the queue's own ("0.0.….1.webhook.high").
+    """
+    for name in celery_app.amqp.queues:
+        if routing_key == name or routing_key.endswith(f".{name}"):
+            return name
+    return None
 
 
 @shared_task(
+    bind=True,
     name="channels_app.tasks.send_deliveries",
-    # Infrastructure errors (the database went away) retry the whole message with backoff and jitter; provider
-    # errors never reach here: they are per delivery and handled by the pipeline. Once these retries are
-    # exhausted the task fails, and with acks_on_failure_or_timeout off the message is rejected to dead.<channel>.
-    autoretry_for=(OperationalError, InterfaceError),
-    retry_backoff=2,
-    retry_backoff_max=120,
-    retry_jitter=True,
-    max_retries=8,
+    max_retries=None,
     # A per-process ceiling on messages per second (e.g. "200/s"); off by default. The real provider limit
     # is the shared Redis bucket in channels_app.ratelimit, which holds across every worker and host.
     rate_limit=os.environ.get("SEND_TASK_RATE_LIMIT") or None,
 )
-def send_deliveries(delivery_ids: list[int]) -> dict[str, int]:
+def send_deliveries(self: Any, delivery_ids: list[int]) -> dict[str, int]:
     """Deliver a batch of deliveries (one id for a transactional send, hundreds on the fan-out path)."""
-    report = deliver([int(i) for i in delivery_ids])
+    try:
+        report = deliver([int(i) for i in delivery_ids])
+    except (OperationalError, InterfaceError) as exc:
+        # Provider errors never reach here (they are per delivery); this is infrastructure. Drop the broken
+        # connection so the next run reconnects, and put the message back with a delay.
+        connection.close()
+        # Name the queue: a retry routed by exchange and routing key alone (Celery's default, taken from the
+        # delivery info) goes through native delayed delivery and is never delivered back.
+        queue = own_queue((self.request.delivery_info or {}).get("routing_key") or "")
+        raise self.retry(exc=exc, countdown=db_retry_countdown(self.request.retries), queue=queue) from None
     return {"claimed": report.claimed, "sent": report.sent, "failed": report.failed}
 
 

@@ -66,6 +66,9 @@ LOGGING = {
 # Celery children) set PROMETHEUS_MULTIPROC_DIR in the *environment* (prometheus_client reads it at import)
 # to an empty directory per container; the endpoint then aggregates every process's samples.
 METRICS_ENABLED = _env_bool("METRICS_ENABLED", True)
+# When set, /metrics and the detail of /readyz need `Authorization: Bearer <METRICS_TOKEN>` (/healthz stays open,
+# and /readyz still answers its status code to probes without it).
+METRICS_TOKEN = os.environ.get("METRICS_TOKEN", "")
 PROMETHEUS_MULTIPROC_DIR = os.environ.get("PROMETHEUS_MULTIPROC_DIR", "")
 # Celery workers have no HTTP server of their own: the main worker process serves the aggregated samples of
 # its children on this port (0 = off). Scrape each worker container on it.

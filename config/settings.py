@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -40,13 +41,42 @@ def env_list(name: str, default: str = "") -> list[str]:
     return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
 
 
-# The secret key signs admin sessions and unsubscribe links. A fixed development value is only used when
-# DEBUG is on; with DEBUG off and no SECRET_KEY the start-up check notifier.E001 refuses to run.
-DEBUG = env_bool("DEBUG", default=True)
-SECRET_KEY = os.environ.get("SECRET_KEY", "dev-only-insecure-secret-key-change-me" if DEBUG else "")
+# Safe by default: production unless DEVELOPMENT=true says otherwise (`make run` and the test suite say so).
+# Development mode allows the built-in SECRET_KEY and plain-HTTP cookies; DEBUG is off unless set, in any mode.
+DEVELOPMENT = env_bool("DEVELOPMENT", default=False)
+DEBUG = env_bool("DEBUG", default=False)
+# The secret key signs admin sessions, unsubscribe links, preference links and inbox tokens: with a known
+# value they are forgeable, so outside development there is no start without one.
 _SECRET_KEY_FROM_ENV = bool(os.environ.get("SECRET_KEY"))
+if not _SECRET_KEY_FROM_ENV and not DEVELOPMENT:
+    raise ImproperlyConfigured(
+        "SECRET_KEY is not set. Set it in the environment (50+ random characters), or DEVELOPMENT=true on a laptop."
+    )
+SECRET_KEY = os.environ.get("SECRET_KEY") or "dev-only-insecure-secret-key-change-me"
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "127.0.0.1,localhost,[::1],testserver")
 PUBLIC_BASE_URL = os.environ.get("PUBLIC_BASE_URL", f"http://127.0.0.1:{os.environ.get('PORT', '8000')}")
+# Preference-center links: the default lifetime (also of the links in emails and `{{ preferences_url }}`) and
+# the longest a caller may ask for.
+PREFERENCE_LINK_TTL_SECONDS = env_int("PREFERENCE_LINK_TTL_SECONDS", 30 * 86400)
+PREFERENCE_LINK_MAX_TTL_SECONDS = env_int("PREFERENCE_LINK_MAX_TTL_SECONDS", 90 * 86400)
+
+# --- Behind a TLS-terminating proxy (docs/operations.md, docs/security.md) ------------------------------
+# "HTTP_X_FORWARDED_PROTO,https": trust that header from the proxy to know a request came over HTTPS. Only set
+# it when the proxy always sets (or strips) the header.
+_proxy_ssl = env_list("SECURE_PROXY_SSL_HEADER")
+SECURE_PROXY_SSL_HEADER = (_proxy_ssl[0], _proxy_ssl[1]) if len(_proxy_ssl) == 2 else None
+# The admin's origin(s) as the browser sees them ("https://notifier.example.com"), for the CSRF origin check.
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS")
+# Cookies only over HTTPS, except in development (plain http://127.0.0.1).
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", default=not DEVELOPMENT)
+CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", default=not DEVELOPMENT)
+SESSION_COOKIE_HTTPONLY = True
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", default=False)
+# Probes and scrapes inside the cluster speak plain HTTP to the process: never redirect them.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", default=False)
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", default=False)
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -137,10 +167,11 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("MAX_REQUEST_BYTES", 5 * 1024 * 1024)
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["notifier.auth.ApiKeyAuthentication"],
-    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PERMISSION_CLASSES": ["notifier.auth.ScopePermission"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
     "EXCEPTION_HANDLER": "notifier.errors.exception_handler",
+    "DEFAULT_THROTTLE_CLASSES": ["notifier.throttle.ApiClientRateThrottle"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": None,
 }
@@ -148,6 +179,9 @@ SPECTACULAR_SETTINGS = {
     "TITLE": "Notifier API",
     "DESCRIPTION": "Send notifications over push, email, SMS, in-app and webhooks.",
     "VERSION": "1.0.0",
+    # `check --deploy` is about the deployment (docs/operations.md); the schema's own warnings (views without a
+    # serializer_class) are reported by `manage.py spectacular --validate` instead.
+    "ENABLE_DJANGO_DEPLOY_CHECK": False,
 }
 
 # --- Redis -------------------------------------------------------------------------------------------
@@ -163,13 +197,15 @@ CELERY_TASK_ALWAYS_EAGER = False
 
 # --- Channels, priorities and categories -------------------------------------------------------------
 CHANNELS = ["push", "email", "sms", "inapp", "webhook"]
-# A category decides the default priority, whether a recipient may switch it off, and whether quiet hours
-# hold it back. Override with NOTIFIER_CATEGORIES as JSON of the same shape.
+# A category decides the default priority, the highest priority a request may ask for (max_priority; when left
+# out, the default priority is also the highest), whether a recipient may switch it off, and whether quiet
+# hours hold it back. A send's category is its template's (notifier/policy.py). Override with
+# NOTIFIER_CATEGORIES as JSON of the same shape.
 NOTIFIER_CATEGORIES: dict[str, dict[str, object]] = {
-    "security": {"priority": "high", "optional": False, "quiet_hours": False},
-    "transactional": {"priority": "high", "optional": False, "quiet_hours": False},
-    "social": {"priority": "normal", "optional": True, "quiet_hours": True},
-    "marketing": {"priority": "low", "optional": True, "quiet_hours": True},
+    "security": {"priority": "high", "max_priority": "high", "optional": False, "quiet_hours": False},
+    "transactional": {"priority": "high", "max_priority": "high", "optional": False, "quiet_hours": False},
+    "social": {"priority": "normal", "max_priority": "normal", "optional": True, "quiet_hours": True},
+    "marketing": {"priority": "low", "max_priority": "normal", "optional": True, "quiet_hours": True},
 }
 if os.environ.get("NOTIFIER_CATEGORIES"):
     NOTIFIER_CATEGORIES = json.loads(os.environ["NOTIFIER_CATEGORIES"])
@@ -190,10 +226,22 @@ OUTBOX_RELAY_BATCH = env_int("OUTBOX_RELAY_BATCH", 5000)
 # Waits up to this long travel as delayed broker messages; longer ones (quiet hours, send_at) stay in the
 # database and the relay wakes them.
 BROKER_DELAY_MAX_SECONDS = env_int("BROKER_DELAY_MAX_SECONDS", 900)
+# The API hands accepted deliveries to a per-process background publisher (no broker confirm in the request;
+# concurrent requests' ids share a message). Off: each request publishes after its own commit.
+PUBLISH_IN_BACKGROUND = env_bool("PUBLISH_IN_BACKGROUND", True)
 # Deliveries per broker message on the fan-out path (one for a single transactional notification).
 SEND_BATCH_SIZE = env_int("SEND_BATCH_SIZE", 500)
 # Provider calls made at once by one worker process for a batch.
 PROVIDER_CONCURRENCY = env_int("PROVIDER_CONCURRENCY", 16)
+# The total time one provider call may take (connect, send and the whole answer, however slowly it drips);
+# past it the call is given up as ambiguous (retried on the same provider with the same idempotency key).
+PROVIDER_CALL_DEADLINE_SECONDS = env_float("PROVIDER_CALL_DEADLINE_SECONDS", 30.0)
+# A running batch renews its lease (claimed_at) this often, so no batch is ever handed to a second worker
+# while its worker lives, however long it runs (docs/decisions.md has the arithmetic). 0: a third of the lease.
+SENDING_HEARTBEAT_SECONDS = env_float("SENDING_HEARTBEAT_SECONDS", 0.0)
+# Answers written together at most; the pipeline also writes whatever arrived every FLUSH_INTERVAL.
+OUTCOME_FLUSH_MAX = env_int("OUTCOME_FLUSH_MAX", 0)  # 0: the provider's calls in flight
+OUTCOME_FLUSH_INTERVAL_SECONDS = env_float("OUTCOME_FLUSH_INTERVAL_SECONDS", 0.2)
 
 # Providers per channel, in failover order. "sandbox" records instead of sending; it is the default for
 # every channel so the whole pipeline runs without any provider account.
@@ -223,6 +271,16 @@ PROVIDER_CIRCUIT_BREAKERS: dict[str, dict[str, object]] = json.loads(
     os.environ.get("PROVIDER_CIRCUIT_BREAKERS") or "{}"
 )
 RESILIENCE_ASSUMED_WORKERS = env_int("RESILIENCE_ASSUMED_WORKERS", 4)
+
+# Requests per API client across every API process unless the client has its own rate_limit (docs/security.md).
+API_CLIENT_RATE_LIMIT = os.environ.get("API_CLIENT_RATE_LIMIT", "200/s")
+
+# Template budgets (templates_app/budget.py): per rendering of one channel, for sends and previews alike.
+TEMPLATE_MAX_PART_CHARS = env_int("TEMPLATE_MAX_PART_CHARS", 100_000)
+TEMPLATE_MAX_RENDER_CHARS = env_int("TEMPLATE_MAX_RENDER_CHARS", 1_000_000)
+TEMPLATE_MAX_LOOP_ITERATIONS = env_int("TEMPLATE_MAX_LOOP_ITERATIONS", 10_000)
+TEMPLATE_MAX_RENDER_SECONDS = env_float("TEMPLATE_MAX_RENDER_SECONDS", 1.0)
+TEMPLATE_MAX_WIDTH = env_int("TEMPLATE_MAX_WIDTH", 1_000)
 
 # Webhooks reach only public addresses unless this is on (local development and tests only).
 WEBHOOK_ALLOW_PRIVATE_TARGETS = env_bool("WEBHOOK_ALLOW_PRIVATE_TARGETS", default=False)

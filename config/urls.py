@@ -22,5 +22,6 @@ urlpatterns = [
     path("callbacks/", include("notifier.callbacks.urls")),
     path("", include("notifier.ops_urls")),
     path("", include("preferences.unsubscribe_urls")),
+    path("", include("preferences.center")),
     path("", include("notifier.inbox.browser_urls")),
 ]

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import secrets
+from typing import Any
 
 from django.utils import timezone
 from rest_framework import authentication, exceptions
+from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 
 from notifier.models import ApiClient
+from notifier.scopes import view_scope
+
+logger = logging.getLogger(__name__)
 
 KEY_PREFIX = "ntf_"
 
@@ -49,6 +55,25 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
 
     def authenticate_header(self, request: Request) -> str:
         return self.keyword
+
+
+class ScopePermission(BasePermission):
+    """Allow an authenticated API client only if its key has the scope the view declares for the method."""
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        # Imported here: notifier.errors imports rest_framework.views, which loads this module as a setting.
+        from notifier.errors import ApiError
+
+        client = request.user
+        if client is None or not getattr(client, "is_authenticated", False):
+            return False  # DRF answers 401 (NotAuthenticated) because an authenticator is configured.
+        scope = view_scope(view, request.method or "GET")
+        if scope is None:
+            logger.error("view %s declares no scope for %s; refused", type(view).__name__, request.method)
+            raise ApiError(403, "scope_missing", "This endpoint declares no scope; no key may call it.")
+        if scope not in (client.scopes or ()):
+            raise ApiError(403, "scope_missing", f"This API key lacks the scope '{scope}'.", {"scope": [scope]})
+        return True
 
 
 try:

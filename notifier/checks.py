@@ -10,7 +10,7 @@ from django.core import checks
 
 @checks.register(checks.Tags.security)
 def secret_key_set(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """Refuse to run with DEBUG off and no SECRET_KEY (it signs admin sessions and unsubscribe links)."""
-    if not settings.DEBUG and not getattr(settings, "_SECRET_KEY_FROM_ENV", True):
+    """Refuse to run outside development without a SECRET_KEY (settings refuse first; this guards overrides)."""
+    if not getattr(settings, "DEVELOPMENT", False) and not getattr(settings, "_SECRET_KEY_FROM_ENV", True):
         return [checks.Error("SECRET_KEY is not set; set it in the environment.", id="notifier.E001")]
     return []

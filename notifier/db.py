@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
@@ -51,6 +52,8 @@ def bound_cursor() -> Iterator[Any]:
 def _encode(value: Any) -> Any:
     if isinstance(value, datetime):
         return value.isoformat()
+    if isinstance(value, uuid.UUID):
+        return str(value)
     raise TypeError(f"cannot encode {type(value).__name__} for json_rows")
 
 
@@ -105,3 +108,51 @@ class RowLoader(Generic[M]):
         state = instance._state = ModelState()
         state.adding, state.db = False, connection.alias
         return instance
+
+
+def _insert_expression(field: Field, index: int) -> str:
+    """Return the SQL that reads `field`'s value from element `index` of the JSON row `e`, cast to its type."""
+    db_type = field.db_type(connection)
+    if field.get_internal_type() == "JSONField":
+        return f"CASE WHEN json_typeof(e->{index}) = 'null' THEN NULL ELSE (e->{index})::jsonb END"
+    if db_type and db_type.endswith("[]"):
+        return f"ARRAY(SELECT json_array_elements_text(e->{index}))::{db_type}"
+    return f"(e->>{index})::{db_type}"
+
+
+def insert_rows(objs: Sequence[M]) -> None:
+    """INSERT model instances with one statement, their values as one JSON parameter; set generated ids.
+
+    What `bulk_create` does, at a fraction of its cost for a thousand rows: Django compiles one placeholder per
+    value (a thousand rows of twenty fields is twenty thousand), this sends one. Every concrete field is
+    written, so a field added to the model later is written too; `auto_now`/`auto_now_add` are applied.
+    A database-generated primary key comes back (RETURNING, in insert order, as bulk_create relies on too).
+    """
+    if not objs:
+        return
+    meta = type(objs[0])._meta
+    pk = meta.pk
+    generated = pk is not None and pk.get_internal_type() in {"AutoField", "BigAutoField", "SmallAutoField"}
+    fields = [f for f in meta.concrete_fields if not (generated and f is pk)]
+    rows = []
+    for obj in objs:
+        row = []
+        for field in fields:
+            if getattr(field, "auto_now", False) or getattr(field, "auto_now_add", False):
+                field.pre_save(obj, True)
+            row.append(field.get_prep_value(field.value_from_object(obj)))
+        rows.append(row)
+    columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
+    values = ", ".join(_insert_expression(f, i) for i, f in enumerate(fields))
+    table = connection.ops.quote_name(meta.db_table)
+    sql = f"INSERT INTO {table} ({columns}) SELECT {values} FROM json_array_elements(%s::json) AS e"  # noqa: S608
+    if generated:
+        sql += f" RETURNING {connection.ops.quote_name(pk.column)}"
+    with bound_cursor() as cursor:
+        cursor.execute(sql, [json_rows(rows)])
+        if generated:
+            for obj, (value,) in zip(objs, cursor.fetchall(), strict=True):
+                setattr(obj, pk.attname, value)
+    for obj in objs:
+        obj._state.adding = False
+        obj._state.db = connection.alias

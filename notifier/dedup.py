@@ -49,3 +49,21 @@ def release(*, client_id: int, dedup_key: str, notification_id: str) -> None:
     except redis.RedisError:
         # The database is the truth; a stale reservation only costs the next request a database lookup.
         pass
+
+
+def remember(entries: list[tuple[int, str, str, str]]) -> None:
+    """Record (client_id, dedup_key, notification_id, request_hash) of committed notifications in one round trip.
+
+    The batch path writes through the database first; this only gives later single requests the fast path.
+    """
+    if not entries:
+        return
+    try:
+        pipe = get_redis().pipeline(transaction=False)
+        for client_id, dedup_key, notification_id, request_hash in entries:
+            pipe.set(
+                _key(client_id, dedup_key), f"{notification_id}|{request_hash}", nx=True, ex=settings.DEDUP_TTL_SECONDS
+            )
+        pipe.execute()
+    except redis.RedisError as exc:
+        logger.warning("dedup fast path not updated for a batch: %s", type(exc).__name__)

@@ -93,11 +93,14 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         exceptions.MethodNotAllowed: "method_not_allowed",
         exceptions.ParseError: "malformed_json",
         exceptions.UnsupportedMediaType: "unsupported_media_type",
-        exceptions.Throttled: "throttled",
+        exceptions.Throttled: "rate_limited",
     }
     code = next((c for klass, c in codes.items() if isinstance(exc, klass)), "error")
     detail = exc.detail if isinstance(exc, exceptions.APIException) else str(exc)
     response.data = error_body(code, str(detail))
     if isinstance(exc, exceptions.NotAuthenticated | exceptions.AuthenticationFailed):
         response.status_code = status.HTTP_401_UNAUTHORIZED
+    if isinstance(exc, exceptions.Throttled) and exc.wait is not None:
+        # DRF writes whole seconds rounded down ("0" for a 0.3 s wait); a client must not come back too early.
+        response["Retry-After"] = str(max(1, math.ceil(exc.wait)))
     return response

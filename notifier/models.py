@@ -9,6 +9,8 @@ from django.contrib.postgres.indexes import BrinIndex
 from django.db import models
 from django.db.models import Q
 
+from notifier.scopes import default_scopes
+
 
 class ApiClient(models.Model):
     """A calling service. Its API key is stored only as a SHA-256 hash."""
@@ -18,6 +20,11 @@ class ApiClient(models.Model):
     key_hash = models.CharField(max_length=64, unique=True)
     # Empty means every configured category is allowed.
     allowed_categories = ArrayField(models.CharField(max_length=64), default=list, blank=True)
+    # What the key may do (notifier.scopes.SCOPES); a new client can only send.
+    # The database default too, so rows inserted by SQL (tests, scripts) get `send` like the ORM's.
+    scopes = ArrayField(models.CharField(max_length=32), default=default_scopes, db_default=["send"], blank=True)
+    # Requests per period across all API processes ("200/s", "1000/m"); empty means API_CLIENT_RATE_LIMIT.
+    rate_limit = models.CharField(max_length=32, blank=True, default="", db_default="")
     # Where webhook-channel deliveries go when the recipient has no URL of their own, and the secret
     # ("whsec_…", Standard Webhooks) they are signed with.
     webhook_url = models.URLField(max_length=2048, blank=True, default="")
@@ -139,6 +146,10 @@ class Delivery(models.Model):
     reason = models.CharField(max_length=255, blank=True, default="")
     provider = models.CharField(max_length=32, blank=True, default="")
     provider_message_id = models.CharField(max_length=255, blank=True, default="")
+    # Set after an ambiguous attempt (the request may have reached this provider): every later attempt goes
+    # to this provider only, whatever deferrals (open breaker, rate limit, quiet hours) come in between.
+    # db_default: the fan-out and other raw INSERTs do not name this column.
+    pinned_provider = models.CharField(max_length=32, blank=True, default="", db_default="")
     attempts = models.PositiveIntegerField(default=0)
     last_error = models.TextField(blank=True, default="")
     # Not to be sent before this instant (send_at, quiet hours, backoff, rate limit, open breaker).

@@ -6,6 +6,7 @@ reveal no data (dependency names, up/down, latency and an error class, never a U
 
 from __future__ import annotations
 
+import hmac
 import logging
 import time
 from collections.abc import Callable
@@ -83,10 +84,22 @@ def healthz(request: HttpRequest) -> JsonResponse:
 @never_cache
 @require_safe
 def readyz(request: HttpRequest) -> JsonResponse:
-    """Answer 200 when database, broker and Redis are reachable, else 503; always with per-dependency detail."""
+    """Answer 200 when database, broker and Redis are reachable, else 503; the per-dependency detail for operators."""
     checks = run_checks()
     ready = all(result["ok"] for result in checks.values())
-    return JsonResponse({"status": "ok" if ready else "unavailable", "checks": checks}, status=200 if ready else 503)
+    body: dict[str, Any] = {"status": "ok" if ready else "unavailable"}
+    if operator_allowed(request):
+        body["checks"] = checks
+    return JsonResponse(body, status=200 if ready else 503)
+
+
+def operator_allowed(request: HttpRequest) -> bool:
+    """Return whether the request may see operator detail: no METRICS_TOKEN set, or its Bearer matches."""
+    token = settings.METRICS_TOKEN
+    if not token:
+        return True
+    scheme, _, given = request.META.get("HTTP_AUTHORIZATION", "").partition(" ")
+    return scheme == "Bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
 
 
 @never_cache
@@ -95,4 +108,8 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
     """Serve every process's metrics plus queue and dead-letter depths in Prometheus text format."""
     if not settings.METRICS_ENABLED:
         return HttpResponse("metrics disabled\n", status=404, content_type="text/plain")
+    if not operator_allowed(request):
+        response = HttpResponse("Bearer METRICS_TOKEN required\n", status=401, content_type="text/plain")
+        response["WWW-Authenticate"] = "Bearer"
+        return response
     return HttpResponse(metrics.render_metrics(), content_type=metrics.CONTENT_TYPE)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 import time
 from collections import defaultdict
@@ -17,6 +18,7 @@ from collections.abc import Iterable, Sequence
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from config.celery import app as celery_app
@@ -97,9 +99,12 @@ def group_by_queue(rows: Iterable[tuple[int, str, str]]) -> dict[str, list[int]]
 
 
 def mark_published(ids: Sequence[int]) -> None:
-    """Record that a message for these deliveries is in the broker (the relay leaves them alone)."""
+    """Record that a message for these deliveries is in the broker (the relay leaves them alone).
+
+    On the database's clock, like every time the relay compares it with.
+    """
     if ids:
-        Delivery.objects.filter(pk__in=list(ids)).update(published_at=timezone.now())
+        Delivery.objects.filter(pk__in=list(ids)).update(published_at=Now())
 
 
 def publish_now(rows: Iterable[tuple[int, str, str]], *, countdown: float | None = None) -> list[int]:
@@ -109,6 +114,77 @@ def publish_now(rows: Iterable[tuple[int, str, str]], *, countdown: float | None
     published = publish(group_by_queue(rows), countdown=countdown)
     mark_published(published)
     return published
+
+
+class Coalescer:
+    """Publishes accepted deliveries from a background thread, many requests' ids per broker message.
+
+    The request thread only hands its (id, channel, priority) rows over and returns: it never waits for a
+    broker confirm. The thread publishes at once when idle, so a lone OTP leaves immediately; while a publish
+    is in flight the ids of the requests that arrive meanwhile gather and leave together, one message per
+    queue (up to SEND_BATCH_SIZE ids), consumed by the workers' bulk claim. `published_at` is set only after
+    the broker confirmed; rows whose publish never happened (the process died, the broker is down) are the
+    relay's, as before.
+    """
+
+    def __init__(self) -> None:
+        self._rows: list[tuple[int, str, str]] = []
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+        self._busy = False
+
+    def submit(self, rows: Iterable[tuple[int, str, str]]) -> None:
+        """Queue rows for publishing; return at once."""
+        rows = list(rows)
+        if not rows:
+            return
+        with self._cond:
+            self._rows.extend(rows)
+            if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
+                self._pid = os.getpid()
+                self._thread = threading.Thread(target=self._run, name="outbox-coalescer", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def wait_idle(self, timeout: float = 10.0) -> bool:
+        """Block until everything submitted so far is published (or given up to the relay); for tests."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._rows or self._busy:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._cond.wait(remaining)
+        return True
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._rows:
+                    self._busy = False
+                    self._cond.notify_all()
+                    self._cond.wait()
+                rows, self._rows = self._rows, []
+                self._busy = True
+            try:
+                if not broker_recently_down():
+                    published = publish(group_by_queue(rows))
+                    mark_published(published)
+            except Exception as exc:  # the relay publishes whatever this missed
+                logger.error("background publish failed; %d deliveries left to the relay: %s", len(rows), exc)
+                connection.close()
+
+
+coalescer = Coalescer()
+
+
+def publish_soon(rows: Iterable[tuple[int, str, str]]) -> None:
+    """Hand committed deliveries to the per-process publisher (the API's path: no confirm in the request)."""
+    if settings.PUBLISH_IN_BACKGROUND:
+        coalescer.submit(rows)
+    else:
+        publish_now(rows)
 
 
 def publish_delivery_ids(delivery_ids: Sequence[int]) -> list[int]:
@@ -128,11 +204,14 @@ def relay(*, limit: int | None = None) -> dict[str, int]:
     unpublished = _relay_unpublished(limit=limit)
     woken = _wake_due(limit=limit, now=now)
     stale = _relay_stale(limit=limit)
-    if unpublished or stale:
-        metrics.count_republished(unpublished + stale)
-    if unpublished or woken or stale:
-        logger.info("outbox relay: %d unpublished, %d due, %d stale re-published", unpublished, woken, stale)
-    return {"unpublished": unpublished, "due": woken, "stale": stale}
+    lost = _relay_lost(limit=limit)
+    if unpublished or stale or lost:
+        metrics.count_republished(unpublished + stale + lost)
+    if unpublished or woken or stale or lost:
+        logger.info(
+            "outbox relay: %d unpublished, %d due, %d stale, %d lost re-published", unpublished, woken, stale, lost
+        )
+    return {"unpublished": unpublished, "due": woken, "stale": stale, "lost": lost}
 
 
 def _relay_unpublished(*, limit: int) -> int:
@@ -189,4 +268,54 @@ def _relay_stale(*, limit: int) -> int:
         rows = cursor.fetchall()
         published = publish(group_by_queue(rows))
         mark_published(published)
+    return len(published)
+
+
+def _ready_messages(queues: Iterable[str]) -> dict[str, int | None]:
+    """Return the ready messages of each queue (None where the broker could not say)."""
+    depths: dict[str, int | None] = {}
+    try:
+        with celery_app.connection_for_write() as conn:
+            channel = conn.channel()
+            for name in queues:
+                queue = celery_app.amqp.queues.get(name)
+                if queue is None:
+                    depths[name] = None
+                    continue
+                try:
+                    _, count, _ = queue(channel).queue_declare(passive=True)
+                    depths[name] = int(count)
+                except Exception:
+                    depths[name] = None
+                    channel = conn.channel()
+    except Exception as exc:
+        logger.warning("outbox relay: queue depths unavailable: %s", exc)
+    return depths
+
+
+def _relay_lost(*, limit: int) -> int:
+    """Re-publish deliveries published a while ago, still `queued`, whose queue holds nothing ready.
+
+    Their message is gone (a task dead-lettered while the database was away, a purge, a broker that lost it):
+    nothing in the broker will ever bring them to a worker. A queue with a backlog is left alone (the message
+    may be waiting in it; the stale window is the last resort there). A duplicate message is harmless.
+    """
+    sql = """
+        SELECT id, channel, priority FROM notifier_delivery
+        WHERE status = 'queued' AND published_at < now() - make_interval(secs => %s)
+          AND (not_before IS NULL OR not_before <= now())
+        ORDER BY published_at LIMIT %s
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [settings.OUTBOX_REPUBLISH_AFTER_SECONDS, limit])
+        rows = cursor.fetchall()
+    if not rows:
+        return 0
+    groups = group_by_queue(rows)
+    depths = _ready_messages(groups)
+    lost = {queue: ids for queue, ids in groups.items() if depths.get(queue) == 0}
+    if not lost:
+        return 0
+    published = publish(lost)
+    mark_published(published)
     return len(published)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import uuid
 from datetime import datetime
 from typing import Any
 
@@ -51,6 +52,18 @@ def notification_delivery_counts(*, notification: Notification) -> dict[str, int
     return {row["status"]: row["n"] for row in rows}
 
 
+def _notification_position(cursor: str) -> tuple[datetime, uuid.UUID]:
+    """Return the (created_at, id) a notifications cursor points after; ValueError for anything else."""
+    position = decode_cursor(cursor)
+    created, last_id = position.get("c"), position.get("i")
+    if not isinstance(created, str) or not isinstance(last_id, str):
+        raise ValueError("invalid cursor")
+    at = datetime.fromisoformat(created)  # ValueError when it is not a timestamp
+    if at.tzinfo is None:
+        raise ValueError("invalid cursor")
+    return at, uuid.UUID(last_id)  # ValueError when it is not a UUID
+
+
 def notification_list(
     *, client: ApiClient, filters: dict[str, Any], cursor: str | None, limit: int = 50
 ) -> tuple[list[Notification], str | None]:
@@ -63,9 +76,8 @@ def notification_list(
     if filters.get("category"):
         qs = qs.filter(category=filters["category"])
     if cursor:
-        position = decode_cursor(cursor)
-        created = datetime.fromisoformat(position["c"])
-        qs = qs.filter(Q(created_at__lt=created) | Q(created_at=created, id__lt=position["i"]))
+        created, last_id = _notification_position(cursor)
+        qs = qs.filter(Q(created_at__lt=created) | Q(created_at=created, id__lt=last_id))
     page = list(qs.order_by("-created_at", "-id")[: limit + 1])
     next_cursor = None
     if len(page) > limit:

@@ -18,15 +18,20 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from audit.services import audit_record
 from notifier import dedup, metrics
 from notifier.auth import generate_key, hash_key
+from notifier.db import insert_rows
 from notifier.errors import ApiError
 from notifier.events import record_events, transition
 from notifier.models import ApiClient, Delivery, Notification
-from notifier.outbox import publish_now
-from preferences.compliance import evaluate
+from notifier.outbox import publish_soon
+from notifier.policy import send_policy
+from notifier.scopes import DEFAULT_SCOPES, SCOPES
+from preferences.compliance import evaluate, suppressed_addresses
 from preferences.models import Device, Recipient
 from preferences.services import recipient_upsert
+from templates_app.models import TemplateVersion
 from templates_app.selectors import TemplateNotFound, template_version_resolve
 
 logger = logging.getLogger(__name__)
@@ -34,24 +39,76 @@ logger = logging.getLogger(__name__)
 CANCELLABLE = (Delivery.Status.SCHEDULED, Delivery.Status.DEFERRED, Delivery.Status.QUEUED)
 
 
-def api_client_create(*, name: str, allowed_categories: list[str] | None = None) -> tuple[ApiClient, str]:
-    """Create an API client and return it with its raw key (shown once, stored only hashed)."""
+def api_client_create(
+    *,
+    name: str,
+    allowed_categories: list[str] | None = None,
+    scopes: list[str] | None = None,
+    audit_actor: Any = None,
+) -> tuple[ApiClient, str]:
+    """Create an API client and return it with its raw key (shown once, stored only hashed).
+
+    `scopes` defaults to `send` only (notifier.scopes.DEFAULT_SCOPES).
+    """
     unknown = sorted(set(allowed_categories or []) - set(settings.NOTIFIER_CATEGORIES))
     if unknown:
         raise ValueError(f"unknown categories: {', '.join(unknown)}")
+    scopes = list(DEFAULT_SCOPES) if scopes is None else scopes
+    unknown = sorted(set(scopes) - set(SCOPES))
+    if unknown:
+        raise ValueError(f"unknown scopes: {', '.join(unknown)}")
     raw_key, prefix = generate_key()
     client = ApiClient.objects.create(
-        name=name, key_prefix=prefix, key_hash=hash_key(raw_key), allowed_categories=allowed_categories or []
+        name=name,
+        key_prefix=prefix,
+        key_hash=hash_key(raw_key),
+        allowed_categories=allowed_categories or [],
+        scopes=scopes,
     )
+    if audit_actor is not None:
+        changes = {"scopes": [None, scopes], "allowed_categories": [None, client.allowed_categories]}
+        audit_record(actor=audit_actor, action="api_client.create", target_type="api_client", target_id=client.pk,
+                     changes=changes)  # fmt: skip
     return client, raw_key
 
 
-def api_client_rotate_key(*, client: ApiClient) -> str:
-    """Give a client a new key (the old one stops working at once) and return it."""
+def api_client_assign_key(*, client: ApiClient) -> str:
+    """Give an (unsaved or saved) client a new key's prefix and hash without saving; return the raw key."""
     raw_key, prefix = generate_key()
     client.key_prefix, client.key_hash = prefix, hash_key(raw_key)
-    client.save(update_fields=["key_prefix", "key_hash"])
     return raw_key
+
+
+def api_client_rotate_key(*, client: ApiClient, audit_actor: Any = None) -> str:
+    """Give a client a new key (the old one stops working at once) and return it."""
+    old_prefix = client.key_prefix
+    raw_key = api_client_assign_key(client=client)
+    client.save(update_fields=["key_prefix", "key_hash"])
+    if audit_actor is not None:
+        audit_record(actor=audit_actor, action="api_client.rotate_key", target_type="api_client", target_id=client.pk,
+                     changes={"key_prefix": [old_prefix, client.key_prefix]})  # fmt: skip
+    return raw_key
+
+
+# Standard Webhooks secrets carry 24 to 64 random bytes.
+WEBHOOK_SECRET_BYTES = (24, 64)
+
+
+def webhook_secret_problem(secret: str) -> str | None:
+    """Return why `secret` is not a usable "whsec_<base64>" signing secret, or None when it is one."""
+    from channels_app.providers.base import ConfigurationError
+    from channels_app.providers.webhook import SECRET_PREFIX, decode_secret
+
+    if not secret.startswith(SECRET_PREFIX):
+        return f"Must start with '{SECRET_PREFIX}' followed by base64 (Standard Webhooks)."
+    try:
+        raw = decode_secret(secret)
+    except ConfigurationError:
+        return f"The part after '{SECRET_PREFIX}' must be base64."
+    low, high = WEBHOOK_SECRET_BYTES
+    if not low <= len(raw) <= high:
+        return f"The secret must decode to {low} to {high} bytes, not {len(raw)}."
+    return None
 
 
 @dataclass
@@ -74,28 +131,94 @@ def category_settings(category: str) -> dict[str, Any]:
     return dict(settings.NOTIFIER_CATEGORIES[category])
 
 
-def notification_accept(*, client: ApiClient, data: dict[str, Any], trace_id: str = "") -> AcceptResult:
-    """Accept one validated request: deduplicate, resolve, write in one transaction, publish after commit.
+@dataclass(frozen=True)
+class AcceptDecision:
+    """What accepting one request decided before anything is written: the single and batch paths share it."""
 
-    `data` is the validated body of POST /notifications (see API.md). Raises ApiError for a category the
-    client may not use (403), an unknown template (400) and a reused dedup_key with another body (409).
+    category: str
+    priority: str
+    version: TemplateVersion
+    channels: list[str]
+    request_hash: str
+    dedup_key: str | None
+
+
+def notification_decide(
+    *, client: ApiClient, data: dict[str, Any], templates: dict[str, Any] | None = None
+) -> AcceptDecision:
+    """Decide the category, template version, channels and priority of one validated request.
+
+    The one place these per-item rules live: POST /notifications and each item of POST /notifications/batch
+    both come here. The category and priority are notifier.policy's decision (the template decides the
+    category; the category caps the priority). Raises ApiError for an unknown template or a channel the
+    template has no content for (400) and for what send_policy refuses. `templates` memoizes template
+    resolution for the length of one call (a batch resolves each template spec once).
     """
-    category = data["category"]
-    if client.allowed_categories and category not in client.allowed_categories:
-        raise ApiError(403, "category_forbidden", f"This API client may not send category '{category}'.")
+    spec = data["template"]
     try:
-        version = template_version_resolve(data["template"])
+        if templates is None:
+            version = template_version_resolve(spec)
+        else:
+            if spec not in templates:
+                try:
+                    templates[spec] = template_version_resolve(spec)
+                except TemplateNotFound as exc:
+                    templates[spec] = exc
+            found = templates[spec]
+            if isinstance(found, TemplateNotFound):
+                raise found
+            version = found
     except TemplateNotFound as exc:
         raise ApiError(400, "invalid", str(exc), {"template": [str(exc)]}) from None
+    category, priority = send_policy(
+        client=client, template_category=version.template.category, category=data.get("category"),
+        priority=data.get("priority"),
+    )  # fmt: skip
     template_channels = version.channels
     channels = list(dict.fromkeys(data.get("channels") or template_channels))
     missing = [c for c in channels if c not in template_channels]
     if missing:
         message = f"Template '{version.template.key}' has no content for channel(s): {', '.join(missing)}."
         raise ApiError(400, "invalid", message, {"channels": [message]})
+    return AcceptDecision(
+        category=category,
+        priority=priority,
+        version=version,
+        channels=channels,
+        request_hash=request_fingerprint(data),
+        dedup_key=data.get("dedup_key") or None,
+    )
 
-    request_hash = request_fingerprint(data)
-    dedup_key = data.get("dedup_key") or None
+
+def _new_notification(
+    *, client: ApiClient, decision: AcceptDecision, data: dict[str, Any], notification_id: uuid.UUID, trace_id: str
+) -> Notification:
+    return Notification(
+        id=notification_id,
+        client=client,
+        dedup_key=decision.dedup_key,
+        request_hash=decision.request_hash,
+        category=decision.category,
+        template_key=decision.version.template.key,
+        template_version=decision.version.version,
+        channels=decision.channels,
+        payload=data.get("payload") or {},
+        priority=decision.priority,
+        locale=data.get("locale") or "",
+        send_at=data.get("send_at"),
+        trace_id=trace_id,
+    )
+
+
+def notification_accept(*, client: ApiClient, data: dict[str, Any], trace_id: str = "") -> AcceptResult:
+    """Accept one validated request: deduplicate, resolve, write in one transaction, publish after commit.
+
+    `data` is the validated body of POST /notifications (see API.md). Raises ApiError for an unknown template
+    (400), what notifier.policy.send_policy refuses (category and priority) and a reused dedup_key with another
+    body (409).
+    """
+    decision = notification_decide(client=client, data=data)
+    request_hash, dedup_key = decision.request_hash, decision.dedup_key
     notification_id = uuid.uuid4()
     if dedup_key:
         won, existing = dedup.claim(
@@ -106,21 +229,8 @@ def notification_accept(*, client: ApiClient, data: dict[str, Any], trace_id: st
             if found is not None:
                 return found
 
-    priority = data.get("priority") or category_settings(category)["priority"]
-    notification = Notification(
-        id=notification_id,
-        client=client,
-        dedup_key=dedup_key,
-        request_hash=request_hash,
-        category=category,
-        template_key=version.template.key,
-        template_version=version.version,
-        channels=channels,
-        payload=data.get("payload") or {},
-        priority=priority,
-        locale=data.get("locale") or "",
-        send_at=data.get("send_at"),
-        trace_id=trace_id,
+    notification = _new_notification(
+        client=client, decision=decision, data=data, notification_id=notification_id, trace_id=trace_id
     )
     try:
         with transaction.atomic():
@@ -140,8 +250,173 @@ def notification_accept(*, client: ApiClient, data: dict[str, Any], trace_id: st
         if dedup_key:
             dedup.release(client_id=client.pk, dedup_key=dedup_key, notification_id=str(notification_id))
         raise
-    metrics.count_accepted(category, client.name)
+    metrics.count_accepted(decision.category, client.name)
     return AcceptResult(notification=notification, duplicate=False, deliveries=deliveries)
+
+
+def _conflict() -> ApiError:
+    return ApiError(409, "idempotency_conflict", "This dedup_key was already used with a different request body.")
+
+
+def notifications_accept_batch(
+    *, client: ApiClient, items: list[dict[str, Any] | ApiError], trace_id: str = ""
+) -> list[AcceptResult | ApiError]:
+    """Accept many validated requests at once; return one result (or the error it would have had alone) per item.
+
+    Each item is decided by `notification_decide`, as a single request is, and deduplicated the same way:
+    a dedup_key seen earlier in the batch or in an earlier request with the same body is that notification
+    (200), with another body a 409. The new ones are written with one statement per table (notifications,
+    deliveries, events) in one transaction and published once after commit, as batches per queue. An item
+    that is already an ApiError (it failed validation in the view) is passed through. Topic items take the
+    single path (their fan-out is a task of its own). If a concurrent request takes one of the dedup_keys
+    while the batch commits, the batch is replayed item by item through the single path, which resolves it.
+    """
+    results: list[AcceptResult | ApiError | None] = [None] * len(items)
+    fresh: list[tuple[int, dict[str, Any], AcceptDecision]] = []
+    templates: dict[str, Any] = {}
+    for index, item in enumerate(items):
+        if isinstance(item, ApiError):
+            results[index] = item
+            continue
+        try:
+            if item.get("topic"):
+                results[index] = notification_accept(client=client, data=item, trace_id=trace_id)
+                continue
+            fresh.append((index, item, notification_decide(client=client, data=item, templates=templates)))
+        except ApiError as exc:
+            results[index] = exc
+
+    # The same dedup_key twice in this batch: the first item wins, a later one is its duplicate (or a 409).
+    first: dict[str, tuple[int, str]] = {}
+    repeats: list[tuple[int, int]] = []
+    new: list[tuple[int, dict[str, Any], AcceptDecision]] = []
+    for index, item, decision in fresh:
+        key = decision.dedup_key
+        if key and key in first:
+            earlier, earlier_hash = first[key]
+            if earlier_hash == decision.request_hash:
+                repeats.append((index, earlier))
+            else:
+                results[index] = _conflict()
+            continue
+        if key:
+            first[key] = (index, decision.request_hash)
+        new.append((index, item, decision))
+
+    # Keys used by earlier requests: the database is the truth.
+    if first:
+        existing = {
+            n.dedup_key: n for n in Notification.objects.filter(client=client, dedup_key__in=list(first)).order_by()
+        }
+        if existing:
+            known = _deliveries_of(list(existing.values()))
+            kept = []
+            for index, item, decision in new:
+                found = existing.get(decision.dedup_key or "")
+                if found is None:
+                    kept.append((index, item, decision))
+                elif found.request_hash == decision.request_hash:
+                    results[index] = AcceptResult(notification=found, duplicate=True, deliveries=known[found.pk])
+                else:
+                    results[index] = _conflict()
+            new = kept
+
+    if new:
+        try:
+            written: dict[int, AcceptResult | ApiError] = dict(
+                _write_batch(client=client, items=new, trace_id=trace_id)
+            )
+        except IntegrityError:
+            # A concurrent request committed one of these dedup_keys first: the single path sorts each out.
+            written = {}
+            for index, item, _ in new:
+                try:
+                    written[index] = notification_accept(client=client, data=item, trace_id=trace_id)
+                except ApiError as exc:
+                    written[index] = exc
+        for index, result in written.items():
+            results[index] = result
+    for index, earlier in repeats:
+        first_result = results[earlier]
+        if isinstance(first_result, AcceptResult):
+            results[index] = AcceptResult(
+                notification=first_result.notification, duplicate=True, deliveries=first_result.deliveries
+            )
+        else:
+            results[index] = first_result
+    return [r for r in results if r is not None]
+
+
+def _deliveries_of(notifications: list[Notification]) -> dict[Any, list[Delivery]]:
+    """Return the deliveries of each notification (one query)."""
+    by_notification: dict[Any, list[Delivery]] = {n.pk: [] for n in notifications}
+    for delivery in Delivery.objects.filter(notification__in=[n.pk for n in notifications]).order_by("id"):
+        by_notification[delivery.notification_id].append(delivery)
+    return by_notification
+
+
+def _write_batch(
+    *, client: ApiClient, items: list[tuple[int, dict[str, Any], AcceptDecision]], trace_id: str
+) -> dict[int, AcceptResult]:
+    """Write new single-recipient notifications, their deliveries and events: one statement per table."""
+    now = timezone.now()
+    user_ids = {item["recipient"]["user_id"] for _, item, _ in items}
+    recipients = {r.user_id: r for r in Recipient.objects.filter(user_id__in=user_ids)}
+    missing = user_ids - set(recipients)
+    if missing:
+        # Users the service has not heard of get a bare recipient, as on the single path.
+        Recipient.objects.bulk_create([Recipient(user_id=u) for u in sorted(missing)], ignore_conflicts=True)
+        recipients.update({r.user_id: r for r in Recipient.objects.filter(user_id__in=missing)})
+    tokens: dict[int, list[str]] = {}
+    if any("push" in decision.channels for _, _, decision in items):
+        rows = Device.objects.filter(recipient__in=[r.pk for r in recipients.values()], active=True)
+        for recipient_id, token in rows.values_list("recipient_id", "token"):
+            tokens.setdefault(recipient_id, []).append(token)
+
+    planned: list[tuple[int, Notification, list[tuple[str, str]]]] = []
+    pairs: list[tuple[str, str]] = []
+    for index, item, decision in items:
+        recipient = recipients[item["recipient"]["user_id"]]
+        notification = _new_notification(
+            client=client, decision=decision, data=item, notification_id=uuid.uuid4(), trace_id=trace_id
+        )
+        notification.recipient = recipient
+        notification.user_id = recipient.user_id
+        if notification.send_at and notification.send_at > now:
+            notification.status = Notification.Status.SCHEDULED
+        targets = [
+            (channel, address)
+            for channel in notification.channels
+            for address in channel_addresses(recipient, channel, client, tokens=tokens.get(recipient.pk, []))
+        ]
+        pairs.extend(targets)
+        planned.append((index, notification, targets))
+    dead = suppressed_addresses(pairs)
+
+    deliveries_by_index: dict[int, list[Delivery]] = {}
+    all_deliveries: list[Delivery] = []
+    for index, notification, targets in planned:
+        rows = [
+            _plan_delivery(
+                notification, notification.recipient, channel, address, now, suppressed=(channel, address) in dead
+            )
+            for channel, address in targets
+        ]
+        deliveries_by_index[index] = rows
+        all_deliveries.extend(rows)
+    with transaction.atomic():
+        insert_rows([n for _, n, _ in planned])
+        insert_rows(all_deliveries)
+        record_events(((d.pk, d.status, d.reason) for d in all_deliveries), at=now)
+        to_publish = [(d.pk, d.channel, d.priority) for d in all_deliveries if d.status == Delivery.Status.QUEUED]
+        if to_publish:
+            transaction.on_commit(lambda: publish_soon(to_publish))
+    results = {}
+    for index, notification, _ in planned:
+        metrics.count_accepted(notification.category, client.name)
+        results[index] = AcceptResult(notification=notification, duplicate=False, deliveries=deliveries_by_index[index])
+    dedup.remember([(client.pk, n.dedup_key, str(n.pk), n.request_hash) for _, n, _ in planned if n.dedup_key])
+    return results
 
 
 def _existing_duplicate(
@@ -197,12 +472,17 @@ def _prepare_user(notification: Notification, user_id: str) -> list[Delivery]:
     record_events(((d.pk, d.status, d.reason) for d in deliveries), at=now)
     to_publish = [(d.pk, d.channel, d.priority) for d in deliveries if d.status == Delivery.Status.QUEUED]
     if to_publish:
-        transaction.on_commit(lambda: publish_now(to_publish))
+        transaction.on_commit(lambda: publish_soon(to_publish))
     return deliveries
 
 
-def channel_addresses(recipient: Recipient, channel: str, client: ApiClient) -> list[str]:
-    """Return the addresses of `recipient` on `channel` ([""] when there is none, reported as no_address)."""
+def channel_addresses(
+    recipient: Recipient, channel: str, client: ApiClient, *, tokens: list[str] | None = None
+) -> list[str]:
+    """Return the addresses of `recipient` on `channel` ([""] when there is none, reported as no_address).
+
+    `tokens` are the recipient's active device tokens when the caller has loaded them (the batch path).
+    """
     if channel == "email":
         return [recipient.email]
     if channel == "sms":
@@ -212,13 +492,20 @@ def channel_addresses(recipient: Recipient, channel: str, client: ApiClient) -> 
     if channel == "webhook":
         return [recipient.webhook_url or client.webhook_url]
     if channel == "push":
-        tokens = list(Device.objects.filter(recipient=recipient, active=True).values_list("token", flat=True))
+        if tokens is None:
+            tokens = list(Device.objects.filter(recipient=recipient, active=True).values_list("token", flat=True))
         return tokens or [""]
     raise ValueError(f"unknown channel {channel}")
 
 
 def _plan_delivery(
-    notification: Notification, recipient: Recipient, channel: str, address: str, now: datetime
+    notification: Notification,
+    recipient: Recipient,
+    channel: str,
+    address: str,
+    now: datetime,
+    *,
+    suppressed: bool | None = None,
 ) -> Delivery:
     """Decide a new delivery's first status from the compliance verdict and send_at."""
     delivery = Delivery(
@@ -229,7 +516,14 @@ def _plan_delivery(
         address=address,
         status=Delivery.Status.QUEUED,
     )
-    verdict = evaluate(recipient=recipient, category=notification.category, channel=channel, address=address, now=now)
+    verdict = evaluate(
+        recipient=recipient,
+        category=notification.category,
+        channel=channel,
+        address=address,
+        now=now,
+        suppressed=suppressed,
+    )
     apply_verdict(delivery, verdict, send_at=notification.send_at, now=now)
     return delivery
 

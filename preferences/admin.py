@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from django import forms
 from django.contrib import admin
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest
 
+from audit.admin import AuditedAdminMixin
 from preferences.models import Device, Recipient, Suppression, Topic
+from preferences.phones import InvalidPhoneNumber, phone_normalize
 
 
 class DeviceInline(admin.TabularInline):
@@ -18,16 +21,38 @@ class DeviceInline(admin.TabularInline):
     readonly_fields = ("created_at", "deactivated_at")
 
 
+class RecipientForm(forms.ModelForm):
+    """A recipient's fields; the phone number is checked and stored in E.164 as over the API."""
+
+    class Meta:
+        model = Recipient
+        exclude: tuple[str, ...] = ()
+
+    def clean_phone(self) -> str:
+        value = (self.cleaned_data.get("phone") or "").strip()
+        if not value:
+            return ""
+        try:
+            return phone_normalize(value)
+        except InvalidPhoneNumber as exc:
+            raise forms.ValidationError(str(exc)) from None
+
+
 @admin.register(Recipient)
-class RecipientAdmin(admin.ModelAdmin):
+class RecipientAdmin(AuditedAdminMixin, admin.ModelAdmin):
     """Support staff look recipients up by user_id; contact data is shown only on the detail page."""
 
+    form = RecipientForm
     list_display = ("user_id", "locale", "timezone", "opted_out", "erased_at", "created_at")
     list_filter = ("opted_out", ("erased_at", admin.EmptyFieldListFilter))
     search_fields = ("=user_id", "user_id")
     readonly_fields = ("erased_at", "created_at", "updated_at")
     inlines = [DeviceInline]
     show_full_result_count = False
+    audit_target_type = "recipient"
+
+    def audit_target_id(self, obj: Recipient) -> str:
+        return obj.user_id
 
 
 @admin.register(Topic)
@@ -47,7 +72,7 @@ class TopicAdmin(admin.ModelAdmin):
 
 
 @admin.register(Suppression)
-class SuppressionAdmin(admin.ModelAdmin):
+class SuppressionAdmin(AuditedAdminMixin, admin.ModelAdmin):
     """The suppression list; an address is found by exact search, never listed in full."""
 
     list_display = ("id", "channel", "source", "reason", "created_at")
@@ -55,3 +80,4 @@ class SuppressionAdmin(admin.ModelAdmin):
     search_fields = ("=address",)
     readonly_fields = ("created_at",)
     show_full_result_count = False
+    audit_target_type = "suppression"

@@ -11,17 +11,19 @@ import zoneinfo
 from typing import Any
 
 from django.conf import settings
+from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from notifier.errors import ApiError
+from notifier.scopes import RECIPIENT_SCOPES
 from preferences import selectors, services
 from preferences.compliance import FREQUENCIES, is_optional
 from preferences.models import Recipient, Suppression, Topic
+from preferences.phones import InvalidPhoneNumber, phone_normalize
 
-E164 = re.compile(r"^\+[1-9]\d{1,14}$")
 # BCP 47 in the shape callers send it ("de", "de-DE", "zh-Hant-TW"); underscores are accepted and normalised.
 LOCALE = re.compile(r"^[A-Za-z]{2,3}(?:-[A-Za-z0-9]{1,8})*$")
 HHMM = re.compile(r"^([01]\d|2[0-3]):([0-5]\d)$")
@@ -73,15 +75,18 @@ class RecipientInputSerializer(serializers.Serializer):
     """Contact data of a recipient; fields left out keep their current value, null or "" clears them."""
 
     email = serializers.EmailField(max_length=320, required=False, allow_blank=True, allow_null=True)
-    phone = serializers.CharField(max_length=20, required=False, allow_blank=True, allow_null=True)
+    phone = serializers.CharField(max_length=32, required=False, allow_blank=True, allow_null=True)
     locale = serializers.CharField(max_length=35, required=False, allow_blank=True, allow_null=True)
     timezone = serializers.CharField(max_length=64, required=False, allow_blank=True, allow_null=True)
     webhook_url = serializers.URLField(max_length=2048, required=False, allow_blank=True, allow_null=True)
 
     def validate_phone(self, value: str | None) -> str:
-        if value and not E164.match(value):
-            raise serializers.ValidationError("Must be an E.164 number such as +4915112345678.")
-        return value or ""
+        if not value:
+            return ""
+        try:
+            return phone_normalize(value)
+        except InvalidPhoneNumber as exc:
+            raise serializers.ValidationError(f"{exc} Expected E.164 such as +4915112345678.") from None
 
     def validate_locale(self, value: str | None) -> str:
         value = (value or "").replace("_", "-")
@@ -127,12 +132,14 @@ class RecipientOutputSerializer(serializers.Serializer):
 class RecipientApi(APIView):
     """PUT creates or updates a recipient, GET shows it, DELETE erases its personal data."""
 
+    required_scopes = RECIPIENT_SCOPES
+
     def put(self, request: Request, user_id: str) -> Response:
         if len(user_id) > 255:
             raise ApiError(400, "invalid", "user_id is too long.", {"user_id": ["At most 255 characters."]})
         data = RecipientInputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        recipient, created = services.recipient_upsert(user_id=user_id, **data.validated_data)
+        recipient, created = services.recipient_upsert(user_id=user_id, audit_actor=request.user, **data.validated_data)
         return Response(
             RecipientOutputSerializer(recipient).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK
         )
@@ -141,7 +148,7 @@ class RecipientApi(APIView):
         return Response(RecipientOutputSerializer(_recipient_or_404(user_id)).data)
 
     def delete(self, request: Request, user_id: str) -> Response:
-        services.recipient_erase(recipient=_recipient_or_404(user_id))
+        services.recipient_erase(recipient=_recipient_or_404(user_id), audit_actor=request.user)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
@@ -155,11 +162,13 @@ class DeviceInputSerializer(serializers.Serializer):
 class DeviceListApi(APIView):
     """POST registers a push token for a recipient (idempotent)."""
 
+    required_scopes = RECIPIENT_SCOPES
+
     def post(self, request: Request, user_id: str) -> Response:
         recipient = _recipient_or_404(user_id)
         data = DeviceInputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        device, _ = services.device_add(recipient=recipient, **data.validated_data)
+        device, _ = services.device_add(recipient=recipient, audit_actor=request.user, **data.validated_data)
         # 201 also for a token registered before: apps re-register on every start and expect one answer.
         body = {"platform": device.platform, "token": device.token, "active": device.active}
         return Response(body, status=status.HTTP_201_CREATED)
@@ -168,8 +177,10 @@ class DeviceListApi(APIView):
 class DeviceDetailApi(APIView):
     """DELETE removes one of a recipient's push tokens."""
 
+    required_scopes = RECIPIENT_SCOPES
+
     def delete(self, request: Request, user_id: str, token: str) -> Response:
-        if not services.device_remove(recipient=_recipient_or_404(user_id), token=token):
+        if not services.device_remove(recipient=_recipient_or_404(user_id), token=token, audit_actor=request.user):
             raise _not_found("Device")
         return Response(status=status.HTTP_204_NO_CONTENT)
 
@@ -250,6 +261,8 @@ class PreferencesSerializer(serializers.Serializer):
 class PreferencesApi(APIView):
     """GET shows a recipient's preferences; PUT replaces them."""
 
+    required_scopes = RECIPIENT_SCOPES
+
     def get(self, request: Request, user_id: str) -> Response:
         return Response(selectors.recipient_preferences(recipient=_recipient_or_404(user_id)))
 
@@ -265,8 +278,40 @@ class PreferencesApi(APIView):
             categories=data.validated_data["categories"],
             quiet_start=quiet.get("start"),
             quiet_end=quiet.get("end"),
+            audit_actor=request.user,
         )
         return Response(selectors.recipient_preferences(recipient=recipient))
+
+
+class PreferenceLinkInputSerializer(serializers.Serializer):
+    """How long a preference-center link stays valid."""
+
+    ttl_seconds = serializers.IntegerField(
+        min_value=60,
+        max_value=settings.PREFERENCE_LINK_MAX_TTL_SECONDS,
+        default=settings.PREFERENCE_LINK_TTL_SECONDS,
+    )
+
+
+class PreferenceLinkOutputSerializer(serializers.Serializer):
+    """A preference-center link and when it stops working."""
+
+    url = serializers.URLField()
+    expires_at = serializers.DateTimeField()
+
+
+class PreferenceLinkApi(APIView):
+    """POST mints a signed, expiring link to the recipient's preference center (no login needed to open it)."""
+
+    required_scope = "recipients:write"
+
+    @extend_schema(request=PreferenceLinkInputSerializer, responses={200: PreferenceLinkOutputSerializer})
+    def post(self, request: Request, user_id: str) -> Response:
+        recipient = _recipient_or_404(user_id)
+        data = PreferenceLinkInputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        url, expires_at = services.preference_link(recipient=recipient, ttl_seconds=data.validated_data["ttl_seconds"])
+        return Response(PreferenceLinkOutputSerializer({"url": url, "expires_at": expires_at}).data)
 
 
 # --- Suppressions ------------------------------------------------------------------------------------------
@@ -303,6 +348,8 @@ class SuppressionFilterSerializer(serializers.Serializer):
 class SuppressionListApi(APIView):
     """GET pages the suppression list by keyset cursor; POST adds an address (idempotent)."""
 
+    required_scope = "suppressions"
+
     def get(self, request: Request) -> Response:
         params = SuppressionFilterSerializer(data=request.query_params)
         params.is_valid(raise_exception=True)
@@ -325,7 +372,9 @@ class SuppressionListApi(APIView):
         existed = selectors.suppression_exists(
             channel=data.validated_data["channel"], address=data.validated_data["address"]
         )
-        suppression = services.suppression_add(source=Suppression.Source.MANUAL, **data.validated_data)
+        suppression = services.suppression_add(
+            source=Suppression.Source.MANUAL, audit_actor=request.user, **data.validated_data
+        )
         return Response(
             SuppressionOutputSerializer(suppression).data,
             status=status.HTTP_200_OK if existed else status.HTTP_201_CREATED,
@@ -335,11 +384,13 @@ class SuppressionListApi(APIView):
 class SuppressionDetailApi(APIView):
     """DELETE takes an address off the suppression list."""
 
+    required_scope = "suppressions"
+
     def delete(self, request: Request, suppression_id: int) -> Response:
         suppression = selectors.suppression_get(suppression_id=suppression_id)
         if suppression is None:
             raise _not_found("Suppression")
-        services.suppression_remove(suppression=suppression)
+        services.suppression_remove(suppression=suppression, audit_actor=request.user)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
@@ -367,6 +418,8 @@ class TopicOutputSerializer(serializers.Serializer):
 class TopicApi(APIView):
     """PUT creates or renames a topic; GET shows it with its subscriber count."""
 
+    required_scope = "topics"
+
     def put(self, request: Request, key: str) -> Response:
         if len(key) > 128:
             raise ApiError(400, "invalid", "Topic key is too long.", {"key": ["At most 128 characters."]})
@@ -392,6 +445,8 @@ class SubscribersInputSerializer(serializers.Serializer):
 class TopicSubscribersApi(APIView):
     """POST subscribes user ids to a topic in bulk, creating unknown recipients."""
 
+    required_scope = "topics"
+
     def post(self, request: Request, key: str) -> Response:
         topic = _topic_or_404(key)
         data = SubscribersInputSerializer(data=request.data)
@@ -402,6 +457,8 @@ class TopicSubscribersApi(APIView):
 
 class TopicSubscriberApi(APIView):
     """DELETE unsubscribes one user id from a topic."""
+
+    required_scope = "topics"
 
     def delete(self, request: Request, key: str, user_id: str) -> Response:
         services.topic_unsubscribe(topic=_topic_or_404(key), user_id=user_id)

@@ -15,8 +15,10 @@ from django.db import connection, transaction
 from django.utils import timezone
 from django.utils.crypto import constant_time_compare
 
+from audit.services import Actor, audit_record, diff
 from preferences.compliance import is_optional
 from preferences.models import Device, Recipient, Subscription, Suppression, Topic
+from preferences.selectors import recipient_preferences
 
 # What a caller may set on a recipient through recipient_upsert(); user_id and erased_at are managed here.
 RECIPIENT_FIELDS = frozenset(
@@ -35,26 +37,53 @@ RECIPIENT_FIELDS = frozenset(
 )
 
 
-def suppression_add(*, channel: str, address: str, source: str, reason: str = "") -> Suppression:
+# Recipient fields an audit entry shows before and after (personal ones are masked by audit_record).
+AUDITED_RECIPIENT_FIELDS = ("email", "phone", "locale", "timezone", "webhook_url", "opted_out")
+_PREFERENCE_FIELDS = ("opted_out", "channel_prefs", "category_prefs", "quiet_start", "quiet_end")
+
+
+def _audit(audit_actor: Any, action: str, target_type: str, target_id: Any, changes: dict[str, Any]) -> None:
+    """Record a change made by an API client or a staff user; changes by the pipeline itself pass no actor."""
+    if audit_actor is not None:
+        audit_record(actor=audit_actor, action=action, target_type=target_type, target_id=target_id, changes=changes)
+
+
+def _snapshot(recipient: Recipient, names: tuple[str, ...] | list[str]) -> dict[str, Any]:
+    return {name: _plain(getattr(recipient, name)) for name in names}
+
+
+def _plain(value: Any) -> Any:
+    """Return a JSON-friendly form of a field value for the audit log (times as text)."""
+    return value.isoformat() if isinstance(value, dt.time | dt.datetime) else value
+
+
+def suppression_add(
+    *, channel: str, address: str, source: str, reason: str = "", audit_actor: Any = None
+) -> Suppression:
     """Put (channel, address) on the suppression list (idempotent); a suppressed push token is deactivated."""
-    suppression, _ = Suppression.objects.get_or_create(
+    suppression, created = Suppression.objects.get_or_create(
         channel=channel, address=address, defaults={"source": source, "reason": reason[:255]}
     )
     if channel == "push":
         Device.objects.filter(token=address, active=True).update(active=False, deactivated_at=timezone.now())
+    if created:
+        changes = {"channel": [None, channel], "address": [None, address], "reason": [None, reason[:255]]}
+        _audit(audit_actor, "suppression.add", "suppression", suppression.pk, changes)
     return suppression
 
 
-def recipient_upsert(*, user_id: str, **fields: Any) -> tuple[Recipient, bool]:
+def recipient_upsert(*, user_id: str, audit_actor: Any = None, **fields: Any) -> tuple[Recipient, bool]:
     """Create or update the recipient `user_id` with `fields`; return it and whether it was created.
 
-    Upserting an erased recipient brings it back (erased_at cleared) with only the data given now.
+    Upserting an erased recipient brings it back (erased_at cleared) with only the data given now. With an
+    `audit_actor` (the API client or staff user making the change) the change is written to the audit log.
     """
     unknown = set(fields) - RECIPIENT_FIELDS
     if unknown:
         raise TypeError(f"recipient_upsert() got unknown fields: {', '.join(sorted(unknown))}")
     with transaction.atomic():
         recipient, created = Recipient.objects.select_for_update().get_or_create(user_id=user_id, defaults=fields)
+        before = {} if created else _snapshot(recipient, list(fields))
         if not created:
             changed = list(fields)
             for name, value in fields.items():
@@ -64,10 +93,14 @@ def recipient_upsert(*, user_id: str, **fields: Any) -> tuple[Recipient, bool]:
                 changed.append("erased_at")
             if changed:
                 recipient.save(update_fields=[*changed, "updated_at"])
+        changes = diff(before, _snapshot(recipient, list(fields)))
+        if created or changes:
+            action = "recipient.create" if created else "recipient.update"
+            _audit(audit_actor, action, "recipient", user_id, changes)
     return recipient, created
 
 
-def recipient_erase(*, recipient: Recipient) -> Recipient:
+def recipient_erase(*, recipient: Recipient, audit_actor: Any = None) -> Recipient:
     """Erase a recipient's personal data, keeping the rows that other records point at.
 
     Wipes contact fields, devices, preferences and topic memberships, marks the recipient erased, and
@@ -79,6 +112,7 @@ def recipient_erase(*, recipient: Recipient) -> Recipient:
     now = timezone.now()
     with transaction.atomic():
         recipient = Recipient.objects.select_for_update().get(pk=recipient.pk)
+        before = {**_snapshot(recipient, AUDITED_RECIPIENT_FIELDS), "devices": recipient.devices.count()}
         recipient.email = ""
         recipient.phone = ""
         recipient.webhook_url = ""
@@ -97,10 +131,12 @@ def recipient_erase(*, recipient: Recipient) -> Recipient:
         deliveries = Delivery.objects.filter(recipient=recipient)
         SandboxMessage.objects.filter(delivery_id__in=deliveries.values("pk")).update(address="", content={})
         deliveries.update(address="", content=None, updated_at=now)
+        after = {**_snapshot(recipient, AUDITED_RECIPIENT_FIELDS), "devices": 0}
+        _audit(audit_actor, "recipient.erase", "recipient", recipient.user_id, diff(before, after))
     return recipient
 
 
-def device_add(*, recipient: Recipient, platform: str, token: str) -> tuple[Device, bool]:
+def device_add(*, recipient: Recipient, platform: str, token: str, audit_actor: Any = None) -> tuple[Device, bool]:
     """Register a push token for a recipient (idempotent); a token seen before moves to this recipient.
 
     Returns the device and whether it was created. Re-registering reactivates a token only if it is not on
@@ -110,18 +146,28 @@ def device_add(*, recipient: Recipient, platform: str, token: str) -> tuple[Devi
         device, created = Device.objects.select_for_update().get_or_create(
             platform=platform, token=token, defaults={"recipient": recipient}
         )
+        previous_owner = None if created else device.recipient_id
         if not created:
             suppressed = Suppression.objects.filter(channel="push", address=token).exists()
             device.recipient = recipient
             device.active = not suppressed
             device.deactivated_at = device.deactivated_at if suppressed else None
             device.save(update_fields=["recipient", "active", "deactivated_at"])
+        if created or previous_owner != recipient.pk:
+            changes: dict[str, Any] = {"platform": [None, platform], "token": [None, token]}
+            if previous_owner is not None:
+                # A token moving between users is what an attacker would do: say from whom.
+                old = Recipient.objects.filter(pk=previous_owner).values_list("user_id", flat=True).first()
+                changes["moved_from_user_id"] = [old, recipient.user_id]
+            _audit(audit_actor, "device.add", "recipient", recipient.user_id, changes)
     return device, created
 
 
-def device_remove(*, recipient: Recipient, token: str) -> int:
+def device_remove(*, recipient: Recipient, token: str, audit_actor: Any = None) -> int:
     """Delete a recipient's device by token; return how many were deleted."""
     deleted, _ = Device.objects.filter(recipient=recipient, token=token).delete()
+    if deleted:
+        _audit(audit_actor, "device.remove", "recipient", recipient.user_id, {"token": [token, None]})
     return deleted
 
 
@@ -133,8 +179,10 @@ def preferences_set(
     categories: dict[str, dict[str, Any]],
     quiet_start: dt.time | None,
     quiet_end: dt.time | None,
+    audit_actor: Any = None,
 ) -> Recipient:
     """Replace a recipient's preferences with the given, already validated, ones."""
+    before = _snapshot(recipient, _PREFERENCE_FIELDS)
     recipient.opted_out = opted_out
     recipient.channel_prefs = channels
     recipient.category_prefs = categories
@@ -143,6 +191,9 @@ def preferences_set(
     recipient.save(
         update_fields=["opted_out", "channel_prefs", "category_prefs", "quiet_start", "quiet_end", "updated_at"]
     )
+    changes = diff(before, _snapshot(recipient, _PREFERENCE_FIELDS))
+    if changes:
+        _audit(audit_actor, "preferences.update", "recipient", recipient.user_id, changes)
     return recipient
 
 
@@ -159,9 +210,17 @@ def category_disable(*, recipient: Recipient, category: str) -> Recipient:
     return recipient
 
 
-def suppression_remove(*, suppression: Suppression) -> None:
+def suppression_remove(*, suppression: Suppression, audit_actor: Any = None) -> None:
     """Take an address off the suppression list (an operator's decision; devices stay as they are)."""
+    changes = {
+        "channel": [suppression.channel, None],
+        "address": [suppression.address, None],
+        "source": [suppression.source, None],
+        "reason": [suppression.reason, None],
+    }
+    target = suppression.pk
     suppression.delete()
+    _audit(audit_actor, "suppression.remove", "suppression", target, changes)
 
 
 def topic_upsert(*, key: str, name: str) -> tuple[Topic, bool]:
@@ -251,3 +310,83 @@ def unsubscribe_token_read(token: str) -> tuple[str, str]:
     if not isinstance(data, dict) or not isinstance(data.get("r"), str) or not isinstance(data.get("c"), str):
         raise signing.BadSignature("malformed unsubscribe token")
     return data["r"], data["c"]
+
+
+PREFERENCES_SALT = "preferences.center"
+
+
+@functools.cache
+def _preference_signer(secret: str) -> signing.Signer:
+    return signing.Signer(key=secret, salt=PREFERENCES_SALT)
+
+
+def preference_token(*, user_id: str, expires_at: int) -> str:
+    """Return the signed token naming a recipient until `expires_at` (a Unix time): `<b64 user_id>.<b62 expiry>:<sig>`.
+
+    django.core.signing with a salt of its own, signing a compact string rather than JSON (sign_object() costs
+    about twice as much, and every optional email carries a link, so this is on the send path). The expiry
+    travels inside the signed value: each link has its own lifetime, which one `max_age` could not express.
+    """
+    payload = urlsafe_b64encode(user_id.encode()).rstrip(b"=").decode()
+    return _preference_signer(settings.SECRET_KEY).sign(f"{payload}.{signing.b62_encode(expires_at)}")
+
+
+def preference_link(*, recipient: Recipient, ttl_seconds: int) -> tuple[str, dt.datetime]:
+    """Return a signed URL to the recipient's preference center, valid for `ttl_seconds`, and when it expires."""
+    expires = timezone.now().replace(microsecond=0) + dt.timedelta(seconds=ttl_seconds)
+    token = preference_token(user_id=recipient.user_id, expires_at=int(expires.timestamp()))
+    return f"{settings.PUBLIC_BASE_URL.rstrip('/')}/preferences/{token}", expires
+
+
+def preference_token_read(token: str) -> str:
+    """Return the user_id a preference-center token names.
+
+    Raises signing.SignatureExpired for a link past its expiry, signing.BadSignature for anything not ours.
+    """
+    value = _preference_signer(settings.SECRET_KEY).unsign(token)
+    payload, _, expiry = value.partition(".")
+    try:
+        user_id = urlsafe_b64decode(payload + "=" * (-len(payload) % 4)).decode()
+        expires_at = signing.b62_decode(expiry)
+    except (ValueError, UnicodeDecodeError):
+        raise signing.BadSignature("malformed preference token") from None
+    if expires_at <= timezone.now().timestamp():
+        raise signing.SignatureExpired("preference link expired")
+    return user_id
+
+
+def preferences_save_by_recipient(
+    *,
+    recipient: Recipient,
+    opted_out: bool,
+    channels: dict[str, bool],
+    categories: dict[str, dict[str, Any]],
+    quiet_start: dt.time | None,
+    quiet_end: dt.time | None,
+    timezone_name: str,
+) -> Recipient:
+    """Save what a recipient chose in the preference center, through the API's own writes, and audit it."""
+    with transaction.atomic():
+        recipient = Recipient.objects.select_for_update().get(pk=recipient.pk)
+        before = {**recipient_preferences(recipient=recipient), "timezone": recipient.timezone}
+        if timezone_name != recipient.timezone:
+            recipient, _ = recipient_upsert(user_id=recipient.user_id, timezone=timezone_name)
+        recipient = preferences_set(
+            recipient=recipient,
+            opted_out=opted_out,
+            channels=channels,
+            categories=categories,
+            quiet_start=quiet_start,
+            quiet_end=quiet_end,
+        )
+        after = {**recipient_preferences(recipient=recipient), "timezone": recipient.timezone}
+        changes = diff(before, after)
+        if changes:
+            audit_record(
+                actor=Actor("recipient", recipient.user_id, recipient.user_id),
+                action="preferences.update",
+                target_type="recipient",
+                target_id=recipient.user_id,
+                changes=changes,
+            )
+    return recipient

@@ -12,6 +12,9 @@ urlpatterns = [
     path("recipients/<str:user_id>/devices", apis.DeviceListApi.as_view(), name="recipient-devices"),
     path("recipients/<str:user_id>/devices/<str:token>", apis.DeviceDetailApi.as_view(), name="recipient-device"),
     path("recipients/<str:user_id>/preferences", apis.PreferencesApi.as_view(), name="recipient-preferences"),
+    path(
+        "recipients/<str:user_id>/preference-link", apis.PreferenceLinkApi.as_view(), name="recipient-preference-link"
+    ),
     path("suppressions", apis.SuppressionListApi.as_view(), name="suppressions"),
     path("suppressions/<int:suppression_id>", apis.SuppressionDetailApi.as_view(), name="suppression"),
     path("topics/<slug:key>", apis.TopicApi.as_view(), name="topic"),

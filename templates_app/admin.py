@@ -200,6 +200,7 @@ class TemplateAdmin(admin.ModelAdmin):
                 content=form.canonical_content,
                 publish=bool(form.cleaned_data.get("publish")),
                 actor=f"admin:{request.user.get_username()}",
+                audit_actor=request.user,
             )
             obj.pk = version.template.pk
             obj.refresh_from_db()
@@ -280,7 +281,9 @@ class TemplateVersionAdmin(admin.ModelAdmin):
     def _publish(self, request: HttpRequest, version: TemplateVersion) -> None:
         """Publish `version` and tell the user how it went."""
         try:
-            version = template_version_publish(version=version, actor=f"admin:{request.user.get_username()}")
+            version = template_version_publish(
+                version=version, actor=f"admin:{request.user.get_username()}", audit_actor=request.user
+            )
         except ValidationError as exc:
             reasons = "; ".join(f"{k}: {', '.join(v)}" for k, v in _error_lines(exc.detail).items())
             self.message_user(request, f"Not published: {reasons}", messages.ERROR)

@@ -57,6 +57,8 @@ class VersionSerializer(VersionSummarySerializer):
 class TemplatePutApi(APIView):
     """PUT /templates/{key} creates a new version; GET /templates/{key} returns the template."""
 
+    required_scope = "templates"
+
     class TemplatePutInputSerializer(serializers.Serializer):
         category = serializers.CharField(max_length=64)
         default_locale = serializers.CharField(max_length=35, required=False)
@@ -107,6 +109,7 @@ class TemplatePutApi(APIView):
             publish=data["publish"],
             actor=_actor(request),
             allowed_categories=getattr(request.user, "allowed_categories", None),
+            audit_actor=request.user,
         )
         body = {"key": version.template.key, "version": version.version, "published": version.published_at is not None}
         return Response(self.TemplatePutOutputSerializer(body).data, status=status.HTTP_201_CREATED)
@@ -123,6 +126,8 @@ class TemplatePutApi(APIView):
 class TemplateVersionApi(APIView):
     """GET /templates/{key}/versions/{version}: one version with its content (drafts included)."""
 
+    required_scope = "templates"
+
     @extend_schema(responses={200: VersionSerializer})
     def get(self, request: Request, key: str, version: int) -> Response:
         try:
@@ -134,6 +139,8 @@ class TemplateVersionApi(APIView):
 
 class TemplatePreviewApi(APIView):
     """POST /templates/{key}/preview: render every channel of a version with a sample payload."""
+
+    required_scope = "templates"
 
     class TemplatePreviewInputSerializer(serializers.Serializer):
         payload = serializers.DictField(default=dict)
@@ -160,7 +167,7 @@ class TemplatePreviewApi(APIView):
             rendered = render_all(version, locale=data["locale"], payload=data["payload"])
         except RenderError as exc:
             fields = {f"payload.{exc.variable}": [f"is required by {exc.path}"]} if exc.variable else {}
-            raise ApiError(400, "render_error", exc.message, fields) from None
+            raise ApiError(400, exc.code, exc.message, fields) from None
         body = {
             "key": version.template.key,
             "version": version.version,

@@ -15,16 +15,20 @@ from __future__ import annotations
 
 import re
 import threading
+import types
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import update_wrapper
 from typing import Any
 
 from django.conf import settings
 from jinja2 import StrictUndefined, TemplateError, TemplateSyntaxError, UndefinedError, meta, nodes
 from jinja2.environment import Template
-from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
+from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedEscapeFormatter, SandboxedFormatter, SecurityError
+from markupsafe import Markup
 
+from templates_app import budget
 from templates_app.models import TemplateVersion
 
 # The parts each channel's content may have. A missing optional string part renders as "", missing push
@@ -41,23 +45,38 @@ STRUCTURED_PARTS: frozenset[tuple[str, str]] = frozenset({("push", "data"), ("we
 # Only this part is HTML, so only it is autoescaped; everything else is plain text or JSON.
 HTML_PARTS: frozenset[tuple[str, str]] = frozenset({("email", "html")})
 
+# Parts that become a header line (an email's Subject): CR/LF there would end the header (Django refuses it
+# with BadHeaderError, other transports would let a payload inject headers), so they are folded to spaces.
+HEADER_PARTS: frozenset[tuple[str, str]] = frozenset({("email", "subject")})
+_HEADER_BREAKS = re.compile(r"[\r\n\x00-\x08\x0b-\x1f\x7f\u2028\u2029]+")
+
 # Bounds against templates that would exhaust memory or CPU: string/list repetition and exponentiation.
 MAX_REPEAT_LENGTH = 100_000
 MAX_EXPONENT = 1_000
 
 _MARKERS = ("{{", "{%", "{#")
+# `{{ preferences_url }}` is per recipient, but rendered parts are cached per notification and locale; it renders
+# as this stand-in, which the send path replaces with the recipient's signed link (preferences.emails). An
+# example URL on a reserved domain, so a preview reads sensibly and HTML escaping leaves it intact.
+PREFERENCES_URL_PLACEHOLDER = "https://preferences.invalid/notifier-preferences-url"
 _UNDEFINED_NAME = re.compile(r"^'([^']+)' is undefined$")
 _MISSING_ATTRIBUTE = re.compile(r"has no attribute '([^']+)'$")
 
 
 class RenderError(Exception):
-    """A template could not be compiled or rendered; the message says where and why, never leaks internals."""
+    """A template could not be compiled or rendered; the message says where and why, never leaks internals.
 
-    def __init__(self, message: str, *, variable: str | None = None, path: str = "") -> None:
+    `code` is "template_budget" when a budget (templates_app.budget) was broken, else "render_error".
+    """
+
+    def __init__(
+        self, message: str, *, variable: str | None = None, path: str = "", code: str = "render_error"
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.variable = variable
         self.path = path
+        self.code = code
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,13 +87,56 @@ class RenderedParts:
     locale: str
 
 
-class _Sandbox(ImmutableSandboxedEnvironment):
-    """Jinja2's immutable sandbox, also bounding repetition and exponentiation."""
+class _BoundedFormatter(SandboxedFormatter):
+    """The sandbox's str.format, refusing widths and precisions above the budget's maximum."""
 
-    intercepted_binops = frozenset({"*", "**"})
+    def format_field(self, value: Any, format_spec: str) -> Any:
+        budget.check_format_spec(format_spec)
+        return super().format_field(value, format_spec)
+
+
+class _BoundedEscapeFormatter(_BoundedFormatter, SandboxedEscapeFormatter):
+    """The same for Markup strings (email HTML)."""
+
+
+class _Sandbox(ImmutableSandboxedEnvironment):
+    """Jinja2's immutable sandbox, also bounding repetition, exponentiation, concatenation, formatting widths
+    and the str methods that pad or multiply (see templates_app.budget)."""
+
+    intercepted_binops = frozenset({"*", "**", "+", "%"})
+
+    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
+        """Call from sandboxed code: refuse amplifying str methods, and any result longer than a part."""
+        budget.check_str_method(__obj, args, kwargs)
+        return budget.check_result(super().call(__context, __obj, *args, **kwargs))
+
+    def wrap_str_format(self, value: Any) -> Callable[..., str] | None:
+        """Sandbox str.format / format_map like Jinja does, with widths bounded."""
+        if not isinstance(value, types.MethodType | types.BuiltinMethodType) or value.__name__ not in (
+            "format",
+            "format_map",
+        ):
+            return None
+        owner = value.__self__
+        if not isinstance(owner, str):
+            return None
+        formatter = (
+            _BoundedEscapeFormatter(self, escape=owner.escape) if isinstance(owner, Markup) else _BoundedFormatter(self)
+        )
+        is_map = value.__name__ == "format_map"
+
+        def wrapper(*args: Any, **kwargs: Any) -> str:
+            if is_map:
+                if kwargs or len(args) != 1:
+                    raise TypeError("format_map() takes exactly one argument")
+                kwargs, args = args[0], ()
+            return budget.check_result(type(owner)(formatter.vformat(owner, args, kwargs)))
+
+        return update_wrapper(wrapper, value)
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
-        """Refuse `*` and `**` whose result would be huge; otherwise apply the operator."""
+        """Refuse `*`, `**`, `+` and `%` whose result would be huge; otherwise apply the operator."""
+        budget.check_binop(operator, left, right)
         if operator == "**":
             if isinstance(right, int | float) and abs(right) > MAX_EXPONENT:
                 raise SecurityError(f"exponent larger than {MAX_EXPONENT}")
@@ -83,12 +145,12 @@ class _Sandbox(ImmutableSandboxedEnvironment):
                 sized = isinstance(seq, str | list | tuple) and isinstance(count, int)
                 if sized and len(seq) * count > MAX_REPEAT_LENGTH:
                     raise SecurityError(f"repetition longer than {MAX_REPEAT_LENGTH}")
-        return super().call_binop(context, operator, left, right)
+        return budget.check_result(super().call_binop(context, operator, left, right))
 
 
-def _finalize(value: Any) -> Any:
-    """Print None as an empty string: an absent optional value should not read "None" to a recipient."""
-    return "" if value is None else value
+def header_value(value: str) -> str:
+    """Return `value` fit for one header line: line breaks and control characters folded to single spaces."""
+    return _HEADER_BREAKS.sub(" ", value).strip() if value else value
 
 
 def _make_env(*, autoescape: bool) -> _Sandbox:
@@ -97,7 +159,8 @@ def _make_env(*, autoescape: bool) -> _Sandbox:
         loader=None,
         undefined=StrictUndefined,
         autoescape=autoescape,
-        finalize=_finalize,
+        # Prints None as "" (an absent optional value should not read "None") and counts what is printed.
+        finalize=budget.finalize,
         trim_blocks=True,
         lstrip_blocks=True,
         auto_reload=False,
@@ -105,13 +168,14 @@ def _make_env(*, autoescape: bool) -> _Sandbox:
     )
     # lipsum only burns CPU; nothing else is added so the template surface stays small.
     env.globals.pop("lipsum", None)
+    env.filters = budget.guarded_filters()
+    env.globals["preferences_url"] = PREFERENCES_URL_PLACEHOLDER
     return env
 
 
 _TEXT_ENV = _make_env(autoescape=False)
 _HTML_ENV = _make_env(autoescape=True)
 _GLOBALS: dict[str, Any] = dict(_TEXT_ENV.globals)
-_concat = "".join
 
 
 class _LRU:
@@ -230,6 +294,10 @@ def compile_string(source: str, *, html: bool = False, path: str = "") -> Templa
         name = node.attr if isinstance(node, nodes.Getattr) else getattr(node.arg, "value", None)
         if isinstance(name, str) and name.startswith("_"):
             raise RenderError(f"{where}access to '{name}' is not allowed", path=path)
+    problems = budget.static_problems(tree)
+    if problems:
+        raise RenderError(f"{where}over the template budget: {problems[0]}", path=path, code="template_budget")
+    budget.instrument(tree)
     try:
         return env.from_string(tree)
     except TemplateError as exc:
@@ -249,6 +317,8 @@ def _compile_node(value: Any, *, html: bool, path: str) -> Any:
 
 def _describe(exc: Exception, path: str) -> RenderError:
     """Turn a rendering exception into a RenderError that names the missing variable, without internals."""
+    if isinstance(exc, budget.TemplateBudgetError):
+        return RenderError(f"{path}: over the template budget: {exc}", path=path, code="template_budget")
     if isinstance(exc, SecurityError):
         return RenderError(f"{path}: unsafe operation refused by the sandbox: {exc}", path=path)
     if isinstance(exc, UndefinedError):
@@ -271,7 +341,7 @@ def _render_node(node: Any, payload: Mapping[str, Any], path: str) -> Any:
             # Template.render() would copy the globals and payload into a new dict and walk the globals
             # for every part; render() merges them once per call and shares that dict (measured ~4x faster).
             context = node.environment.context_class(node.environment, payload, None, node.blocks)
-            return _concat(node.root_render_func(context))
+            return budget.joined_output(node.root_render_func(context), path)
         except Exception as exc:
             raise _describe(exc, path) from None
     if isinstance(node, dict):
@@ -351,8 +421,14 @@ def render(version: TemplateVersion, *, channel: str, locale: str, payload: dict
     # Payload variables shadow the few globals, as in Jinja itself; both envs share the same globals.
     context_vars = {**_GLOBALS, **payload} if payload else dict(_GLOBALS)
     parts: dict[str, Any] = {}
-    for part, node in compiled:
-        parts[part] = _render_node(node, context_vars, f"{channel}.{part}")
+    token = budget.start()  # one budget (time, loop iterations, characters) for the channel's parts
+    try:
+        for part, node in compiled:
+            parts[part] = _render_node(node, context_vars, f"{channel}.{part}")
+            if (channel, part) in HEADER_PARTS and isinstance(parts[part], str):
+                parts[part] = header_value(parts[part])
+    finally:
+        budget.finish(token)
     for part in CHANNEL_PARTS[channel]:
         if part not in parts:
             parts[part] = {} if (channel, part) == ("push", "data") else ""

@@ -12,6 +12,7 @@ from django.db.models import Max
 from django.utils import timezone
 from rest_framework.exceptions import ValidationError
 
+from audit.services import audit_record, diff
 from notifier.errors import ApiError
 from templates_app.models import Template, TemplateVersion
 from templates_app.rendering import CHANNEL_PARTS, STRUCTURED_PARTS, RenderError, compile_part, normalize_locale
@@ -196,6 +197,7 @@ def template_put(
     publish: bool = True,
     actor: str = "",
     allowed_categories: list[str] | None = None,
+    audit_actor: Any = None,
 ) -> TemplateVersion:
     """Create a new version of a template (creating the template if new), published unless `publish` is false.
 
@@ -203,6 +205,7 @@ def template_put(
     template's category and default locale apply to its published version, so they change only when a
     version is published: a draft may not change them on a template that already has a published version.
     A non-empty `allowed_categories` (an API client's) restricts both the new and the existing category.
+    With an `audit_actor` (API client or staff user) the new version is written to the audit log.
     """
     if allowed_categories and category not in allowed_categories:
         raise ApiError(403, "category_forbidden", f"This API client may not use category '{category}'.")
@@ -210,10 +213,11 @@ def template_put(
         key=key, category=category, default_locale=default_locale, content=content
     )
     with transaction.atomic():
-        template, _ = Template.objects.get_or_create(
+        template, created = Template.objects.get_or_create(
             key=key, defaults={"category": category, "default_locale": default_locale}
         )
         template = Template.objects.select_for_update().get(pk=template.pk)
+        before = {"category": template.category, "published_version": template.published_version_id}
         if allowed_categories and template.category not in allowed_categories:
             raise ApiError(403, "category_forbidden", f"This API client may not use category '{template.category}'.")
         _check_draft_keeps_header(template=template, category=category, default_locale=default_locale, publish=publish)
@@ -225,6 +229,16 @@ def template_put(
             _publish(template=template, version=version, category=category, default_locale=default_locale)
         else:
             template.save(update_fields=["updated_at"])
+        if audit_actor is not None:
+            changes = {
+                "version": [None, version.version],
+                "published": [None, publish],
+                **diff({} if created else {"category": before["category"]}, {"category": template.category}),
+            }
+            audit_record(
+                actor=audit_actor, action="template.version_create", target_type="template", target_id=key,
+                changes=changes,
+            )  # fmt: skip
     logger.info("template %s version %s created by %s (published=%s)", key, version.version, actor or "-", publish)
     version.template = template
     return version
@@ -241,7 +255,7 @@ def _publish(*, template: Template, version: TemplateVersion, category: str, def
     template.save(update_fields=["published_version", "category", "default_locale", "updated_at"])
 
 
-def template_version_publish(*, version: TemplateVersion, actor: str = "") -> TemplateVersion:
+def template_version_publish(*, version: TemplateVersion, actor: str = "", audit_actor: Any = None) -> TemplateVersion:
     """Publish an existing version (a draft, or an older one to roll back to).
 
     Its content must contain the template's default locale, which the published version always serves.
@@ -253,7 +267,14 @@ def template_version_publish(*, version: TemplateVersion, actor: str = "") -> Te
             raise ValidationError(
                 {"version": [f"has no content for the template's default locale '{template.default_locale}'"]}
             )
+        previous = template.published_version_id
         _publish(template=template, version=version, category=template.category, default_locale=template.default_locale)
+        if audit_actor is not None:
+            old = TemplateVersion.objects.filter(pk=previous).values_list("version", flat=True).first()
+            audit_record(
+                actor=audit_actor, action="template.publish", target_type="template", target_id=template.key,
+                changes={"published_version": [old, version.version]},
+            )  # fmt: skip
     logger.info("template %s version %s published by %s", template.key, version.version, actor or "-")
     version.template = template
     return version

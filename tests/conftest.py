@@ -190,16 +190,24 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 30, interval: float 
 
 @pytest.fixture
 def api_client_factory(db: None) -> Callable[..., tuple[Any, Any]]:
-    """Return a factory of (ApiClient, authenticated DRF test client) pairs."""
+    """Return a factory of (ApiClient, authenticated DRF test client) pairs (every scope unless told)."""
     from rest_framework.test import APIClient
 
+    from notifier.scopes import SCOPES
     from notifier.services import api_client_create
 
     counter = {"n": 0}
 
-    def _make(name: str | None = None, categories: list[str] | None = None) -> tuple[Any, Any]:
+    def _make(
+        name: str | None = None, categories: list[str] | None = None, scopes: list[str] | None = None
+    ) -> tuple[Any, Any]:
         counter["n"] += 1
-        client, raw_key = api_client_create(name=name or f"svc-{counter['n']}", allowed_categories=categories or [])
+        # Every scope unless a test narrows it: tests of an endpoint are not about scopes (test_scopes.py is).
+        client, raw_key = api_client_create(
+            name=name or f"svc-{counter['n']}",
+            allowed_categories=categories or [],
+            scopes=list(SCOPES) if scopes is None else scopes,
+        )
         http = APIClient()
         http.credentials(HTTP_AUTHORIZATION=f"Bearer {raw_key}")
         return client, http
@@ -209,5 +217,5 @@ def api_client_factory(db: None) -> Callable[..., tuple[Any, Any]]:
 
 @pytest.fixture
 def api(api_client_factory: Callable[..., tuple[Any, Any]]) -> Any:
-    """Return a DRF test client authenticated as a fresh API client with every category allowed."""
+    """Return a DRF test client authenticated as a fresh API client with every category and scope."""
     return api_client_factory()[1]

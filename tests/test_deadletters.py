@@ -25,6 +25,7 @@ from notifier.deadletters.services import (
 )
 from notifier.models import ApiClient, DeadLetter, Delivery, DeliveryEvent, Notification
 from notifier.outbox import publish_delivery_ids
+from notifier.scopes import SCOPES
 from preferences.models import Recipient
 from tests.conftest import purge_all_queues, queue_depth, wait_for
 from tests.test_pipeline import make_template, put_recipient, send
@@ -41,7 +42,9 @@ def make_dead_letter(
     """Create a notification, a delivery in `status` that exhausted its attempts, and its dead letter."""
     n = next(_seq)
     if client is None:
-        client = ApiClient.objects.create(name=f"dl-client-{n}", key_prefix=f"p{n}", key_hash=f"{n:064d}")
+        client = ApiClient.objects.create(
+            name=f"dl-client-{n}", key_prefix=f"p{n}", key_hash=f"{n:064d}", scopes=list(SCOPES)
+        )
     recipient = Recipient.objects.create(user_id=f"dl-user-{n}", email=f"u{n}@example.com")
     notification = Notification.objects.create(
         client=client, category="transactional", template_key="t", channels=[channel], priority=priority

@@ -11,6 +11,7 @@ from rest_framework.test import APIClient
 
 from notifier.auth import generate_key, hash_key
 from notifier.models import ApiClient, Delivery, DeliveryEvent
+from notifier.scopes import SCOPES
 from preferences.models import Recipient
 from tests.factories import make_delivery
 
@@ -23,7 +24,9 @@ pytestmark = [pytest.mark.urls(__name__), pytest.mark.django_db]
 @pytest.fixture
 def service() -> ApiClient:
     raw, prefix = generate_key()
-    client = ApiClient.objects.create(name=f"svc-{uuid.uuid4().hex[:8]}", key_prefix=prefix, key_hash=hash_key(raw))
+    client = ApiClient.objects.create(
+        name=f"svc-{uuid.uuid4().hex[:8]}", key_prefix=prefix, key_hash=hash_key(raw), scopes=list(SCOPES)
+    )
     client.raw_key = raw  # type: ignore[attr-defined]
     return client
 

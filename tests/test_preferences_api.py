@@ -11,6 +11,7 @@ from rest_framework.test import APIClient
 from channels_app.models import SandboxMessage
 from notifier.auth import generate_key, hash_key
 from notifier.models import ApiClient, Delivery, DeliveryEvent, Notification
+from notifier.scopes import SCOPES
 from preferences.models import Device, Recipient, Subscription, Suppression, Topic
 
 # Until the lead mounts preferences.urls under /api/v1/, these tests route through this module.
@@ -25,7 +26,7 @@ pytestmark = [pytest.mark.django_db, pytest.mark.urls(__name__)]
 @pytest.fixture
 def client_row() -> ApiClient:
     raw, prefix = generate_key()
-    row = ApiClient.objects.create(name="svc-pref", key_prefix=prefix, key_hash=hash_key(raw))
+    row = ApiClient.objects.create(name="svc-pref", key_prefix=prefix, key_hash=hash_key(raw), scopes=list(SCOPES))
     row.raw_key = raw  # type: ignore[attr-defined]
     return row
 

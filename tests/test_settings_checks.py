@@ -8,7 +8,7 @@ from notifier.checks import secret_key_set
 
 
 def test_production_without_a_secret_key_is_refused(settings: Any) -> None:
-    settings.DEBUG = False
+    settings.DEVELOPMENT = False
     settings._SECRET_KEY_FROM_ENV = False
     assert [m.id for m in secret_key_set()] == ["notifier.E001"]
     settings._SECRET_KEY_FROM_ENV = True

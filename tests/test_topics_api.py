@@ -8,6 +8,7 @@ from rest_framework.test import APIClient
 
 from notifier.auth import generate_key, hash_key
 from notifier.models import ApiClient
+from notifier.scopes import SCOPES
 from preferences.models import Recipient, Subscription
 
 urlpatterns = [path("api/v1/", include("preferences.urls"))]
@@ -18,7 +19,7 @@ pytestmark = [pytest.mark.django_db, pytest.mark.urls(__name__)]
 @pytest.fixture
 def http() -> APIClient:
     raw, prefix = generate_key()
-    ApiClient.objects.create(name="svc-topics", key_prefix=prefix, key_hash=hash_key(raw))
+    ApiClient.objects.create(name="svc-topics", key_prefix=prefix, key_hash=hash_key(raw), scopes=list(SCOPES))
     c = APIClient()
     c.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
     return c

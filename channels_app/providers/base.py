@@ -7,12 +7,16 @@ After healthchecks' `hc/integrations/*/transport.py`: one adapter per provider, 
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 from typing import Any, ClassVar
+
+import requests
+from urllib3.exceptions import ConnectTimeoutError, NewConnectionError
 
 
 @dataclass(frozen=True)
@@ -120,11 +124,51 @@ def parse_retry_after(value: str | None, *, now: float | None = None) -> float |
     return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
+class UnexpectedError(ProviderError):
+    """Anything other than a ProviderError raised for one message (a bug, a bad per-client setting).
+
+    Carried as an outcome so it fails that delivery alone; never retried (the same input raises again) and
+    never counted by the breaker (the provider did not answer).
+    """
+
+    def __init__(self, exc: BaseException) -> None:
+        from notifier.logging import mask_text
+
+        self.cause_name = type(exc).__name__
+        text = mask_text(str(exc)[:2000]).replace("\r", " ").replace("\n", " ")
+        self.description = f"{self.cause_name}: {text}"[:1000]
+        super().__init__(self.description, retriable=False, code=f"error:{self.cause_name}")
+
+    def __str__(self) -> str:
+        return self.description
+
+
+class DeadlineExceeded(RetriableError):
+    """A call ran past its total deadline; the provider may have acted on it (same provider only)."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"no answer within the {seconds:g}s call deadline", code="deadline", maybe_sent=True)
+
+
+def connection_not_made(exc: requests.exceptions.ConnectionError) -> bool:
+    """Say whether a requests connection error happened before any byte of the request was sent.
+
+    A refused or timed-out connect sent nothing: another provider may have the message. A connection reset
+    or aborted after the request was written may have been acted on (`maybe_sent`).
+    """
+    if isinstance(exc, requests.exceptions.ConnectTimeout):
+        return True
+    reason = getattr(exc.args[0], "reason", None) if exc.args else None
+    return isinstance(reason, NewConnectionError | ConnectTimeoutError)
+
+
 class ConfigurationError(Exception):
     """A provider was switched on with settings missing or wrong; raised at start-up."""
 
 
 Outcome = SendResult | ProviderError
+# The index `send_stream(ticks=True)` yields (with no outcome) when nothing arrived for a while.
+TICK = -1
 
 
 class Provider:
@@ -134,6 +178,11 @@ class Provider:
     channels: ClassVar[tuple[str, ...]] = ()
     # Calls in flight at once for one batch; providers with a batch API override `send_batch` instead.
     max_concurrency: ClassVar[int] = 16
+    # The total time one call may take (connect, send, the whole answer). Adapters that can abort a call
+    # themselves do so (the webhook adapter); `send_stream` stops waiting for any call past it in any case.
+    call_deadline: float = 30.0
+    # Messages per `send_batch` call when a provider with a batch API streams its outcomes.
+    stream_chunk: ClassVar[int] = 500
 
     def send(self, message: OutboundMessage) -> SendResult:
         """Send one message; return the provider's id or raise ProviderError."""
@@ -147,15 +196,108 @@ class Provider:
         """
         if len(messages) == 1:
             return [self._send_one(messages[0])]
+        outcomes: list[Outcome | None] = [None] * len(messages)
         workers = max(1, min(self.max_concurrency, len(messages)))
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"send-{self.name}") as pool:
-            return list(pool.map(self._send_one, messages))
+        for index, outcome in self._stream_pool(messages, workers=workers):
+            outcomes[index] = outcome
+        return [o for o in outcomes if o is not None]
 
     def _send_one(self, message: OutboundMessage) -> Outcome:
+        """Send one message; whatever it raises becomes that message's outcome, never its neighbours'."""
         try:
             return self.send(message)
         except ProviderError as exc:
             return exc
+        except Exception as exc:  # a bug or a bad per-client setting fails this delivery alone
+            return UnexpectedError(exc)
+
+    def _has_batch_api(self) -> bool:
+        return type(self).send_batch is not Provider.send_batch
+
+    def send_stream(
+        self, messages: Sequence[OutboundMessage], *, window: threading.Semaphore | None = None, ticks: bool = False
+    ) -> Iterator[tuple[int, Any]]:
+        """Send many messages; yield (index, outcome) as each answer arrives, in no particular order.
+
+        With `ticks`, (TICK, None) is also yielded whenever no answer arrived for a quarter of a second, so the
+        caller can write the answers it holds while slow calls are still running.
+
+        `window`, when given, is taken before each call and released by the caller once that call's outcome is
+        written: calls in flight plus answers not yet written never exceed it, which bounds what a worker that
+        dies can repeat.
+
+        Every call is bounded by `call_deadline`: past it the call is given up as `DeadlineExceeded` (ambiguous:
+        retried on the same provider with the same idempotency key) and its thread is left to end on its own.
+        Providers with a batch API are called a chunk at a time; a chunk that raises is retried message by
+        message, so one poison message fails alone.
+        """
+        if self._has_batch_api():
+            yield from self._stream_chunks(messages)
+            return
+        workers = max(1, min(self.max_concurrency, len(messages)))
+        yield from self._stream_pool(messages, workers=workers, window=window, ticks=ticks)
+
+    def _stream_chunks(self, messages: Sequence[OutboundMessage]) -> Iterator[tuple[int, Outcome]]:
+        size = max(1, self.stream_chunk)
+        for start in range(0, len(messages), size):
+            chunk = messages[start : start + size]
+            try:
+                outcomes = self.send_batch(chunk)
+            except Exception:
+                outcomes = [self._send_one(m) for m in chunk]
+            for offset, outcome in enumerate(outcomes):
+                yield start + offset, outcome
+
+    def _stream_pool(
+        self,
+        messages: Sequence[OutboundMessage],
+        *,
+        workers: int,
+        window: threading.Semaphore | None = None,
+        ticks: bool = False,
+    ) -> Iterator[tuple[int, Any]]:
+        started: dict[int, float] = {}
+        lock = threading.Lock()
+        closing = threading.Event()
+
+        def run(index: int) -> Outcome:
+            if window is not None:
+                while not window.acquire(timeout=0.5):
+                    if closing.is_set():
+                        return RetriableError("not attempted: batch ended", code="stalled")
+            with lock:
+                started[index] = time.monotonic()
+            return self._send_one(messages[index])
+
+        pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"send-{self.name}")
+        try:
+            futures: dict[Future[Outcome], int] = {pool.submit(run, i): i for i in range(len(messages))}
+            pending = set(futures)
+            abandoned = 0
+            while pending:
+                done, pending = wait(pending, timeout=0.25, return_when=FIRST_COMPLETED)
+                if not done and ticks:
+                    yield TICK, None  # nothing arrived for a while: the caller may write what it holds
+                for future in done:
+                    yield futures[future], future.result()
+                now = time.monotonic()
+                with lock:
+                    late = [f for f in pending if now - started.get(futures[f], now) > self.call_deadline]
+                for future in late:
+                    pending.discard(future)
+                    abandoned += 1
+                    yield futures[future], DeadlineExceeded(self.call_deadline)
+                if abandoned >= workers:
+                    # Every thread is stuck in a call that outlived its deadline: what has not started yet
+                    # would never start. It was never sent, so it may go anywhere next time.
+                    for future in list(pending):
+                        if future.cancel():
+                            pending.discard(future)
+                            yield futures[future], RetriableError("not attempted: calls stalled", code="stalled")
+        finally:
+            # Calls given up on are not waited for: their threads end when their own timeouts fire.
+            closing.set()
+            pool.shutdown(wait=False, cancel_futures=True)
 
     @classmethod
     def from_settings(cls) -> Provider:

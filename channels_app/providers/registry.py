@@ -28,7 +28,10 @@ def get_provider(name: str) -> Provider:
         raise ConfigurationError(f"Unknown provider '{name}'. Known: {', '.join(sorted(PROVIDER_CLASSES))}.")
     module_name, _, class_name = PROVIDER_CLASSES[name].rpartition(".")
     cls: type[Provider] = getattr(import_module(module_name), class_name)
-    return cls.from_settings()
+    provider = cls.from_settings()
+    # One total deadline per call for every adapter (the webhook adapter also aborts its socket at it).
+    provider.call_deadline = settings.PROVIDER_CALL_DEADLINE_SECONDS
+    return provider
 
 
 def chain(channel: str) -> list[str]:

@@ -27,6 +27,7 @@ from channels_app.providers.base import (
     Provider,
     RetriableError,
     SendResult,
+    connection_not_made,
     parse_retry_after,
 )
 
@@ -173,8 +174,15 @@ class TwilioProvider(Provider):
             raise RetriableError("connect timeout", code="connect_timeout") from None
         except requests.exceptions.ReadTimeout:
             raise RetriableError("read timeout", code="read_timeout", maybe_sent=True) from None
-        except requests.exceptions.ConnectionError:
-            raise RetriableError("connection error", code="connection_error") from None
+        except requests.exceptions.ConnectionError as exc:
+            # Refused before a byte left: another provider may take it. Aborted after the request was written:
+            # Twilio may have created the message, so it is ambiguous (same provider only, never a failover).
+            not_made = connection_not_made(exc)
+            raise RetriableError(
+                "connection refused" if not_made else "connection lost after the request was sent",
+                code="connection_error",
+                maybe_sent=not not_made,
+            ) from None
         except TwilioException as exc:
             # The SDK's own errors (an unparsable answer): the request may have been handled.
             raise RetriableError(

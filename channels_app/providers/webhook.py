@@ -19,17 +19,19 @@ from typing import Any, ClassVar
 import requests
 from django.conf import settings
 from requests_hardened import Config, HTTPSession
-from urllib3.exceptions import ConnectTimeoutError, NewConnectionError
 
 from channels_app.providers.base import (
     ConfigurationError,
+    DeadlineExceeded,
     OutboundMessage,
     PermanentError,
     Provider,
     RetriableError,
     SendResult,
+    connection_not_made,
     parse_retry_after,
 )
+from channels_app.providers.deadline import POOL_CLASSES, CallDeadline
 from channels_app.ssrf import GuardedAdapter, UnsafeTargetError
 
 SECRET_PREFIX = "whsec_"
@@ -51,12 +53,13 @@ def sign(*, secret: str, msg_id: str, timestamp: int, body: bytes) -> str:
     return f"v1,{base64.b64encode(digest).decode()}"
 
 
-def _connection_not_made(exc: requests.exceptions.ConnectionError) -> bool:
-    """Say whether a connection error happened before any byte of the request was sent."""
-    if isinstance(exc, requests.exceptions.ConnectTimeout):
-        return True
-    reason = getattr(exc.args[0], "reason", None) if exc.args else None
-    return isinstance(reason, NewConnectionError | ConnectTimeoutError)
+class _DeadlineAdapter(GuardedAdapter):
+    """The SSRF-guarded adapter whose connections a CallDeadline can abort (a dripped answer is bounded)."""
+
+    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+        """Build the pool manager with abortable connection pools."""
+        super().init_poolmanager(*args, **kwargs)
+        self.poolmanager.pool_classes_by_scheme = dict(POOL_CLASSES)
 
 
 class WebhookProvider(Provider):
@@ -93,8 +96,12 @@ class WebhookProvider(Provider):
         )
         # A proxy from the environment would make the pinned address meaningless.
         self.session.trust_env = False
-        self.session.mount("http://", GuardedAdapter(https=False, allow_private=allow_private, pool_maxsize=pool_size))
-        self.session.mount("https://", GuardedAdapter(https=True, allow_private=allow_private, pool_maxsize=pool_size))
+        self.session.mount(
+            "http://", _DeadlineAdapter(https=False, allow_private=allow_private, pool_maxsize=pool_size)
+        )
+        self.session.mount(
+            "https://", _DeadlineAdapter(https=True, allow_private=allow_private, pool_maxsize=pool_size)
+        )
 
     @classmethod
     def from_settings(cls) -> WebhookProvider:
@@ -131,8 +138,27 @@ class WebhookProvider(Provider):
         if not url.lower().startswith(("http://", "https://")):
             raise PermanentError("webhook URL must be http(s)", code="bad_url")
         body, headers = self.build_request(message)
+        with CallDeadline(self.call_deadline) as call:
+            response = self._post(url, body, headers, call)
+            try:
+                # Drain a bounded body so the connection goes back to the pool (keep-alive); a bigger body is
+                # cut off and its connection dropped rather than read into memory. The answer is the status:
+                # a body dripped past the deadline is cut off by it (the connection is not reused).
+                received = 0
+                for chunk in response.iter_content(8192):
+                    received += len(chunk)
+                    if received > self.max_response_bytes:
+                        break
+            except (requests.exceptions.RequestException, OSError):
+                pass
+            finally:
+                response.close()
+        return self._outcome(response.status_code, response.headers, message)
+
+    def _post(self, url: str, body: bytes, headers: dict[str, str], call: CallDeadline) -> requests.Response:
+        """POST and return the response once its headers are in; sort transport errors."""
         try:
-            response = self.session.post(url, data=body, headers=headers, timeout=self.timeout, stream=True)
+            return self.session.post(url, data=body, headers=headers, timeout=self.timeout, stream=True)
         except UnsafeTargetError as exc:
             raise PermanentError(str(exc), code="unsafe_target") from None
         except requests.exceptions.ConnectTimeout:
@@ -141,7 +167,9 @@ class WebhookProvider(Provider):
             # The receiver has the request and may have acted on it; webhook-id lets it deduplicate.
             raise RetriableError("read timeout", code="read_timeout", maybe_sent=True) from None
         except requests.exceptions.ConnectionError as exc:
-            not_made = _connection_not_made(exc)
+            if call.expired:
+                raise DeadlineExceeded(call.seconds) from None
+            not_made = connection_not_made(exc)
             raise RetriableError(
                 "connection refused" if not_made else "connection lost",
                 code="connection_error",
@@ -149,19 +177,10 @@ class WebhookProvider(Provider):
             ) from None
         except (requests.exceptions.InvalidURL, requests.exceptions.MissingSchema, ValueError):
             raise PermanentError("invalid webhook URL", code="bad_url") from None
-        try:
-            # Drain a bounded body so the connection goes back to the pool (keep-alive); a bigger body is
-            # cut off and its connection dropped rather than read into memory.
-            received = 0
-            for chunk in response.iter_content(8192):
-                received += len(chunk)
-                if received > self.max_response_bytes:
-                    break
-        except (requests.exceptions.RequestException, OSError):
-            pass
-        finally:
-            response.close()
-        return self._outcome(response.status_code, response.headers, message)
+        except requests.exceptions.RequestException:
+            if call.expired:
+                raise DeadlineExceeded(call.seconds) from None
+            raise
 
     def _outcome(self, status: int, headers: Mapping[str, str], message: OutboundMessage) -> SendResult:
         code = f"http_{status}"

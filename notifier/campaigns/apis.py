@@ -30,7 +30,7 @@ class CampaignInput(serializers.Serializer):
     name = serializers.CharField(max_length=255)
     template = serializers.RegexField(r"^[-a-zA-Z0-9_]+(@[1-9][0-9]*)?$", max_length=140)
     topic = serializers.SlugField(max_length=128)
-    category = serializers.CharField(max_length=64, default="marketing")
+    category = serializers.CharField(max_length=64, required=False)  # default: the template's
     channels = serializers.ListField(
         child=serializers.ChoiceField(choices=settings.CHANNELS), required=False, allow_empty=False, max_length=5
     )
@@ -90,6 +90,8 @@ def _get(request: Request, campaign_id: int) -> Campaign:
 class CampaignListCreateApi(APIView):
     """POST: create (and schedule) a campaign. GET: the client's campaigns."""
 
+    required_scope = "campaigns"
+
     def post(self, request: Request) -> Response:
         serializer = CampaignInput(data=request.data)
         serializer.is_valid(raise_exception=True)
@@ -102,6 +104,8 @@ class CampaignListCreateApi(APIView):
 
 class CampaignDetailApi(APIView):
     """GET: a campaign with its progress. PATCH: change a draft or scheduled campaign."""
+
+    required_scope = "campaigns"
 
     def get(self, request: Request, campaign_id: int) -> Response:
         return Response(campaign_out(_get(request, campaign_id), detail=True))
@@ -120,6 +124,8 @@ ACTIONS = {"pause": campaign_pause, "resume": campaign_resume, "cancel": campaig
 
 class CampaignActionApi(APIView):
     """POST /campaigns/{id}/pause|resume|cancel."""
+
+    required_scope = "campaigns"
 
     def post(self, request: Request, campaign_id: int, action: str) -> Response:
         service = ACTIONS.get(action)

@@ -24,6 +24,7 @@ from notifier.errors import ApiError
 from notifier.events import record_events
 from notifier.models import ApiClient, Campaign, Delivery, Notification
 from notifier.outbox import group_by_queue, mark_published, publish
+from notifier.policy import send_policy
 from notifier.services import notification_accept, notification_cancel
 from preferences.models import Topic
 from templates_app.selectors import TemplateNotFound, template_version_resolve
@@ -58,17 +59,23 @@ def _parse_crontab(expression: str) -> list[str]:
 
 
 def campaign_validate(
-    *, client: ApiClient, template: str, category: str, channels: list[str], crontab: str, send_at: datetime | None
-) -> None:
-    """Check a campaign's definition the way accepting its notification will, so it cannot fail at run time."""
-    if category not in settings.NOTIFIER_CATEGORIES:
+    *,
+    client: ApiClient,
+    template: str,
+    category: str | None,
+    channels: list[str],
+    crontab: str,
+    send_at: datetime | None,
+) -> str:
+    """Check a campaign's definition the way accepting its notification will; return its (the template's) category."""
+    if category and category not in settings.NOTIFIER_CATEGORIES:
         raise _invalid("category", "Unknown category.")
-    if client.allowed_categories and category not in client.allowed_categories:
-        raise ApiError(403, "category_forbidden", f"This API client may not send category '{category}'.")
     try:
         version = template_version_resolve(template)
     except TemplateNotFound as exc:
         raise _invalid("template", str(exc)) from None
+    # Campaign runs ask for no priority: they travel at the category's default, which is within its ceiling.
+    category, _ = send_policy(client=client, template_category=version.template.category, category=category)
     missing = [c for c in channels if c not in version.channels]
     if missing:
         raise _invalid("channels", f"Template '{template}' has no content for channel(s): {', '.join(missing)}.")
@@ -76,6 +83,7 @@ def campaign_validate(
         raise _invalid("send_at", "Give send_at (once) or crontab (recurring), not both.")
     if crontab:
         _parse_crontab(crontab)
+    return category
 
 
 def campaign_create(
@@ -84,7 +92,7 @@ def campaign_create(
     name: str,
     template: str,
     topic: str,
-    category: str = "marketing",
+    category: str | None = None,
     channels: list[str] | None = None,
     payload: dict[str, Any] | None = None,
     send_at: datetime | None = None,
@@ -97,7 +105,7 @@ def campaign_create(
     if topic_obj is None:
         raise _invalid("topic", f"Unknown topic '{topic}'.")
     channels = list(channels or [])
-    campaign_validate(
+    category = campaign_validate(
         client=client, template=template, category=category, channels=channels, crontab=crontab, send_at=send_at
     )
     with transaction.atomic():
@@ -129,15 +137,16 @@ def campaign_update(*, campaign: Campaign, **fields: Any) -> Campaign:
         campaign.topic = topic
     if "template" in fields:
         campaign.template_key = fields.pop("template")
+        campaign.category = fields.get("category") or ""  # the new template's, unless given
     for name in ("name", "category", "channels", "payload", "send_at", "crontab", "rate_per_second"):
         if name in fields:
             setattr(campaign, name, fields.pop(name))
     if fields:
         raise _invalid(next(iter(fields)), "Unknown field.")
-    campaign_validate(
+    campaign.category = campaign_validate(
         client=campaign.client,
         template=campaign.template_key,
-        category=campaign.category,
+        category=campaign.category or None,
         channels=list(campaign.channels),
         crontab=campaign.crontab,
         send_at=campaign.send_at,

@@ -76,6 +76,8 @@ def _conflict(exc: DeadLetterError) -> ApiError:
 class DeadLetterListApi(APIView):
     """GET: the caller's dead letters, newest first (filters: channel, status; keyset cursor)."""
 
+    required_scope = "operations"
+
     def get(self, request: Request) -> Response:
         params = DeadLetterListInput(data=request.query_params)
         params.is_valid(raise_exception=True)
@@ -92,6 +94,8 @@ class DeadLetterListApi(APIView):
 class DeadLetterReplayApi(APIView):
     """POST: put one dead letter's delivery back on its queue."""
 
+    required_scope = "operations"
+
     def post(self, request: Request, dead_letter_id: int) -> Response:
         dead_letter = _get_or_404(request, dead_letter_id)
         try:
@@ -103,6 +107,8 @@ class DeadLetterReplayApi(APIView):
 
 class DeadLetterBulkReplayApi(APIView):
     """POST {"ids": [...]} or {"all": true, "channel"?}: replay many; answers how many deliveries were re-queued."""
+
+    required_scope = "operations"
 
     def post(self, request: Request) -> Response:
         params = ReplayInput(data=request.data)
@@ -120,6 +126,8 @@ class DeadLetterBulkReplayApi(APIView):
 
 class DeadLetterDiscardApi(APIView):
     """POST: give up on one dead letter (its delivery stays failed)."""
+
+    required_scope = "operations"
 
     def post(self, request: Request, dead_letter_id: int) -> Response:
         dead_letter = _get_or_404(request, dead_letter_id)

@@ -57,7 +57,15 @@ def _replay_chunk(*, dead_letter_ids: Sequence[int], actor: str) -> list[int]:
             to=Delivery.Status.QUEUED,
             detail=f"replayed by {actor}",
             only_from=[Delivery.Status.FAILED],
-            fields={"attempts": 0, "not_before": None, "published_at": None, "claimed_at": None, "reason": ""},
+            # A replay is the operator's recorded decision: it may go to any provider (the ambiguous pin is lifted).
+            fields={
+                "attempts": 0,
+                "not_before": None,
+                "published_at": None,
+                "claimed_at": None,
+                "reason": "",
+                "pinned_provider": "",
+            },
         )
         if moved:
             # Every pending record of a re-queued delivery is resolved by this replay, not only the ones asked.

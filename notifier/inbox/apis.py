@@ -14,6 +14,7 @@ from notifier.errors import ApiError
 from notifier.inbox.selectors import inbox_list, inbox_recipient_get, inbox_unread_count
 from notifier.inbox.services import inbox_item_mark_read, inbox_mark_all_read
 from notifier.models import Delivery
+from notifier.scopes import RECIPIENT_SCOPES
 from preferences.models import Recipient
 
 
@@ -45,6 +46,8 @@ def _recipient_or_404(user_id: str) -> Recipient:
 
 class InboxListApi(APIView):
     """List a recipient's inbox, newest first, with keyset pagination and the unread count."""
+
+    required_scopes = RECIPIENT_SCOPES
 
     class InputSerializer(serializers.Serializer):
         unread = serializers.BooleanField(required=False, default=False)
@@ -82,6 +85,8 @@ class InboxListApi(APIView):
 class InboxItemReadApi(APIView):
     """Mark one inbox item read; its delivery moves to `opened`."""
 
+    required_scopes = RECIPIENT_SCOPES
+
     @extend_schema(request=None, responses=InboxItemSerializer)
     def post(self, request: Request, user_id: str, delivery_id: int) -> Response:
         recipient = _recipient_or_404(user_id)
@@ -93,6 +98,8 @@ class InboxItemReadApi(APIView):
 
 class InboxReadAllApi(APIView):
     """Mark every unread inbox item of a recipient read."""
+
+    required_scopes = RECIPIENT_SCOPES
 
     class OutputSerializer(serializers.Serializer):
         marked_read = serializers.IntegerField()

@@ -54,6 +54,9 @@ class StubResponse:
     headers: dict[str, str] = field(default_factory=dict)
     # Seconds to wait before answering (longer than the client's read timeout makes a hang).
     delay: float = 0.0
+    # Seconds over which the whole answer (status line, headers, body) is written one byte at a time: each
+    # byte arrives well within any read timeout, but the answer takes this long.
+    drip: float = 0.0
 
 
 Matcher = Callable[[RecordedRequest], bool]
@@ -88,6 +91,9 @@ class StubHTTPServer:
                 response = stub._dispatch(request)
                 if response.delay:
                     stub._stopping.wait(response.delay)
+                if response.drip:
+                    self._drip(response)
+                    return
                 try:
                     self.send_response(response.status)
                     headers = {"Content-Type": "application/json", **response.headers}
@@ -98,6 +104,22 @@ class StubHTTPServer:
                     self.wfile.write(response.body)
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the client gave up (timeout test)
+
+            def _drip(self, response: StubResponse) -> None:
+                head = f"HTTP/1.1 {response.status} OK\r\nContent-Type: application/json\r\n"
+                head += "".join(f"{k}: {v}\r\n" for k, v in response.headers.items())
+                head += f"Content-Length: {len(response.body)}\r\n\r\n"
+                raw = head.encode() + response.body
+                pause = response.drip / len(raw)
+                try:
+                    for i in range(len(raw)):
+                        if stub._stopping.wait(pause):
+                            return
+                        self.wfile.write(raw[i : i + 1])
+                        self.wfile.flush()
+                except OSError:
+                    pass  # the client gave up (its deadline)
+                self.close_connection = True
 
             do_GET = do_POST = do_PUT = do_DELETE = _handle
 

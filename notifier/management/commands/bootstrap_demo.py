@@ -9,6 +9,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand
 
 from notifier.models import ApiClient
+from notifier.scopes import SCOPES
 from notifier.services import api_client_create, api_client_rotate_key
 from preferences.services import recipient_upsert
 from templates_app.models import Template
@@ -45,11 +46,15 @@ class Command(BaseCommand):
         key_file = Path(settings.BASE_DIR) / "var" / "demo-api-key"
         client = ApiClient.objects.filter(name="demo").first()
         if client is None:
-            client, raw_key = api_client_create(name="demo")
+            client, raw_key = api_client_create(name="demo", scopes=list(SCOPES))
         elif key_file.exists():
             raw_key = key_file.read_text().strip()
         else:
             raw_key = api_client_rotate_key(client=client)
+        # The demo key may do everything (API.md), also when it was created before scopes existed.
+        if set(client.scopes) != set(SCOPES):
+            client.scopes = list(SCOPES)
+            client.save(update_fields=["scopes"])
         key_file.parent.mkdir(exist_ok=True)
         key_file.write_text(raw_key + "\n")
         key_file.chmod(0o600)

@@ -1,4 +1,7 @@
-"""`python manage.py create_api_client NAME [--categories a,b]`: create a calling service and print its key."""
+"""Create a calling service and print its key.
+
+`python manage.py create_api_client NAME [--categories a,b] [--scopes s1,s2|all] [--rate-limit 200/s]`
+"""
 
 from __future__ import annotations
 
@@ -7,7 +10,9 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from notifier.models import ApiClient
+from notifier.scopes import parse_scopes
 from notifier.services import api_client_create
+from notifier.throttle import parse_rate
 
 
 class Command(BaseCommand):
@@ -18,6 +23,14 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("name")
         parser.add_argument("--categories", default="", help="Comma-separated allowed categories (default: all).")
+        parser.add_argument(
+            "--scopes", default="send", help="Comma-separated scopes, or 'all' (default: send). See docs/security.md."
+        )
+        parser.add_argument(
+            "--rate-limit",
+            default="",
+            help="Requests per period, e.g. 200/s or 1000/m (default API_CLIENT_RATE_LIMIT).",
+        )
         parser.add_argument("--webhook-url", default="", help="Default webhook URL for webhook-channel sends.")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -25,10 +38,14 @@ class Command(BaseCommand):
             raise CommandError(f"An API client named '{options['name']}' already exists.")
         categories = [c.strip() for c in options["categories"].split(",") if c.strip()]
         try:
-            client, raw_key = api_client_create(name=options["name"], allowed_categories=categories)
+            scopes = parse_scopes(options["scopes"])
+            if options["rate_limit"]:
+                parse_rate(options["rate_limit"])
+            client, raw_key = api_client_create(name=options["name"], allowed_categories=categories, scopes=scopes)
         except ValueError as exc:
             raise CommandError(str(exc)) from None
-        if options["webhook_url"]:
+        if options["webhook_url"] or options["rate_limit"]:
             client.webhook_url = options["webhook_url"]
-            client.save(update_fields=["webhook_url"])
+            client.rate_limit = options["rate_limit"].strip()
+            client.save(update_fields=["webhook_url", "rate_limit"])
         self.stdout.write(raw_key)
