@@ -4,6 +4,9 @@ PYTHON ?= python3
 PY := $(VENV)/bin/python
 PORT ?= 8000
 FLOWER_PORT ?= 5555
+# The inbox stream server (uvicorn: SSE, /inbox/v1/, widget and demo page).
+STREAM_PORT ?= 8010
+export STREAM_PORT
 # Everything started from this Makefile is development mode: DEBUG on, the built-in SECRET_KEY, cookies over
 # plain HTTP. Without DEVELOPMENT=true the settings refuse to start with no SECRET_KEY (docs/security.md).
 DEV := DEVELOPMENT=true DEBUG=true
@@ -43,8 +46,8 @@ demo: migrate
 	@$(DEV) $(PY) manage.py collectstatic --noinput -v0
 	@$(DEV) $(PY) manage.py bootstrap_demo
 
-## Serve the API on :$(PORT) with the channel workers, the fan-out worker, beat and Flower (:$(FLOWER_PORT)).
-## Flower is optional: if it cannot start (its port is taken), the rest keeps running.
+## Serve the API on :$(PORT), the inbox streams on :$(STREAM_PORT), the channel, fan-out and event workers,
+## beat and Flower (:$(FLOWER_PORT)). Flower is optional: if it cannot start (its port is taken), the rest keeps running.
 run: demo
 	@echo "Development mode ($(DEV)): built-in SECRET_KEY, plain-HTTP cookies. Not for production (docs/operations.md)."
 	$(DEV) PORT=$(PORT) FLOWER_PORT=$(FLOWER_PORT) $(VENV)/bin/honcho start -f Procfile -p $(PORT)

@@ -10,6 +10,7 @@ from celery import shared_task
 from django.db import InterfaceError, OperationalError, connection
 
 from channels_app.services import deliver
+from channels_app.statusevents import status_events_send, status_events_sweep
 from config.celery import app as celery_app
 
 # The database being away is not the message's fault: the message is retried (re-published with a delay) for
@@ -56,3 +57,22 @@ def send_deliveries(self: Any, delivery_ids: list[int]) -> dict[str, int]:
         queue = own_queue((self.request.delivery_info or {}).get("routing_key") or "")
         raise self.retry(exc=exc, countdown=db_retry_countdown(self.request.retries), queue=queue) from None
     return {"claimed": report.claimed, "sent": report.sent, "failed": report.failed}
+
+
+@shared_task(
+    name="channels_app.tasks.send_status_events",
+    autoretry_for=(OperationalError, InterfaceError),
+    retry_backoff=2,
+    retry_backoff_max=60,
+    retry_jitter=True,
+    max_retries=5,
+)
+def send_status_events(endpoint_id: int) -> int:
+    """Send one event endpoint's pending status events (queue `events`)."""
+    return status_events_send(endpoint_id=int(endpoint_id))
+
+
+@shared_task(name="channels_app.tasks.sweep_status_events")
+def sweep_status_events() -> int:
+    """Wake the senders of endpoints with due pending events (periodic, on queue `events`)."""
+    return status_events_sweep()

@@ -84,6 +84,8 @@ def build_queues() -> list[Queue]:
         for priority in PRIORITY_QUEUES
     ]
     queues += [_work_queue("fanout", "dead.fanout"), _work_queue("maintenance", "dead.maintenance")]
+    # Status events to calling services travel on their own queue and workers: never behind the sends.
+    queues += [_work_queue("events", "dead.events")]
     # Dead-letter queues hold what exhausted its attempts; the database keeps the operator's record
     # (notifier.DeadLetter), the queue is for alerting on depth. Bounded so it can never fill the disk.
     queues += [
@@ -94,7 +96,7 @@ def build_queues() -> list[Queue]:
             durable=True,
             queue_arguments={"x-queue-type": "quorum", "x-max-length": 1_000_000},
         )
-        for name in (*CHANNELS, "fanout", "maintenance")
+        for name in (*CHANNELS, "fanout", "maintenance", "events")
     ]
     return queues
 
@@ -146,6 +148,11 @@ app.conf.beat_schedule = {
         "task": "notifier.tasks.fanout_sweep",
         "schedule": 60.0,
         "options": {"queue": "maintenance", "expires": 120},
+    },
+    "status-events-sweep": {
+        "task": "channels_app.tasks.sweep_status_events",
+        "schedule": float(os.environ.get("EVENT_SWEEP_INTERVAL_SECONDS", "15")),
+        "options": {"queue": "events", "expires": 60},
     },
     "retention-purge": {
         "task": "notifier.retention.purge_old_deliveries",

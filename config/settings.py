@@ -102,6 +102,8 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "notifier.middleware.RequestContextMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    # CORS for the browser inbox (/inbox/v1/ only, INBOX_ALLOWED_ORIGINS).
+    "notifier.inbox.cors.InboxCorsMiddleware",
     # Serves the admin's static files under gunicorn (collected into STATIC_ROOT by collectstatic).
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -290,6 +292,30 @@ TEMPLATE_MAX_WIDTH = env_int("TEMPLATE_MAX_WIDTH", 1_000)
 
 # Webhooks reach only public addresses unless this is on (local development and tests only).
 WEBHOOK_ALLOW_PRIVATE_TARGETS = env_bool("WEBHOOK_ALLOW_PRIVATE_TARGETS", default=False)
+
+# Status events to calling services (docs/reach.md): the retry curve of a failing endpoint, how long an event
+# is retried before it is given up, and how long one sender run keeps a worker before yielding it.
+EVENT_RETRY_BASE_SECONDS = env_float("EVENT_RETRY_BASE_SECONDS", 5.0)
+EVENT_RETRY_MAX_SECONDS = env_float("EVENT_RETRY_MAX_SECONDS", 3600.0)
+EVENT_RETRY_WINDOW_SECONDS = env_int("EVENT_RETRY_WINDOW_SECONDS", 24 * 3600)
+EVENT_SENDER_RUN_SECONDS = env_float("EVENT_SENDER_RUN_SECONDS", 10.0)
+EVENT_SENDER_LEASE_SECONDS = env_float("EVENT_SENDER_LEASE_SECONDS", 120.0)
+EVENT_MAX_BATCH = 500
+
+# The inbox in a browser (docs/reach.md): origins allowed to call /inbox/v1/, inbox token lifetimes, the
+# stream's heartbeat, and how far back a resumed stream replays (covers items committed out of order).
+INBOX_ALLOWED_ORIGINS = env_list("INBOX_ALLOWED_ORIGINS", "")
+INBOX_TOKEN_DEFAULT_TTL_SECONDS = env_int("INBOX_TOKEN_DEFAULT_TTL_SECONDS", 3600)
+INBOX_TOKEN_MAX_TTL_SECONDS = env_int("INBOX_TOKEN_MAX_TTL_SECONDS", 24 * 3600)
+INBOX_HEARTBEAT_SECONDS = env_float("INBOX_HEARTBEAT_SECONDS", 15.0)
+INBOX_RESUME_MARGIN_SECONDS = env_float("INBOX_RESUME_MARGIN_SECONDS", 30.0)
+# Where the browser reaches the inbox (the stream server); the demo page points its widget there.
+INBOX_PUBLIC_URL = os.environ.get("INBOX_PUBLIC_URL", f"http://127.0.0.1:{os.environ.get('STREAM_PORT', '8010')}")
+# Database connections of one stream server process for its reads (its LISTEN connection is one more).
+INBOX_STREAM_DB_POOL = env_int("INBOX_STREAM_DB_POOL", 4)
+# The demo page (/inbox/demo/) mints tokens for anyone who opens it: on with DEBUG, or explicitly.
+INBOX_DEMO_ENABLED = env_bool("INBOX_DEMO_ENABLED", default=False)
+INBOX_DEMO_USER_ID = os.environ.get("INBOX_DEMO_USER_ID", "u-42")
 
 LOGGING = {
     "version": 1,

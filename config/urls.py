@@ -24,4 +24,5 @@ urlpatterns = [
     path("", include("notifier.ops_urls")),
     path("", include("preferences.unsubscribe_urls")),
     path("", include("preferences.center")),
+    path("", include("notifier.inbox.browser_urls")),
 ]

@@ -296,4 +296,7 @@ class DeliveryAdmin(ReadOnlyAdmin):
 
 
 # Campaign admin lives with the campaigns; importing it registers it.
-import notifier.campaigns.admin  # noqa: E402, F401
+import notifier.campaigns.admin  # noqa: E402
+
+# So are the event endpoints and their attempts.
+import notifier.statusevents.admin  # noqa: E402, F401

@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from notifier.db import bound_cursor, int_array, json_rows
 from notifier.models import Delivery
+from notifier.reach import reach_record
 
 
 def record_events(rows: Iterable[tuple[int, str, str]], *, at: datetime | None = None) -> None:
@@ -39,6 +40,8 @@ def record_events(rows: Iterable[tuple[int, str, str]], *, at: datetime | None =
                 " SELECT (e->>0)::bigint, e->>1, e->>2, %s FROM json_array_elements(%s::json) AS e",
                 [at or timezone.now(), json_rows(zip(ids, statuses, details, strict=True))],
             )
+    # Status events to the calling service and live inbox streams: one more statement for the whole batch.
+    reach_record(zip(ids, statuses, details, strict=True), at=at)
 
 
 def transition(

@@ -52,6 +52,7 @@ from notifier import localtime, strategy
 from notifier.db import bound_cursor, json_rows
 from notifier.models import Campaign, Delivery, FanoutLane, Notification
 from notifier.outbox import broker_recently_down, publish
+from notifier.reach import reach_record
 from preferences.compliance import Verdict, evaluate, suppressed_addresses
 from preferences.models import Recipient
 
@@ -473,6 +474,8 @@ def fanout_page(*, notification_id: object, lane: int = 0) -> PageResult:
         with bound_cursor() as cursor:
             cursor.execute(_INSERT_SQL, [n.pk, n.priority, now, now, now, json_rows(rows), now])
             inserted = cursor.fetchall()
+        # Deliveries suppressed at fan-out are status changes too: events for the calling service, in bulk.
+        reach_record([(row[0], row[2], "") for row in inserted if row[2] == S.SUPPRESSED], at=now)
     strategy.after_fanout_page(n, inserted, now)  # after commit: the timer for the pending steps
     queued = [(row[0], row[1]) for row in inserted if row[2] == S.QUEUED]
     if len(inserted) < len(targets):

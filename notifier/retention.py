@@ -8,7 +8,8 @@ late acks this also keeps one run well under RabbitMQ's consumer timeout.
 Only deliveries in a final status are removed; anything still waiting (scheduled far ahead, deferred,
 queued, sending) and anything with a dead letter still pending for an operator is kept whatever its age.
 Notifications older than the cutoff that have no delivery left go too (this frees their dedup_key), and so
-do sandbox records, which hold rendered messages and addresses.
+do sandbox records, which hold rendered messages and addresses, and status events already sent to (or given up
+for) calling services, with their attempt records.
 """
 
 from __future__ import annotations
@@ -164,6 +165,28 @@ def _purge_sandbox_batch(cutoff: Any, batch: int) -> int:
             return cursor.rowcount
 
 
+def _purge_status_event_batch(cutoff: Any, batch: int) -> int:
+    """Delete one batch of sent or given-up status events, and of event attempts, older than the cutoff."""
+    done = 0
+    with transaction.atomic():
+        _short_transaction_settings()
+        with connection.cursor() as cursor:
+            # Pending events stay whatever their age: the sender gives them up (with a record) after its window.
+            cursor.execute(
+                "DELETE FROM notifier_statusevent WHERE id IN (SELECT id FROM notifier_statusevent"
+                " WHERE at < %s AND state <> 'pending' ORDER BY id LIMIT %s)",
+                [cutoff, batch],
+            )
+            done += cursor.rowcount
+            cursor.execute(
+                "DELETE FROM notifier_eventattempt WHERE id IN (SELECT id FROM notifier_eventattempt"
+                " WHERE at < %s ORDER BY id LIMIT %s)",
+                [cutoff, batch],
+            )
+            done = max(done, cursor.rowcount)
+    return done
+
+
 def retention_purge(*, older_than_days: int, batch: int = 5000, max_seconds: float | None = None) -> dict[str, Any]:
     """Delete finished deliveries (with events and dead letters) older than `older_than_days`, in batches.
 
@@ -177,6 +200,7 @@ def retention_purge(*, older_than_days: int, batch: int = 5000, max_seconds: flo
     cutoff = timezone.now() - timedelta(days=older_than_days)
     deadline = time.monotonic() + max_seconds if max_seconds else None
     totals = {"deliveries": 0, "events": 0, "dead_letters": 0, "notifications": 0, "sandbox_messages": 0}
+    totals["status_events"] = 0
     batches = 0
     finished = True
     ceiling = delivery_id_ceiling(cutoff)
@@ -184,7 +208,7 @@ def retention_purge(*, older_than_days: int, batch: int = 5000, max_seconds: flo
     def out_of_time() -> bool:
         return deadline is not None and time.monotonic() >= deadline
 
-    for step in ("deliveries", "notifications", "sandbox_messages"):
+    for step in ("deliveries", "notifications", "sandbox_messages", "status_events"):
         while True:
             if out_of_time():
                 finished = False
@@ -205,9 +229,12 @@ def retention_purge(*, older_than_days: int, batch: int = 5000, max_seconds: flo
                     logger.warning("retention skipped notifications still referenced")
                     done = 0
                 totals["notifications"] += done
-            else:
+            elif step == "sandbox_messages":
                 done = _purge_sandbox_batch(cutoff, batch)
                 totals["sandbox_messages"] += done
+            else:
+                done = _purge_status_event_batch(cutoff, batch)
+                totals["status_events"] += done
             if done:
                 batches += 1
             # A short batch means nothing older is left (rows locked by a worker are picked up next run).

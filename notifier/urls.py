@@ -20,4 +20,5 @@ urlpatterns = [
     path("", include("notifier.inbox.urls")),
     path("", include("notifier.deadletters.urls")),
     path("", include("notifier.campaigns.urls")),
+    path("", include("notifier.statusevents.urls")),
 ]

@@ -103,3 +103,33 @@ def test_rejects_nonsense_arguments() -> None:
         retention_purge(older_than_days=0)
     with pytest.raises(ValueError):
         retention_purge(older_than_days=30, batch=0)
+
+
+@pytest.mark.django_db
+def test_old_status_events_go_once_sent_or_given_up_and_pending_ones_stay() -> None:
+    """Status events owed to calling services: sent or given-up old ones and old attempts go; pending stay."""
+    from datetime import timedelta
+
+    from notifier.models import ApiClient, EventAttempt, EventEndpoint, StatusEvent
+
+    client = ApiClient.objects.create(name="svc-ret", key_prefix="r", key_hash="r" * 64)
+    endpoint = EventEndpoint.objects.create(client=client, url="https://e.example.com", secret="whsec_eA==")
+    old, new = timezone.now() - timedelta(days=40), timezone.now()
+
+    def event(state: str, at: Any) -> StatusEvent:
+        return StatusEvent.objects.create(
+            endpoint=endpoint, delivery_id=1, type="delivery.sent", data={}, at=at, state=state
+        )
+
+    gone = [event("delivered", old), event("given_up", old)]
+    kept = [event("pending", old), event("delivered", new)]
+    attempt = {"first_event_id": 1, "last_event_id": 1, "events": 1, "ok": True}
+    EventAttempt.objects.create(endpoint=endpoint, at=old, **attempt)
+    recent_attempt = EventAttempt.objects.create(endpoint=endpoint, at=new, **attempt)
+
+    result = retention_purge(older_than_days=30, batch=1)
+
+    assert result["status_events"] >= 2
+    assert set(StatusEvent.objects.values_list("id", flat=True)) == {e.id for e in kept}
+    assert not StatusEvent.objects.filter(id__in=[e.id for e in gone]).exists()
+    assert list(EventAttempt.objects.values_list("id", flat=True)) == [recent_attempt.id]

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.db import transaction
 from django.utils import timezone
 
 from notifier.events import transition
 from notifier.inbox.selectors import READABLE_STATUSES, inbox_item_get, inbox_queryset
+from notifier.inbox.tokens import inbox_token_mint
 from notifier.models import Delivery
 from preferences.models import Recipient
 
@@ -44,3 +47,8 @@ def inbox_mark_all_read(*, recipient: Recipient) -> int:
         )
         _mark_read(ids)
     return len(ids)
+
+
+def inbox_token_create(*, recipient: Recipient, ttl_seconds: int) -> tuple[str, datetime]:
+    """Mint a short-lived token for the recipient's inbox (signed and expiring; nothing is stored)."""
+    return inbox_token_mint(recipient=recipient, ttl_seconds=ttl_seconds)

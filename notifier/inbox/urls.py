@@ -5,9 +5,11 @@ from __future__ import annotations
 from django.urls import path
 
 from notifier.inbox.apis import InboxItemReadApi, InboxListApi, InboxReadAllApi
+from notifier.inbox.browser import InboxTokenApi
 
 urlpatterns = [
     path("recipients/<str:user_id>/inbox", InboxListApi.as_view(), name="inbox"),
     path("recipients/<str:user_id>/inbox/read-all", InboxReadAllApi.as_view(), name="inbox-read-all"),
     path("recipients/<str:user_id>/inbox/<int:delivery_id>/read", InboxItemReadApi.as_view(), name="inbox-read"),
+    path("recipients/<str:user_id>/inbox-token", InboxTokenApi.as_view(), name="inbox-token"),
 ]

@@ -62,3 +62,5 @@ class Command(BaseCommand):
             template_put(key="order_shipped", category="transactional", default_locale="en", content=DEMO_CONTENT)
         recipient_upsert(user_id="u-42", email="u42@example.com", phone="+15005550006", locale="en")
         self.stdout.write(f"Demo API key (also in {key_file}): {raw_key}")
+        if settings.DEBUG or settings.INBOX_DEMO_ENABLED:
+            self.stdout.write(f"Live inbox of u-42 in a browser: {settings.INBOX_PUBLIC_URL}/inbox/demo/")

@@ -1,0 +1,148 @@
+"""The inbox in a browser: /inbox/v1/ endpoints authenticated by an inbox token, never by an API key.
+
+The views are the /api/v1 inbox views, bound to the token's user instead of a `user_id` in the path, so
+a token can only ever read and mark its own user's inbox. The live stream is an ASGI app of its own
+(notifier/inbox/stream.py); the widget script and the demo page are served here.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.http import Http404, HttpRequest, HttpResponse
+from django.utils.html import format_html
+from drf_spectacular.utils import extend_schema
+from rest_framework import authentication, exceptions, permissions, serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from notifier.inbox.apis import InboxItemReadApi, InboxListApi, InboxReadAllApi, _recipient_or_404
+from notifier.inbox.services import inbox_token_create
+from notifier.inbox.tokens import InboxPrincipal, inbox_token_verify
+
+WIDGET = Path(__file__).resolve().parent / "widget.js"
+
+
+def token_from(authorization: str, query_token: str) -> str:
+    """Return the inbox token of a request: `Authorization: Bearer …`, or `?token=` (EventSource cannot set headers)."""
+    scheme, _, value = authorization.partition(" ")
+    if scheme == "Bearer" and value.strip():
+        return value.strip()
+    return query_token
+
+
+class InboxTokenAuthentication(authentication.BaseAuthentication):
+    """Authenticate /inbox/v1/ requests by inbox token only (an API key here is just an invalid token)."""
+
+    def authenticate(self, request: Request) -> tuple[InboxPrincipal, str] | None:
+        token = token_from(request.META.get("HTTP_AUTHORIZATION", ""), request.query_params.get("token", ""))
+        if not token:
+            return None
+        principal = inbox_token_verify(token)
+        if principal is None:
+            raise exceptions.AuthenticationFailed("Invalid or expired inbox token.")
+        return principal, token
+
+    def authenticate_header(self, request: Request) -> str:
+        return "Bearer"
+
+
+class IsInboxUser(permissions.BasePermission):
+    """Only an inbox token's principal may pass (API clients never reach /inbox/v1/)."""
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        return isinstance(request.user, InboxPrincipal)
+
+
+class _TokenBound:
+    """Bind an /api/v1 inbox view to the token's user: the user id comes from the token, never the request."""
+
+    authentication_classes = [InboxTokenAuthentication]
+    permission_classes = [IsInboxUser]
+    # Not an /api/v1 view: no API-key scope applies (the token is the whole authorization).
+    required_scope = None
+    required_scopes: dict[str, str] = {}
+
+
+class BrowserInboxListApi(_TokenBound, InboxListApi):
+    """GET /inbox/v1/messages: the token user's inbox with its unread count."""
+
+    def get(self, request: Request) -> Response:  # type: ignore[override]
+        return super().get(request, user_id=request.user.user_id)
+
+
+class BrowserInboxReadApi(_TokenBound, InboxItemReadApi):
+    """POST /inbox/v1/messages/{id}/read."""
+
+    def post(self, request: Request, delivery_id: int) -> Response:  # type: ignore[override]
+        return super().post(request, user_id=request.user.user_id, delivery_id=delivery_id)
+
+
+class BrowserInboxReadAllApi(_TokenBound, InboxReadAllApi):
+    """POST /inbox/v1/messages/read-all."""
+
+    def post(self, request: Request) -> Response:  # type: ignore[override]
+        return super().post(request, user_id=request.user.user_id)
+
+
+class InboxTokenApi(APIView):
+    """POST /api/v1/recipients/{user_id}/inbox-token: mint a short-lived token for that user's inbox."""
+
+    required_scope = "recipients:write"
+
+    class InputSerializer(serializers.Serializer):
+        ttl_seconds = serializers.IntegerField(
+            min_value=60,
+            max_value=settings.INBOX_TOKEN_MAX_TTL_SECONDS,
+            default=settings.INBOX_TOKEN_DEFAULT_TTL_SECONDS,
+        )
+
+    class OutputSerializer(serializers.Serializer):
+        token = serializers.CharField()
+        expires_at = serializers.DateTimeField()
+
+    @extend_schema(request=InputSerializer, responses=OutputSerializer)
+    def post(self, request: Request, user_id: str) -> Response:
+        data = self.InputSerializer(data=request.data or {})
+        data.is_valid(raise_exception=True)
+        recipient = _recipient_or_404(user_id)
+        token, expires_at = inbox_token_create(recipient=recipient, ttl_seconds=data.validated_data["ttl_seconds"])
+        return Response(self.OutputSerializer({"token": token, "expires_at": expires_at}).data)
+
+
+@functools.cache
+def _widget_source() -> bytes:
+    return WIDGET.read_bytes()
+
+
+def widget_js(request: HttpRequest) -> HttpResponse:
+    """Serve the dependency-free `<notifier-inbox>` web component."""
+    response = HttpResponse(_widget_source(), content_type="text/javascript; charset=utf-8")
+    response["Cache-Control"] = "public, max-age=300"
+    response["Access-Control-Allow-Origin"] = "*"  # a public script, like any CDN file
+    return response
+
+
+DEMO_PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>Notifier inbox demo</title>
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<style>body{{font-family:system-ui,sans-serif;margin:2rem;color:#1a1a1a}} header{{display:flex;
+justify-content:space-between;align-items:center;max-width:40rem}}</style></head>
+<body><header><h1>Inbox of {user_id}</h1>
+<notifier-inbox base-url="{base_url}" token="{token}"></notifier-inbox></header>
+<p>Send this user an in-app notification over the API and it appears here at once.</p>
+<script src="{base_url}/inbox/v1/widget.js"></script></body></html>"""
+
+
+def demo_page(request: HttpRequest) -> HttpResponse:
+    """Show the widget for one recipient (the demo user by default). Development only: it mints tokens freely."""
+    if not (settings.DEBUG or settings.INBOX_DEMO_ENABLED):
+        raise Http404
+    recipient = _recipient_or_404(request.GET.get("user_id") or settings.INBOX_DEMO_USER_ID)
+    token, _ = inbox_token_create(recipient=recipient, ttl_seconds=settings.INBOX_TOKEN_DEFAULT_TTL_SECONDS)
+    base_url = request.build_absolute_uri("/").rstrip("/")
+    return HttpResponse(format_html(DEMO_PAGE, user_id=recipient.user_id, base_url=base_url, token=token))

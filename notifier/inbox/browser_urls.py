@@ -1,0 +1,15 @@
+"""Routes of the inbox in a browser, at the root: /inbox/v1/ (inbox token only) and the demo page."""
+
+from __future__ import annotations
+
+from django.urls import path
+
+from notifier.inbox import browser
+
+urlpatterns = [
+    path("inbox/v1/messages", browser.BrowserInboxListApi.as_view(), name="browser-inbox"),
+    path("inbox/v1/messages/read-all", browser.BrowserInboxReadAllApi.as_view(), name="browser-inbox-read-all"),
+    path("inbox/v1/messages/<int:delivery_id>/read", browser.BrowserInboxReadApi.as_view(), name="browser-inbox-read"),
+    path("inbox/v1/widget.js", browser.widget_js, name="browser-inbox-widget"),
+    path("inbox/demo/", browser.demo_page, name="browser-inbox-demo"),
+]
