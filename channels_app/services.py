@@ -163,10 +163,13 @@ class _Heartbeat:
         ids = self.owned()
         if not ids:
             return 0
+        # Rows locked right now are skipped, never waited for: they are being written by this process's outcome
+        # writer (finished anyway), and waiting on it while it waits on us was a deadlock.
         with bound_cursor() as cursor:
             cursor.execute(
-                "UPDATE notifier_delivery SET claimed_at = now()"
-                " WHERE id IN (SELECT unnest(%s::bigint[])) AND status = 'sending'",
+                "UPDATE notifier_delivery SET claimed_at = now() WHERE id IN ("
+                " SELECT id FROM notifier_delivery WHERE id IN (SELECT unnest(%s::bigint[])) AND status = 'sending'"
+                " FOR UPDATE SKIP LOCKED)",
                 [int_array(ids)],
             )
             return cursor.rowcount
