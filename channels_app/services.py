@@ -59,8 +59,10 @@ def claim(delivery_ids: Sequence[int]) -> Claim:
     Only a delivery still waiting (queued or deferred, and due) can be claimed, or one whose worker died
     mid-send (`sending` past its lease). A second message for the same delivery therefore finds nothing.
     Every claim counts an attempt, a re-claim after a lease expiry too (the pipeline fails and dead-letters
-    a delivery re-claimed past DELIVERY_MAX_ATTEMPTS: a delivery that kills its worker cannot loop). Rows
-    another worker is claiming right now are skipped (SKIP LOCKED), not waited for. The database's `now()`
+    a delivery re-claimed past DELIVERY_MAX_ATTEMPTS: a delivery that kills its worker cannot loop). A row
+    locked by someone else (another claim, the publisher recording `published_at`) is waited for, then
+    checked again, never skipped: skipping it would ack the message and strand the row. Rows are locked in id
+    order, so two claims of overlapping batches cannot deadlock. The database's `now()`
     comes back with the rows: every time the pipeline writes is on the database's clock.
 
     `id IN (SELECT unnest(…))`, not `id = ANY(…)` or a literal IN list: before the table has statistics (a new
@@ -75,7 +77,8 @@ def claim(delivery_ids: Sequence[int]) -> Claim:
                  AND reason NOT LIKE 'digest%%')
                 OR (status = 'sending' AND claimed_at < now() - make_interval(secs => %s))
             )
-            FOR UPDATE SKIP LOCKED
+            ORDER BY id
+            FOR UPDATE
         ), claimed AS (
             UPDATE notifier_delivery AS d
             SET status = 'sending', attempts = d.attempts + 1, claimed_at = now(), updated_at = now()
@@ -164,10 +167,13 @@ class _Heartbeat:
         ids = self.owned()
         if not ids:
             return 0
+        # Rows locked right now are skipped, never waited for: they are being written by this process's outcome
+        # writer (finished anyway), and waiting on it while it waits on us was a deadlock.
         with bound_cursor() as cursor:
             cursor.execute(
-                "UPDATE notifier_delivery SET claimed_at = now()"
-                " WHERE id IN (SELECT unnest(%s::bigint[])) AND status = 'sending'",
+                "UPDATE notifier_delivery SET claimed_at = now() WHERE id IN ("
+                " SELECT id FROM notifier_delivery WHERE id IN (SELECT unnest(%s::bigint[])) AND status = 'sending'"
+                " FOR UPDATE SKIP LOCKED)",
                 [int_array(ids)],
             )
             return cursor.rowcount
