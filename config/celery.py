@@ -53,6 +53,7 @@ WORKER_CLASSES: tuple[WorkerClass, ...] = (
     WorkerClass("low", tuple(f"{channel}.low" for channel in CHANNELS), "prefork", 2),
     WorkerClass("fanout", ("fanout",), "prefork", 2),
     WorkerClass("maintenance", ("maintenance",), "prefork", 1),
+    WorkerClass("events", ("events",), "threads", 8),
 )
 
 
