@@ -136,6 +136,22 @@ class Delivery(models.Model):
         # A fallback step no longer needed (an earlier one reached fallback_until).
         SKIPPED = "skipped"
 
+    # Statuses after which nothing more happens to a delivery by itself (callbacks may still move it on):
+    # retention may remove it, support may resend it. One list, so a new final status lands in both.
+    FINAL_STATUSES = frozenset(
+        {
+            Status.SENT,
+            Status.DELIVERED,
+            Status.OPENED,
+            Status.FAILED,
+            Status.BOUNCED,
+            Status.SUPPRESSED,
+            Status.CANCELLED,
+            Status.DIGESTED,
+            Status.SKIPPED,
+        }
+    )
+
     id = models.BigAutoField(primary_key=True)
     # Indexed through delivery_target_uniq, whose leading column it is. No database FK constraints here or on
     # DeliveryEvent (db_constraint=False): checking them was a third of the fan-out's database time, and every

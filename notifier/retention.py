@@ -29,16 +29,7 @@ from notifier.models import DeadLetter, Delivery, DeliveryEvent, Notification
 
 logger = logging.getLogger(__name__)
 
-FINAL_DELIVERY_STATUSES = (
-    Delivery.Status.SENT,
-    Delivery.Status.DELIVERED,
-    Delivery.Status.OPENED,
-    Delivery.Status.FAILED,
-    Delivery.Status.BOUNCED,
-    Delivery.Status.SUPPRESSED,
-    Delivery.Status.CANCELLED,
-    Delivery.Status.DIGESTED,
-)
+FINAL_DELIVERY_STATUSES = tuple(sorted(Delivery.FINAL_STATUSES))
 # A notification in one of these has nothing left to do once its deliveries are gone; scheduled ones and
 # fan-outs still running are kept.
 PURGEABLE_NOTIFICATION_STATUSES = (

@@ -28,17 +28,7 @@ logger = logging.getLogger(__name__)
 # a typo in it); a push token is device-specific, so a push resend goes to the same device.
 CURRENT_ADDRESS_CHANNELS = frozenset({"email", "sms", "inapp", "webhook"})
 # Statuses that no longer wait for anything: resending one of these cannot make a duplicate of a pending send.
-RESENDABLE = frozenset(
-    {
-        Delivery.Status.SENT,
-        Delivery.Status.DELIVERED,
-        Delivery.Status.OPENED,
-        Delivery.Status.FAILED,
-        Delivery.Status.BOUNCED,
-        Delivery.Status.SUPPRESSED,
-        Delivery.Status.CANCELLED,
-    }
-)
+RESENDABLE = Delivery.FINAL_STATUSES - {Delivery.Status.DIGESTED}  # a digested one went out in its digest
 
 
 class SupportActionError(Exception):
