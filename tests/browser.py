@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -57,9 +58,14 @@ def wait(driver: WebDriver, timeout: float = 20) -> WebDriverWait:
 
 
 def screenshot(driver: WebDriver, name: str) -> Path:
-    """Save a full-width screenshot into docs/admin/ (shown in docs/admin.md)."""
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    path = SCREENSHOTS / f"{name}.png"
+    """Save a full-width screenshot (into docs/admin/, shown in docs/admin.md, with NOTIFIER_SCREENSHOTS=docs).
+
+    A normal test run writes them under var/ so it never leaves the work tree changed; refreshing the
+    documentation's pictures is a deliberate `NOTIFIER_SCREENSHOTS=docs make test`.
+    """
+    folder = SCREENSHOTS if os.environ.get("NOTIFIER_SCREENSHOTS") == "docs" else SCREENSHOTS.parent.parent / "var"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.png"
     driver.execute_script("window.scrollTo(0, 0)")
     height = driver.execute_script("return Math.min(document.body.scrollHeight, 2400)")
     driver.set_window_size(1400, max(900, int(height)))
