@@ -14,7 +14,7 @@ from channels_app import services
 from channels_app.models import SandboxMessage
 from channels_app.services import deliver
 from notifier.callbacks.services import ses_event_apply
-from notifier.models import Delivery, DeliveryEvent
+from notifier.models import Delivery, DeliveryEvent, StatusEvent
 from notifier.tracking.services import SALT
 from preferences.services import recipient_upsert
 from templates_app.services import template_put
@@ -155,3 +155,16 @@ def test_ses_open_and_click_events_count_the_same_way(api: Any) -> None:
     statuses = list(DeliveryEvent.objects.filter(delivery_id=delivery_id).values_list("status", flat=True))
     assert statuses.count("clicked") == 1 and statuses[-1] == "opened"
     assert Delivery.objects.get(pk=delivery_id).status == "opened"
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("tracked")
+def test_a_click_is_a_delivery_clicked_status_event_for_the_calling_service(api: Any) -> None:
+    # The sender is not started here: the event waits in the calling service's queue of status events.
+    endpoint = {"url": "https://hooks.example.com/events", "events": ["delivery.clicked"], "max_batch": 1}
+    assert api.put("/api/v1/event-endpoint", endpoint, format="json").status_code in (200, 201)
+    delivery_id, html_text = _sent_html(api, "news")
+    Client().get(_path(_links(html_text)[0]))
+    events = StatusEvent.objects.filter(delivery_id=delivery_id)
+    assert [e.type for e in events] == ["delivery.clicked"]  # sent was not subscribed, so only the click
+    assert events[0].data["delivery_id"] == delivery_id
