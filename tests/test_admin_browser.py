@@ -322,7 +322,8 @@ def test_operations_charts(live_server: Any, browser: WebDriver) -> None:
     browser.find_element(By.NAME, "password").send_keys("pw-browser-123456")
     browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
     browser.get(f"{live_server.url}/admin/notifier/dashboard/")
-    charts = wait(browser).until(ec.presence_of_element_located((By.ID, "ops-charts")))
+    # The dashboard reads a day of events and the broker's queue depths: slower than a form under a full run.
+    charts = wait(browser, 60).until(ec.presence_of_element_located((By.ID, "ops-charts")))
     assert len(charts.find_elements(By.CSS_SELECTOR, "svg.chart polyline")) >= 5
     legend = " ".join(e.text for e in charts.find_elements(By.CSS_SELECTOR, "svg text.legend"))
     assert "sent" in legend and "failed" in legend
