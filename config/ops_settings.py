@@ -95,3 +95,23 @@ READYZ_TIMEOUT_SECONDS = _env_float("READYZ_TIMEOUT_SECONDS", 2.0)
 RETENTION_DAYS = _env_int("RETENTION_DAYS", 90)
 RETENTION_BATCH = _env_int("RETENTION_BATCH", 5000)
 RETENTION_MAX_SECONDS = _env_float("RETENTION_MAX_SECONDS", 600.0)
+
+# --- Archive -----------------------------------------------------------------------------------------
+# One day of notifications, deliveries and delivery events is exported to object storage (S3 API) as Parquet
+# before the day is dropped (notifier/archive.py, docs/operations.md "Archive and restore"). No bucket: off.
+ARCHIVE_BUCKET = _env("ARCHIVE_BUCKET", "")
+# Key prefix inside the bucket; files go under <prefix>/v<schema version>/<table>/day=YYYY-MM-DD/.
+ARCHIVE_PREFIX = _env("ARCHIVE_PREFIX", "notifier").strip("/")
+# Endpoint override (MinIO, Ceph, moto's server in tests); empty means AWS S3 itself.
+ARCHIVE_S3_ENDPOINT_URL = _env("ARCHIVE_S3_ENDPOINT_URL", "")
+ARCHIVE_S3_REGION = _env("ARCHIVE_S3_REGION", "") or _env("AWS_REGION", _env("AWS_DEFAULT_REGION", "us-east-1"))
+# Credentials of the archive's own writer; empty means boto3's default chain (instance role, AWS_* env).
+ARCHIVE_AWS_ACCESS_KEY_ID = _env("ARCHIVE_AWS_ACCESS_KEY_ID", "")
+ARCHIVE_AWS_SECRET_ACCESS_KEY = _env("ARCHIVE_AWS_SECRET_ACCESS_KEY", "")
+# A table's day is cut into files of about this size (a file is closed after the row group that passes it);
+# larger files are uploaded in parts of ARCHIVE_UPLOAD_PART_BYTES (S3 multipart upload).
+ARCHIVE_FILE_BYTES = _env_int("ARCHIVE_FILE_BYTES", 256 * 1024 * 1024)
+ARCHIVE_UPLOAD_PART_BYTES = _env_int("ARCHIVE_UPLOAD_PART_BYTES", 64 * 1024 * 1024)
+# Rows fetched from the server-side cursor at a time, and written as one Parquet row group: memory is bounded
+# by this, not by the day's size.
+ARCHIVE_BATCH_ROWS = _env_int("ARCHIVE_BATCH_ROWS", 100_000)
