@@ -364,6 +364,18 @@ def _export_table(table: Table, day: dt.date, storage: Storage, workdir: Path) -
     }
 
 
+def _lock_day(day: dt.date) -> None:
+    """Hold the day's export lock until the transaction ends, or raise if another export of it holds it.
+
+    Two exports of one day at once would interleave their files and leave a manifest that vouches for the
+    other's; PostgreSQL's advisory lock is the one lock every process of the installation shares.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_xact_lock(hashtext('notifier.archive'), %s)", [day.toordinal()])
+        if not cursor.fetchone()[0]:
+            raise ArchiveError(f"{day.isoformat()} is being exported by another process")
+
+
 def archive_day(day: dt.date, *, storage: Storage | None = None) -> dict[str, Any]:
     """Export one day of notifications, deliveries and events to the archive and return its manifest.
 
@@ -372,24 +384,25 @@ def archive_day(day: dt.date, *, storage: Storage | None = None) -> dict[str, An
     """
     storage = storage or Storage.from_settings()
     began = time.monotonic()
-    # Remove the old manifest before touching any file: from now until the new one is written, the day is
-    # incomplete, never "complete" with files that are half replaced.
-    storage.delete([manifest_key(day)])
+    start, end = day_bounds(day)
     tables: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="notifier-archive-") as tmp, _day_snapshot():
+        _lock_day(day)
+        # Remove the old manifest before touching any file: from now until the new one is written, the day is
+        # incomplete, never "complete" with files that are half replaced.
+        storage.delete([manifest_key(day)])
         for table in TABLES:
             tables[table.name] = _export_table(table, day, storage, Path(tmp))
-    start, end = day_bounds(day)
-    manifest = {
-        "schema_version": SCHEMA_VERSION,
-        "day": day.isoformat(),
-        "range": {"from": start.isoformat(), "to": end.isoformat()},
-        "format": FILE_FORMAT,
-        "compression": COMPRESSION,
-        "exported_at": timezone.now().isoformat(),
-        "tables": tables,
-    }
-    storage.put_json(manifest_key(day), manifest)
+        manifest = {
+            "schema_version": SCHEMA_VERSION,
+            "day": day.isoformat(),
+            "range": {"from": start.isoformat(), "to": end.isoformat()},
+            "format": FILE_FORMAT,
+            "compression": COMPRESSION,
+            "exported_at": timezone.now().isoformat(),
+            "tables": tables,
+        }
+        storage.put_json(manifest_key(day), manifest)
     logger.info(
         "archive.exported",
         day=day.isoformat(),

@@ -333,3 +333,18 @@ def test_commands_and_an_empty_day(bucket: Any, settings: Any) -> None:
     with pytest.raises(CommandError, match="ARCHIVE_BUCKET"):
         call_command("archive_day", "2026-11-20")
     assert archive.archive_before_drop(DAY) is None  # archiving off: the drop may go ahead
+
+
+@pytest.mark.django_db
+def test_one_export_of_a_day_at_a_time(bucket: Any) -> None:
+    import psycopg
+
+    params = connection.settings_dict
+    dsn = f"host={params['HOST']} port={params['PORT'] or 5432} user={params['USER']} dbname={params['NAME']}"
+    with psycopg.connect(dsn, autocommit=False) as other:
+        other.execute("SELECT pg_advisory_xact_lock(hashtext('notifier.archive'), %s)", [DAY.toordinal()])
+        with pytest.raises(archive.ArchiveError, match="another process"):
+            archive.archive_day(DAY)
+        archive.archive_day(DAY + dt.timedelta(days=1))  # another day is not held up
+    archive.archive_day(DAY)
+    assert archive.archive_complete(DAY)
