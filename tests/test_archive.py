@@ -133,6 +133,16 @@ def test_round_trip_export_read_with_duckdb_restore(bucket: Any, tmp_path: Path)
         """
     ).fetchall()
     assert [(r[0], r[1], r[2], r[4], r[5]) for r in rows] == [(d.pk, "sent", "email", DAY, 2) for d in inside]
+    # The query of docs/operations.md, as printed there.
+    week = duckdb.sql(
+        f"""
+        SELECT day, channel, status, count(*) AS deliveries
+        FROM read_parquet('{root}/delivery/*/*.parquet', hive_partitioning = true)
+        WHERE day BETWEEN DATE '2026-11-16' AND DATE '2026-11-22'
+        GROUP BY ALL ORDER BY ALL
+        """
+    ).fetchall()
+    assert week == [(DAY, "email", "sent", 3)]
     expected = list(Delivery.objects.filter(pk__in=[d.pk for d in inside]).order_by("pk"))
     assert [r[3] for r in rows] == [d.created_at for d in expected]
 
