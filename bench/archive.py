@@ -6,7 +6,7 @@ generate_series with realistic shapes: four channels, a status mix, provider mes
 of recipients erased. Then exports the day with notifier.archive to moto's S3 server on 127.0.0.1 and
 prints the rate and the sizes.
 
-    BENCH_NS=archive .venv/bin/python bench/archive.py [--deliveries 1000000] [--keep]
+    BENCH_NS=archive .venv/bin/python bench/archive.py [--deliveries 1000000] [--restore] [--keep]
 
 CPU is reported per side (the exporting thread; the PostgreSQL backend that served the cursor) because the
 wall clock on a shared machine says more about the neighbours than about the export.
@@ -94,6 +94,7 @@ def main() -> None:
     args = parser(__doc__.splitlines()[0])
     args.add_argument("--deliveries", type=int, default=1_000_000)
     args.add_argument("--batch-rows", type=int, default=100_000)
+    args.add_argument("--restore", action="store_true", help="also restore the day and time it")
     opts = args.parse_args()
 
     import os
@@ -148,6 +149,16 @@ def main() -> None:
         print(
             f"bytes per million deliveries, deliveries only   {tables['delivery']['bytes'] * per_million / 1e6:,.1f} MB"
         )
+        if opts.restore:
+            wall = time.monotonic()
+            thread_cpu = time.thread_time()
+            loaded = archive.restore_day(DAY, storage=storage)
+            wall = time.monotonic() - wall
+            thread_cpu = time.thread_time() - thread_cpu
+            restored = sum(loaded.values())
+            print(f"restore rows/s (wall)       {restored / wall:,.0f}   ({restored:,} rows in {wall:.1f} s)")
+            print(f"restore rows per CPU-second {restored / max(thread_cpu, 1e-9):,.0f}   (restoring thread)")
+            archive.restore_drop(DAY)
     finally:
         cleanup(opts.keep, broker=False)
         moto.stop()
