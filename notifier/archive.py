@@ -312,46 +312,67 @@ def _arrow_batch(table: Table, schema: pa.Schema, rows: list[tuple[Any, ...]]) -
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
+class _Parts:
+    """The Parquet files of one table's day: written to a local file one at a time, uploaded when closed."""
+
+    def __init__(self, *, schema: pa.Schema, prefix: str, storage: Storage, workdir: Path) -> None:
+        self.schema = schema
+        self.prefix = prefix
+        self.storage = storage
+        self.workdir = workdir
+        self.files: list[dict[str, Any]] = []
+        self.writer: pq.ParquetWriter | None = None
+
+    def write(self, batch: pa.Table) -> None:
+        """Append one row group; close the file once it has passed ARCHIVE_FILE_BYTES."""
+        if self.writer is None:
+            self._open()
+        assert self.writer is not None
+        self.writer.write_table(batch, row_group_size=batch.num_rows)
+        self.rows += batch.num_rows
+        if self.sink.tell() >= settings.ARCHIVE_FILE_BYTES:
+            self._close()
+
+    def finish(self) -> list[dict[str, Any]]:
+        """Close the last file and return the manifest entries of all of them."""
+        if self.writer is None and not self.files:
+            self._open()  # a day without rows still gets one (empty) file: readers see the schema, not a 404
+        if self.writer is not None:
+            self._close()
+        return self.files
+
+    def _open(self) -> None:
+        self.path = self.workdir / f"part-{len(self.files):04d}.{FILE_FORMAT}"
+        self.rows = 0
+        self.sink = pa.OSFile(str(self.path), "wb")
+        self.writer = pq.ParquetWriter(self.sink, self.schema, compression=COMPRESSION)
+
+    def _close(self) -> None:
+        assert self.writer is not None
+        self.writer.close()
+        self.sink.close()
+        self.writer = None
+        key = f"{self.prefix}{self.path.name}"
+        size = self.path.stat().st_size
+        self.files.append({"key": key, "rows": self.rows, "bytes": size, "sha256": _sha256(self.path)})
+        self.storage.upload(self.path, key)
+        self.path.unlink()
+
+
 def _export_table(table: Table, day: dt.date, storage: Storage, workdir: Path) -> dict[str, Any]:
     """Write one table's rows of `day` as Parquet files, upload them, and return the table's manifest entry."""
     start, end = day_bounds(day)
     schema = table.arrow_schema()
     prefix = table_prefix(table.name, day)
-    files: list[dict[str, Any]] = []
-    state: dict[str, Any] = {"writer": None, "rows": 0}
-
-    def open_file() -> None:
-        path = workdir / f"{table.name}-{len(files):04d}.parquet"
-        state.update(path=path, rows=0, sink=pa.OSFile(str(path), "wb"))
-        state["writer"] = pq.ParquetWriter(state["sink"], schema, compression=COMPRESSION)
-
-    def close_file() -> None:
-        state["writer"].close()
-        state["sink"].close()
-        path: Path = state["path"]
-        key = f"{prefix}part-{len(files):04d}.{FILE_FORMAT}"
-        entry = {"key": key, "rows": state["rows"], "bytes": path.stat().st_size, "sha256": _sha256(path)}
-        storage.upload(path, key)
-        path.unlink()
-        files.append(entry)
-        state["writer"] = None
-
+    parts = _Parts(schema=schema, prefix=prefix, storage=storage, workdir=workdir)
     batch = max(1, settings.ARCHIVE_BATCH_ROWS)
     connection.ensure_connection()
     with connection.connection.cursor(name=f"archive_{table.name}") as cursor:
         cursor.itersize = batch
         cursor.execute(table.select_sql(), [start, end])
         while rows := cursor.fetchmany(batch):
-            if state["writer"] is None:
-                open_file()
-            state["writer"].write_table(_arrow_batch(table, schema, rows), row_group_size=len(rows))
-            state["rows"] += len(rows)
-            if state["sink"].tell() >= settings.ARCHIVE_FILE_BYTES:
-                close_file()
-    if state["writer"] is not None or not files:
-        if state["writer"] is None:
-            open_file()  # a day without rows still gets one (empty) file: readers see the schema, not a 404
-        close_file()
+            parts.write(_arrow_batch(table, schema, rows))
+    files = parts.finish()
     # Parts a previous export of this day wrote beyond this one's last.
     stale = sorted(set(storage.keys(prefix)) - {f["key"] for f in files})
     storage.delete(stale)
