@@ -358,3 +358,33 @@ def test_one_export_of_a_day_at_a_time(bucket: Any) -> None:
         archive.archive_day(DAY + dt.timedelta(days=1))  # another day is not held up
     archive.archive_day(DAY)
     assert archive.archive_complete(DAY)
+
+
+@pytest.mark.django_db
+def test_a_day_of_a_partitioned_table_reads_only_its_partition(bucket: Any, tmp_path: Path) -> None:
+    """The same range query serves day partitions: the plan touches the day's partition, the rows are its."""
+    import dataclasses
+
+    inside = _day_of_rows()
+    start, end = archive.day_bounds(DAY)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "CREATE TABLE pdelivery (LIKE notifier_delivery INCLUDING DEFAULTS) PARTITION BY RANGE (created_at)"
+        )
+        for offset in (-1, 0, 1):
+            lower, upper = start + dt.timedelta(days=offset), end + dt.timedelta(days=offset)
+            name = f"pdelivery_{(DAY + dt.timedelta(days=offset)).strftime('%Y%m%d')}"
+            cursor.execute(f"CREATE TABLE {name} PARTITION OF pdelivery FOR VALUES FROM (%s) TO (%s)", [lower, upper])
+        cursor.execute("INSERT INTO pdelivery SELECT * FROM notifier_delivery")
+        table = dataclasses.replace(
+            archive.DELIVERY, source=archive.DELIVERY.source.replace("notifier_delivery", "pdelivery")
+        )
+        cursor.execute("EXPLAIN (FORMAT JSON) " + table.select_sql(), [start, end])
+        plan = json.dumps(cursor.fetchone()[0])
+    assert "pdelivery_20261120" in plan
+    assert "pdelivery_20261119" not in plan and "pdelivery_20261121" not in plan
+
+    entry = archive._export_table(table, DAY, Storage.from_settings(), tmp_path)
+    [file] = entry["files"]
+    bucket.download_file(bucket_name(), file["key"], str(tmp_path / "part.parquet"))
+    assert sorted(pq.read_table(tmp_path / "part.parquet")["id"].to_pylist()) == sorted(d.pk for d in inside)
