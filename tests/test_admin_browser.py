@@ -368,6 +368,24 @@ def test_operations_charts(live_server: Any, browser: WebDriver) -> None:
             if 300 < step < 360:
                 rows += [DeliveryEvent(delivery=delivery, status="failed", at=at) for _ in range(scale // 3)]
     DeliveryEvent.objects.bulk_create(rows)
+    # Beat's samples of the broker and the breakers: a queue filling up over the last half hour, an outage.
+    from channels_app.breaker import record
+    from config.celery import app as celery_app
+    from notifier.opsseries import ops_sample
+    from tests.conftest import purge_all_queues, queue_depth
+
+    purge_all_queues()
+    try:
+        for minutes_ago, backlog in ((15, 0), (10, 2), (5, 5), (0, 3)):
+            if minutes_ago == 5:
+                record("sandbox", ok=False, n=200)  # the breaker opens
+            purge_all_queues()
+            for _ in range(backlog):
+                celery_app.send_task("notifier.tasks.noop", queue="email.low")
+            wait_for(lambda backlog=backlog: queue_depth("email.low") == backlog)
+            assert ops_sample(now=now - timedelta(minutes=minutes_ago)) is not None
+    finally:
+        purge_all_queues()
     browser.get(f"{live_server.url}/admin/login/")
     browser.find_element(By.NAME, "username").send_keys("ops")
     browser.find_element(By.NAME, "password").send_keys("pw-browser-123456")
@@ -378,6 +396,19 @@ def test_operations_charts(live_server: Any, browser: WebDriver) -> None:
     assert len(charts.find_elements(By.CSS_SELECTOR, "svg.chart polyline")) >= 5
     legend = " ".join(e.text for e in charts.find_elements(By.CSS_SELECTOR, "svg text.legend"))
     assert "sent" in legend and "failed" in legend
+    # The queue depth is drawn over time from the samples: one line with a point per sampled bucket.
+    history = browser.find_element(By.ID, "chart-queue-history")
+    assert "all queues" in " ".join(e.text for e in history.find_elements(By.CSS_SELECTOR, "text.legend"))
+    assert "email.low" in " ".join(e.text for e in history.find_elements(By.CSS_SELECTOR, "text.legend"))
+    points = [len(p.get_attribute("points").split()) for p in history.find_elements(By.TAG_NAME, "polyline")]
+    assert points and max(points) == 4, points  # four samples, four buckets
+    assert browser.find_element(By.ID, "chart-dead-history").find_elements(By.TAG_NAME, "polyline")
+    assert browser.find_element(By.ID, "chart-error-history").find_elements(By.TAG_NAME, "polyline")
+    states = [
+        e.get_attribute("data-state")
+        for e in browser.find_elements(By.CSS_SELECTOR, "#chart-breaker-history rect.slot")
+    ]
+    assert "closed" in states and "open" in states
     screenshot(browser, "operations-charts")
 
 
