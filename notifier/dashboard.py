@@ -9,7 +9,6 @@ Mounted by config/urls.py before admin.site.urls, wrapped in admin.site.admin_vi
 
 from __future__ import annotations
 
-import logging
 from datetime import timedelta
 from typing import Any
 
@@ -25,8 +24,6 @@ from notifier.charts import COLOURS, bar_chart, line_chart, state_strip
 from notifier.metrics import collect_pending_dead_letters, collect_queue_depths
 from notifier.models import DeliveryEvent
 from notifier.opsseries import breaker_series, breaker_states, number_series, ops_samples, total_series
-
-logger = logging.getLogger(__name__)
 
 WINDOW = timedelta(hours=1)
 OUTCOMES = ("sent", "delivered", "failed", "bounced", "suppressed", "deferred")

@@ -368,7 +368,7 @@ def test_operations_charts(live_server: Any, browser: WebDriver) -> None:
             if 300 < step < 360:
                 rows += [DeliveryEvent(delivery=delivery, status="failed", at=at) for _ in range(scale // 3)]
     DeliveryEvent.objects.bulk_create(rows)
-    # Beat's samples of the broker and the breakers: a queue filling up over the last half hour, an outage.
+    # Beat's samples of the broker and the breakers over the last hour: a queue filling and draining, an outage.
     from channels_app.breaker import record
     from config.celery import app as celery_app
     from notifier.opsseries import ops_sample
@@ -376,10 +376,12 @@ def test_operations_charts(live_server: Any, browser: WebDriver) -> None:
 
     purge_all_queues()
     try:
-        for minutes_ago, backlog in ((15, 0), (10, 2), (5, 5), (0, 3)):
-            if minutes_ago == 5:
+        for k, backlog in enumerate((0, 2, 5, 8, 6, 4, 7, 9, 5, 3, 2, 1, 3)):
+            minutes_ago = 60 - 5 * k
+            if minutes_ago == 20:
                 record("sandbox", ok=False, n=200)  # the breaker opens
-            purge_all_queues()
+            with celery_app.connection_for_write() as conn:
+                conn.default_channel.queue_purge("email.low")
             for _ in range(backlog):
                 celery_app.send_task("notifier.tasks.noop", queue="email.low")
             wait_for(lambda backlog=backlog: queue_depth("email.low") == backlog)
@@ -401,7 +403,7 @@ def test_operations_charts(live_server: Any, browser: WebDriver) -> None:
     assert "all queues" in " ".join(e.text for e in history.find_elements(By.CSS_SELECTOR, "text.legend"))
     assert "email.low" in " ".join(e.text for e in history.find_elements(By.CSS_SELECTOR, "text.legend"))
     points = [len(p.get_attribute("points").split()) for p in history.find_elements(By.TAG_NAME, "polyline")]
-    assert points and max(points) == 4, points  # four samples, four buckets
+    assert points and max(points) == 13, points  # a sample every 5 minutes for an hour: 13 buckets
     assert browser.find_element(By.ID, "chart-dead-history").find_elements(By.TAG_NAME, "polyline")
     assert browser.find_element(By.ID, "chart-error-history").find_elements(By.TAG_NAME, "polyline")
     states = [
