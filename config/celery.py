@@ -155,6 +155,12 @@ app.conf.beat_schedule = {
         "schedule": float(os.environ.get("EVENT_SWEEP_INTERVAL_SECONDS", "15")),
         "options": {"queue": "events", "expires": 60},
     },
+    "ops-sample": {
+        # The operations page's 24-hour charts of queue depths, dead letters and breaker states.
+        "task": "notifier.tasks.sample_ops",
+        "schedule": float(os.environ.get("OPS_SAMPLE_INTERVAL_SECONDS", "60")),
+        "options": {"queue": "maintenance", "expires": 60},
+    },
     "retention-purge": {
         "task": "notifier.retention.purge_old_deliveries",
         "schedule": crontab(minute=30, hour=3),

@@ -1,12 +1,14 @@
 """The operators' admin page: recent outcomes per channel, queue depths, dead letters and breaker states.
 
+Deliveries and provider errors are charted from the event history; queue depths, dead letters and breaker
+states from the samples beat takes every minute (notifier/opsseries.py), all over the last 24 hours.
+
 Mounted by config/urls.py before admin.site.urls, wrapped in admin.site.admin_view (staff only):
     path("admin/notifier/dashboard/", admin.site.admin_view(dashboard_view), name="notifier-dashboard"),
 """
 
 from __future__ import annotations
 
-import logging
 from datetime import timedelta
 from typing import Any
 
@@ -18,11 +20,10 @@ from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils import timezone
 
-from notifier.charts import COLOURS, bar_chart, line_chart
+from notifier.charts import COLOURS, bar_chart, line_chart, state_strip
 from notifier.metrics import collect_pending_dead_letters, collect_queue_depths
 from notifier.models import DeliveryEvent
-
-logger = logging.getLogger(__name__)
+from notifier.opsseries import breaker_series, breaker_states, number_series, ops_samples, total_series
 
 WINDOW = timedelta(hours=1)
 OUTCOMES = ("sent", "delivered", "failed", "bounced", "suppressed", "deferred")
@@ -42,45 +43,38 @@ def channel_outcomes(since: Any) -> list[dict[str, Any]]:
     return [{"channel": channel, **counts} for channel, counts in table.items()]
 
 
-def breaker_states() -> list[dict[str, str]]:
-    """Return the circuit-breaker state of every configured provider, or "n/a" without the breaker module."""
-    providers = sorted({p for names in settings.CHANNEL_PROVIDERS.values() for p in names})
-    try:
-        from channels_app.breaker import state
-    except ImportError:
-        return [{"provider": p, "state": "n/a"} for p in providers]
-    result = []
-    for provider in providers:
-        try:
-            value = state(provider)
-        except Exception:
-            logger.warning("breaker state unavailable", extra={"provider": provider})
-            value = "n/a"
-        result.append({"provider": provider, "state": value})
-    return result
-
-
 CHART_WINDOW = timedelta(hours=24)
 BUCKET_MINUTES = 5
+
+
+def bucket_starts(since: Any, now: Any) -> list[Any]:
+    """Return the starts of the 5-minute buckets from `since` to `now` (288 a day keep an SVG small)."""
+    start = since.replace(second=0, microsecond=0)
+    start -= timedelta(minutes=start.minute % BUCKET_MINUTES)
+    count = int((now - start).total_seconds() // (BUCKET_MINUTES * 60)) + 1
+    return [start + timedelta(minutes=BUCKET_MINUTES * i) for i in range(count)]
+
+
+def _event_buckets(start: Any, column: str, statuses: tuple[str, ...]) -> list[tuple[Any, ...]]:
+    """Count events per 5-minute bucket, delivery `column` and status since `start` (one grouped query)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT floor(extract(epoch FROM e.at - %s) / %s)::int AS bucket, d.{column}, e.status, count(*)"  # noqa: S608 - a column name of ours
+            " FROM notifier_deliveryevent e JOIN notifier_delivery d ON d.id = e.delivery_id"
+            " WHERE e.at >= %s AND e.status = ANY(%s) GROUP BY 1, 2, 3",
+            [start, BUCKET_MINUTES * 60, start, list(statuses)],
+        )
+        return cursor.fetchall()
 
 
 def outcome_series(since: Any, now: Any) -> tuple[list[Any], dict[str, dict[str, list[float]]]]:
     """Return bucket starts and, per channel and outcome, deliveries per minute (averaged per 5-minute bucket).
 
-    One grouped query over the event history (BRIN on its time); 288 points a day keep the SVG small.
+    One grouped query over the event history (BRIN on its time).
     """
-    start = since.replace(second=0, microsecond=0)
-    start -= timedelta(minutes=start.minute % BUCKET_MINUTES)
-    count = int((now - start).total_seconds() // (BUCKET_MINUTES * 60)) + 1
-    labels = [start + timedelta(minutes=BUCKET_MINUTES * i) for i in range(count)]
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT floor(extract(epoch FROM e.at - %s) / %s)::int AS bucket, d.channel, e.status, count(*)"
-            " FROM notifier_deliveryevent e JOIN notifier_delivery d ON d.id = e.delivery_id"
-            " WHERE e.at >= %s AND e.status = ANY(%s) GROUP BY 1, 2, 3",
-            [start, BUCKET_MINUTES * 60, start, list(OUTCOMES)],
-        )
-        rows = cursor.fetchall()
+    labels = bucket_starts(since, now)
+    count = len(labels)
+    rows = _event_buckets(labels[0], "channel", OUTCOMES)
     series: dict[str, dict[str, list[float]]] = {
         channel: {status: [0.0] * count for status in OUTCOMES} for channel in settings.CHANNELS
     }
@@ -99,6 +93,49 @@ def provider_errors(since: Any) -> dict[str, int]:
         .order_by()
     )
     return {row["delivery__provider"] or "(none)": row["n"] for row in rows}
+
+
+def provider_error_series(labels: list[Any]) -> dict[str, list[float]]:
+    """Return failed and bounced outcomes per provider and 5-minute bucket over the buckets `labels`."""
+    series: dict[str, list[float]] = {}
+    for bucket, provider, _, n in _event_buckets(labels[0], "provider", ("failed", "bounced")):
+        if 0 <= bucket < len(labels):
+            series.setdefault(provider or "(none)", [0.0] * len(labels))[bucket] += n
+    return dict(sorted(series.items()))
+
+
+# The queue chart's legend has room for the total and a few queues: the busiest by their peak.
+TOP_QUEUES = 5
+
+
+def history_charts(labels: list[Any]) -> dict[str, Any]:
+    """Draw queue depths, dead letters and breaker states over the sampled day, and provider errors."""
+    samples = ops_samples(since=labels[0])
+    queues = number_series(samples, labels, "queues")
+    busiest = sorted(queues, key=lambda q: max((v or 0 for v in queues[q]), default=0), reverse=True)
+    shown = {"all queues": total_series(samples, labels, "queues")}
+    shown |= {q: queues[q] for q in busiest[:TOP_QUEUES] if max((v or 0 for v in queues[q]), default=0) > 0}
+    dead = {
+        "pending (database)": total_series(samples, labels, "dead_pending"),
+        "in dead-letter queues": total_series(samples, labels, "dead_queues"),
+    }
+    errors = provider_error_series(labels)
+    return {
+        "samples": len(samples),
+        "queue_history": line_chart(
+            shown, labels=labels, title="Queue depth (ready messages), last 24 hours", width=470
+        ),
+        "dead_history": line_chart(dead, labels=labels, title="Dead letters, last 24 hours", width=470),
+        "error_history": line_chart(
+            errors or {"errors": [0.0] * len(labels)},
+            labels=labels,
+            title="Provider errors per 5 minutes, last 24 hours",
+            width=470,
+        ),
+        "breaker_history": state_strip(
+            breaker_series(samples, labels), labels=labels, title="Circuit breakers, last 24 hours"
+        ),
+    }
 
 
 def dashboard_charts(context: dict[str, Any]) -> dict[str, Any]:
@@ -122,12 +159,13 @@ def dashboard_charts(context: dict[str, Any]) -> dict[str, Any]:
     breaker_colours = {b["provider"]: COLOURS.get(b["state"], "#999999") for b in context["breakers"]}
     return {
         "per_channel": per_channel,
-        "queues": bar_chart(queues, title="Queue depth (ready messages)", width=420),
-        "dead": bar_chart(dead, title="Dead letters (pending, and in dead queues)", width=420),
+        **history_charts(labels),
+        "queues": bar_chart(queues, title="Queue depth now (ready messages)", width=420),
+        "dead": bar_chart(dead, title="Dead letters now (pending, and in dead queues)", width=420),
         "provider_errors": bar_chart(provider_errors(now - CHART_WINDOW), title="Provider errors, 24 hours"),
         "breakers": bar_chart(
             {f"{b['provider']} ({b['state']})": 1 for b in context["breakers"]},
-            title="Circuit breakers",
+            title="Circuit breakers now",
             show_values=False,
             colours={f"{p} ({b['state']})": breaker_colours[p] for b in context["breakers"] for p in [b["provider"]]},
         ),

@@ -399,6 +399,7 @@ def fanout_page(*, notification_id: object, lane: int = 0) -> PageResult:
             "client__webhook_url",
             "campaign__id",
             "campaign__rate_per_second",
+            "campaign__timezone",
         )
         .first()
     )
@@ -409,6 +410,8 @@ def fanout_page(*, notification_id: object, lane: int = 0) -> PageResult:
     if stop:
         return PageResult(stopped=stop)
     rate = n.campaign.rate_per_second if n.campaign is not None and n.campaign.rate_per_second else None
+    # A subscriber without a time zone gets a local-time campaign at its named zone's time (others: UTC).
+    fallback_zone = n.campaign.timezone if n.campaign is not None else ""
     size = page_size()
     if rate:
         per_subscriber = max(len(n.channels), 1)
@@ -466,7 +469,7 @@ def fanout_page(*, notification_id: object, lane: int = 0) -> PageResult:
                 suppressed=(channel, address) in dead if address else False,
             )
             # send_at_local: that wall-clock time in this subscriber's time zone (notifier/localtime.py).
-            send_at = localtime.send_at_for(n, r.timezone) if n.send_at_local else n.send_at
+            send_at = localtime.send_at_for(n, r.timezone or fallback_zone) if n.send_at_local else n.send_at
             status, reason, not_before = _plan(verdict, send_at, now)
             rows.append((r.pk, channel, address, status, reason, not_before))
         # Smarter delivery hook (notifier/strategy.py): a fallback chain's later steps wait as pending.

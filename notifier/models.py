@@ -348,6 +348,9 @@ class Campaign(models.Model):
     crontab = models.CharField(max_length=128, blank=True, default="")  # "m h dom mon dow", recurring
     # The IANA time zone the crontab runs in (and the admin's send time is read in), e.g. "Europe/Berlin".
     timezone = models.CharField(max_length=64, default="UTC", db_default="UTC")
+    # Instead of send_at: a wall-clock time ("2026-12-01T09:00:00", no offset) in each subscriber's own time
+    # zone (notifier/localtime.py); `timezone` above stands in for subscribers who have none.
+    send_at_local = models.CharField(max_length=32, blank=True, default="", db_default="")
     rate_per_second = models.PositiveIntegerField(default=100)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.DRAFT)
     periodic_task = models.OneToOneField(

@@ -73,6 +73,14 @@ def run_campaign(campaign_id: int) -> str | None:
     return str(notification.pk) if notification is not None else None
 
 
+@shared_task(name="notifier.tasks.sample_ops")
+def sample_ops() -> bool:
+    """Record queue depths, dead letters and breaker states for the operations charts (notifier/opsseries.py)."""
+    from notifier.opsseries import ops_sample
+
+    return ops_sample() is not None
+
+
 @shared_task(name="notifier.tasks.noop")
 def noop() -> None:
     """Do nothing: the benchmarks' yardstick for the broker's empty-task rate."""

@@ -228,6 +228,16 @@ def test_support_cannot_publish_or_open_campaigns(
     assert Template.objects.get(key="order_shipped").published_version.version == 1
 
 
+def _wizard_start(driver: WebDriver, base: str, name: str) -> None:
+    """Log in as the marketer "max", open the campaign wizard and name the campaign, sent as marketing-tool."""
+    api_client_create(name="marketing-tool")
+    login(driver, base, "max")
+    driver.get(f"{base}/admin/notifier/campaign/add/")
+    wait(driver).until(ec.presence_of_element_located((By.ID, "wizard-form")))
+    driver.find_element(By.NAME, "name").send_keys(name)
+    Select(driver.find_element(By.NAME, "client")).select_by_visible_text("marketing-tool")
+
+
 def test_a_marketer_creates_test_sends_schedules_and_pauses_a_campaign(
     live_server: Any, browser: WebDriver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -246,13 +256,7 @@ def test_a_marketer_creates_test_sends_schedules_and_pauses_a_campaign(
     recipient_upsert(user_id="sub-1", email="sub1@example.com", locale="de")
     recipient_upsert(user_id="sub-2", email="sub2@example.com", locale="en")
     topic_subscribe(topic=topic, user_ids=["sub-1", "sub-2"])
-    api_client_create(name="marketing-tool")
-
-    login(browser, live_server.url, "max")
-    browser.get(f"{live_server.url}/admin/notifier/campaign/add/")
-    wait(browser).until(ec.presence_of_element_located((By.ID, "wizard-form")))
-    browser.find_element(By.NAME, "name").send_keys("Spring sale")
-    Select(browser.find_element(By.NAME, "client")).select_by_visible_text("marketing-tool")
+    _wizard_start(browser, live_server.url, "Spring sale")
     topic_select = Select(browser.find_element(By.NAME, "topic"))
     assert "newsletter — 2 subscribers" in [o.text for o in topic_select.options]
     topic_select.select_by_value("newsletter")
@@ -296,6 +300,53 @@ def test_a_marketer_creates_test_sends_schedules_and_pauses_a_campaign(
     assert {"campaign.test_send", "campaign.create", "campaign.pause"} <= actions
 
 
+def test_the_wizard_schedules_a_campaign_at_each_recipients_local_time(
+    live_server: Any, browser: WebDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from notifier.models import Campaign
+    from preferences.models import Topic
+    from preferences.services import topic_subscribe
+
+    staff_user("max", "marketing", monkeypatch)
+    content = {"en": {"email": {"subject": "Good morning", "text": "Coffee is on us"}}}
+    template_put(key="morning", category="marketing", default_locale="en", content=content)
+    topic = Topic.objects.create(key="early-birds", name="Early birds")
+    recipient_upsert(user_id="tokyo", email="tokyo@example.com", timezone="Asia/Tokyo")
+    recipient_upsert(user_id="nowhere", email="nowhere@example.com")
+    topic_subscribe(topic=topic, user_ids=["tokyo", "nowhere"])
+    _wizard_start(browser, live_server.url, "Morning coffee")
+    Select(browser.find_element(By.NAME, "topic")).select_by_value("early-birds")
+    browser.find_element(By.ID, "wizard-next").click()
+    Select(wait(browser).until(ec.presence_of_element_located((By.NAME, "template")))).select_by_value("morning")
+    browser.find_element(By.ID, "wizard-next").click()
+
+    when = wait(browser).until(ec.presence_of_element_located((By.NAME, "send_at_local")))
+    options = {e.get_attribute("value"): e for e in browser.find_elements(By.NAME, "schedule_in")}
+    assert set(options) == {"zone", "recipient"} and options["zone"].is_selected()
+    options["recipient"].click()
+    browser.execute_script("arguments[0].value = '2031-06-01T08:00'", when)
+    Select(browser.find_element(By.NAME, "time_zone")).select_by_value("Europe/Berlin")
+    screenshot(browser, "campaign-schedule")
+    browser.find_element(By.ID, "wizard-next").click()
+    review = wait(browser).until(ec.presence_of_element_located((By.ID, "review"))).text
+    assert "2031-06-01 08:00 in each recipient's time zone (Europe/Berlin for recipients without one)" in review
+    browser.find_element(By.ID, "wizard-create").click()
+
+    status = wait(browser).until(ec.presence_of_element_located((By.ID, "campaign-status")))
+    assert status.text == "scheduled"
+    campaign = Campaign.objects.get(name="Morning coffee")
+    assert (campaign.send_at, campaign.send_at_local, campaign.timezone) == (
+        None,
+        "2031-06-01T08:00:00",
+        "Europe/Berlin",
+    )
+    # The run starts when the earliest time zone (UTC+14) reaches 08:00: 18:00 UTC the day before.
+    assert campaign.periodic_task.clocked.clocked_time.isoformat() == "2031-05-31T18:00:00+00:00"
+    assert "in each recipient's time zone" in browser.find_element(By.ID, "content-main").text
+    entry = AuditEntry.objects.get(action="campaign.create", actor_name="max")
+    assert entry.changes["send_at_local"] == [None, "2031-06-01T08:00:00"]
+
+
 def test_operations_charts(live_server: Any, browser: WebDriver) -> None:
     from datetime import timedelta
 
@@ -317,6 +368,26 @@ def test_operations_charts(live_server: Any, browser: WebDriver) -> None:
             if 300 < step < 360:
                 rows += [DeliveryEvent(delivery=delivery, status="failed", at=at) for _ in range(scale // 3)]
     DeliveryEvent.objects.bulk_create(rows)
+    # Beat's samples of the broker and the breakers over the last hour: a queue filling and draining, an outage.
+    from channels_app.breaker import record
+    from config.celery import app as celery_app
+    from notifier.opsseries import ops_sample
+    from tests.conftest import purge_all_queues, queue_depth
+
+    purge_all_queues()
+    try:
+        for k, backlog in enumerate((0, 2, 5, 8, 6, 4, 7, 9, 5, 3, 2, 1, 3)):
+            minutes_ago = 60 - 5 * k
+            if minutes_ago == 20:
+                record("sandbox", ok=False, n=200)  # the breaker opens
+            with celery_app.connection_for_write() as conn:
+                conn.default_channel.queue_purge("email.low")
+            for _ in range(backlog):
+                celery_app.send_task("notifier.tasks.noop", queue="email.low")
+            wait_for(lambda backlog=backlog: queue_depth("email.low") == backlog)
+            assert ops_sample(now=now - timedelta(minutes=minutes_ago)) is not None
+    finally:
+        purge_all_queues()
     browser.get(f"{live_server.url}/admin/login/")
     browser.find_element(By.NAME, "username").send_keys("ops")
     browser.find_element(By.NAME, "password").send_keys("pw-browser-123456")
@@ -327,6 +398,19 @@ def test_operations_charts(live_server: Any, browser: WebDriver) -> None:
     assert len(charts.find_elements(By.CSS_SELECTOR, "svg.chart polyline")) >= 5
     legend = " ".join(e.text for e in charts.find_elements(By.CSS_SELECTOR, "svg text.legend"))
     assert "sent" in legend and "failed" in legend
+    # The queue depth is drawn over time from the samples: one line with a point per sampled bucket.
+    history = browser.find_element(By.ID, "chart-queue-history")
+    assert "all queues" in " ".join(e.text for e in history.find_elements(By.CSS_SELECTOR, "text.legend"))
+    assert "email.low" in " ".join(e.text for e in history.find_elements(By.CSS_SELECTOR, "text.legend"))
+    points = [len(p.get_attribute("points").split()) for p in history.find_elements(By.TAG_NAME, "polyline")]
+    assert points and max(points) == 13, points  # a sample every 5 minutes for an hour: 13 buckets
+    assert browser.find_element(By.ID, "chart-dead-history").find_elements(By.TAG_NAME, "polyline")
+    assert browser.find_element(By.ID, "chart-error-history").find_elements(By.TAG_NAME, "polyline")
+    states = [
+        e.get_attribute("data-state")
+        for e in browser.find_elements(By.CSS_SELECTOR, "#chart-breaker-history rect.slot")
+    ]
+    assert "closed" in states and "open" in states
     screenshot(browser, "operations-charts")
 
 

@@ -141,3 +141,30 @@ def test_support_cannot_open_the_wizard_or_progress(monkeypatch: pytest.MonkeyPa
     assert http.get(reverse("admin:notifier_campaign_wizard")).status_code == 403
     assert http.get(reverse("admin:notifier_campaign_progress", args=[campaign.pk])).status_code == 403
     assert http.post(reverse("admin:notifier_campaign_control", args=[campaign.pk, "cancel"])).status_code == 403
+
+
+def test_the_wizard_schedules_at_each_recipients_local_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    env = _setup()
+    http = _marketer(monkeypatch)
+    url = reverse("admin:notifier_campaign_wizard")
+    local = {"schedule_in": "recipient"}
+    # Each recipient's time needs a time, and one that has not passed in every time zone.
+    response = http.post(url, {"step": "3", "_next": "1", **_answers(env["client"].pk, **local)})
+    assert response.context["step"] == 3 and "send_at_local" in response.context["form"].errors
+    # 10:00 "yesterday" here may still be ahead somewhere (UTC-12); two days ago it has passed everywhere.
+    past = (timezone.now() - timedelta(days=2)).strftime("%Y-%m-%dT%H:%M")
+    response = http.post(url, {"step": "3", "_next": "1", **_answers(env["client"].pk, send_at_local=past, **local)})
+    assert "every time zone" in str(response.context["form"].errors["send_at_local"])
+    when = {"send_at_local": "2031-01-15T09:00", **local}
+    response = http.post(url, {"step": "3", "_next": "1", **_answers(env["client"].pk, **when)})
+    assert response.context["step"] == 4
+    assert "in each recipient's time zone (Europe/Berlin for recipients without one)" in response.content.decode()
+    http.post(url, {"step": "4", "_create": "1", **_answers(env["client"].pk, **when)})
+    campaign = Campaign.objects.get(name="Spring sale")
+    assert (campaign.send_at, campaign.send_at_local, campaign.timezone) == (
+        None,
+        "2031-01-15T09:00:00",
+        "Europe/Berlin",
+    )
+    assert campaign.status == "scheduled"
+    assert campaign.periodic_task.clocked.clocked_time == datetime(2031, 1, 14, 19, 0, tzinfo=zoneinfo.ZoneInfo("UTC"))

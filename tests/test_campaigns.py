@@ -334,3 +334,72 @@ def test_two_real_beat_processes_send_a_clocked_campaign_once(api: Any, start_wo
     assert Notification.objects.filter(campaign=campaign).count() == 1
     assert SandboxMessage.objects.count() == 30
     assert Campaign.objects.get(pk=campaign.pk).status == "done"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_campaign_at_the_recipients_local_time_sets_each_subscribers_not_before(api: Any) -> None:
+    from datetime import UTC, datetime
+
+    from notifier.campaigns.services import campaign_pause, campaign_resume
+    from preferences.services import recipient_upsert, topic_subscribe
+
+    make_template()
+    topic = make_topic("fans", 0)
+    for user_id, zone in (("tokyo", "Asia/Tokyo"), ("nyc", "America/New_York"), ("nowhere", "")):
+        recipient_upsert(user_id=user_id, email=f"{user_id}@example.com", timezone=zone)
+    topic_subscribe(topic=topic, user_ids=["tokyo", "nyc", "nowhere"])
+    wall = "2030-11-03T01:30:00"  # New York's overlap night
+    response = api.post(
+        URL, body(send_at_local=wall, timezone="Europe/Berlin", channels=["email"]), format="json"
+    )  # fmt: skip
+    assert response.status_code == 201, response.content
+    assert response.json()["send_at_local"] == wall and response.json()["send_at"] is None
+    campaign = Campaign.objects.get(pk=response.json()["id"])
+    # The run starts when the earliest zone (UTC+14) reaches 01:30: before any subscriber's moment.
+    task = PeriodicTask.objects.get(pk=campaign.periodic_task_id)
+    assert task.clocked.clocked_time == datetime(2030, 11, 2, 11, 30, tzinfo=UTC)
+
+    notification_id = run_campaign(campaign.pk)
+    notification = Notification.objects.get(pk=notification_id)
+    assert notification.send_at_local == wall and notification.send_at is None
+    for _ in range(10):
+        if fanout.fanout_run(notification_id=notification.pk, enqueue_next=False).done:
+            break
+    expected = {
+        "tokyo": datetime(2030, 11, 2, 16, 30, tzinfo=UTC),
+        "nyc": datetime(2030, 11, 3, 5, 30, tzinfo=UTC),  # the first 01:30 (EDT)
+        "nowhere": datetime(2030, 11, 3, 0, 30, tzinfo=UTC),  # no zone of their own: the campaign's, Berlin (CET)
+    }
+
+    def planned() -> dict[str, Any]:
+        rows = Delivery.objects.filter(notification=notification).values_list("recipient__user_id", "not_before")
+        return dict(rows)
+
+    assert planned() == expected
+    assert set(Delivery.objects.filter(notification=notification).values_list("status", flat=True)) == {"scheduled"}
+    campaign.refresh_from_db()
+    assert campaign.status == "done"  # the fan-out is done; the deliveries wait for their moment
+
+    # Still pausable while its deliveries wait; resuming gives each its subscriber's moment back.
+    assert campaign_pause(campaign=campaign) == 3
+    assert set(Delivery.objects.filter(notification=notification).values_list("status", flat=True)) == {"deferred"}
+    assert campaign_resume(campaign=campaign) == 3
+    assert planned() == expected
+    assert set(Delivery.objects.filter(notification=notification).values_list("status", flat=True)) == {"scheduled"}
+    assert Campaign.objects.get(pk=campaign.pk).status == "done"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_bad_send_at_local_of_a_campaign_is_400(api: Any) -> None:
+    make_template()
+    make_topic("fans", 1)
+    for bad in (
+        body(send_at_local="2030-12-01T09:00:00+01:00"),
+        body(send_at_local="tomorrow at nine"),
+        body(send_at_local="2030-12-01T09:00:00", send_at=timezone.now().isoformat()),
+        body(send_at_local="2030-12-01T09:00:00", crontab="0 9 * * *"),
+    ):
+        answer = api.post(URL, bad, format="json")
+        assert answer.status_code == 400, (bad, answer.content)
+        assert "send_at_local" in answer.json()["error"]["fields"], answer.content
+    assert Campaign.objects.count() == 0

@@ -26,6 +26,7 @@ from notifier.campaigns.services import (
     campaign_schedule,
     campaign_test_send,
     campaign_validate,
+    pausable_from,
 )
 from notifier.campaigns.wizard import STEPS, CampaignWizardForm, campaign_rate, progress_charts, sample_preview
 from notifier.errors import ApiError
@@ -51,9 +52,15 @@ class CampaignForm(forms.ModelForm):
             "channels",
             "payload",
             "send_at",
+            "send_at_local",
+            "timezone",
             "crontab",
             "rate_per_second",
         )
+        help_texts = {
+            "send_at_local": "Instead of send at: a local time (2026-12-01T09:00:00) in each recipient's time "
+            "zone; the time zone below for recipients without one.",
+        }
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
@@ -68,6 +75,8 @@ class CampaignForm(forms.ModelForm):
                     channels=list(data.get("channels") or []),
                     crontab=(data.get("crontab") or "").strip(),
                     send_at=data.get("send_at"),
+                    tz=data.get("timezone") or "UTC",
+                    send_at_local=data.get("send_at_local") or "",
                 )
             except ApiError as exc:
                 field = next(iter(exc.fields), None)
@@ -196,6 +205,7 @@ class CampaignAdmin(admin.ModelAdmin):
             "preview": preview,
             "review": data if step == 4 else {},
             "send_at": form.send_at() if step == 4 and data else None,
+            "send_at_local": form.send_at_local_value() if step == 4 and data else "",
             "user_email": request.user.email,
         }
         return TemplateResponse(request, "admin/notifier/campaign/wizard.html", context)
@@ -239,6 +249,8 @@ class CampaignAdmin(admin.ModelAdmin):
                 channels=list(data.get("channels") or []),
                 payload=form.parsed_payload(),
                 send_at=form.send_at(),
+                send_at_local=form.send_at_local_value(),
+                timezone=data["time_zone"],
                 rate_per_second=data["rate_per_second"],
             )
         except ApiError as exc:
@@ -255,6 +267,8 @@ class CampaignAdmin(admin.ModelAdmin):
                 "topic": [None, data["topic"]],
                 "template": [None, campaign.template_key],
                 "send_at": [None, campaign.send_at.isoformat() if campaign.send_at else "now"],
+                "send_at_local": [None, campaign.send_at_local or None],
+                "timezone": [None, campaign.timezone],
                 "rate_per_second": [None, campaign.rate_per_second],
             },
         )
@@ -277,7 +291,9 @@ class CampaignAdmin(admin.ModelAdmin):
             "rate": campaign_rate(campaign),
             "charts": progress_charts(campaign, progress),
             "live": campaign.status in (Campaign.Status.SCHEDULED, Campaign.Status.RUNNING),
-            "can_pause": can_change and campaign.status in (Campaign.Status.SCHEDULED, Campaign.Status.RUNNING),
+            "can_pause": can_change
+            and campaign.status in pausable_from(campaign)
+            and (campaign.status != Campaign.Status.DONE or progress["pending"] > 0),
             "can_resume": can_change and campaign.status == Campaign.Status.PAUSED,
             "can_cancel": can_change and campaign.status not in (Campaign.Status.CANCELLED, Campaign.Status.DONE),
         }

@@ -38,6 +38,9 @@ class CampaignInput(serializers.Serializer):
     send_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
     crontab = serializers.CharField(max_length=128, required=False, allow_blank=True, default="")
     timezone = serializers.CharField(max_length=64, default="UTC")
+    # Optional, instead of send_at: that wall-clock time in each subscriber's own time zone (`timezone` for
+    # subscribers without one); validated by campaign_validate.
+    send_at_local = serializers.CharField(max_length=32, required=False, allow_blank=True, default="")
     rate_per_second = serializers.IntegerField(min_value=1, max_value=MAX_RATE, default=100)
     draft = serializers.BooleanField(default=False)
 
@@ -63,6 +66,7 @@ def campaign_out(campaign: Campaign, *, detail: bool = False) -> dict[str, Any]:
         "send_at": campaign.send_at,
         "crontab": campaign.crontab,
         "timezone": campaign.timezone,
+        "send_at_local": campaign.send_at_local or None,
         "rate_per_second": campaign.rate_per_second,
         "last_run_at": campaign.last_run_at,
         "created_at": campaign.created_at,

@@ -1,7 +1,10 @@
 """Writes of campaigns: create, schedule through django-celery-beat, run once per slot, pause, resume, cancel.
 
 A campaign run is a topic notification (category marketing by default, hence low priority) whose fan-out is
-paced at the campaign's rate cap (see notifier.fanout). Beat may fire a schedule twice (two beat processes,
+paced at the campaign's rate cap (see notifier.fanout). A one-off campaign goes at an instant (`send_at`) or at
+a wall-clock time in each subscriber's own time zone (`send_at_local`, the campaign's `timezone` for those
+without one): its run then starts when the earliest zone reaches that time and each delivery waits as
+`scheduled` until its subscriber's moment. Beat may fire a schedule twice (two beat processes,
 a restart): a run is claimed with one conditional UPDATE and made in the same transaction as the notification,
 whose unique (client, dedup_key) with dedup_key `campaign-<id>-<slot>` is a second guard.
 """
@@ -10,7 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from celery.schedules import crontab as celery_crontab
@@ -22,7 +25,7 @@ from django_celery_beat.models import ClockedSchedule, CrontabSchedule, Periodic
 from notifier import fanout
 from notifier.errors import ApiError
 from notifier.events import record_events
-from notifier.localtime import is_zone
+from notifier.localtime import is_zone, local_instant, parse_wall_clock
 from notifier.models import ApiClient, Campaign, Delivery, Notification
 from notifier.outbox import group_by_queue, mark_published, publish
 from notifier.policy import send_policy
@@ -40,6 +43,9 @@ SAME_SLOT_SECONDS = 30
 # Held deliveries wait "forever": the worker's claim and the relay's wake-up both skip them until resume.
 HOLD_FOR = timedelta(days=36500)
 EDITABLE = (Campaign.Status.DRAFT, Campaign.Status.SCHEDULED)
+# The earliest time zone is 14 hours ahead of UTC (Pacific/Kiritimati): a local-time run that starts when it
+# is the wall-clock time there is early for every subscriber; the fan-out holds each delivery until its moment.
+EARLIEST_ZONE_AHEAD = timedelta(hours=14)
 
 
 def _invalid(field: str, message: str) -> ApiError:
@@ -68,6 +74,7 @@ def campaign_validate(
     crontab: str,
     send_at: datetime | None,
     tz: str = "UTC",
+    send_at_local: str = "",
 ) -> str:
     """Check a campaign's definition the way accepting its notification will; return its (the template's) category."""
     if category and category not in settings.NOTIFIER_CATEGORIES:
@@ -85,6 +92,16 @@ def campaign_validate(
         raise _invalid("send_at", "Give send_at (once) or crontab (recurring), not both.")
     if crontab:
         _parse_crontab(crontab)
+    if send_at_local:
+        if send_at:
+            raise _invalid("send_at_local", "Give send_at or send_at_local, not both.")
+        if crontab:
+            raise _invalid("send_at_local", "A recurring campaign runs in its time zone; send_at_local is for once.")
+        try:
+            parse_wall_clock(send_at_local)
+        except ValueError as exc:
+            message = f"Expected a local date and time such as 2026-12-01T09:00:00: {exc}"
+            raise _invalid("send_at_local", message) from None
     if not is_zone(tz or ""):
         raise _invalid("timezone", "Unknown time zone; expected an IANA name such as 'Europe/Berlin'.")
     return category
@@ -104,6 +121,7 @@ def campaign_create(
     rate_per_second: int = 100,
     draft: bool = False,
     timezone: str = "UTC",  # the campaign's time zone (shadows django.utils.timezone here only)
+    send_at_local: str = "",
 ) -> Campaign:
     """Create a campaign and, unless it is a draft, schedule it (no send_at and no crontab: run now)."""
     topic_obj = Topic.objects.filter(key=topic).first()
@@ -112,8 +130,16 @@ def campaign_create(
     channels = list(channels or [])
     tz = timezone
     category = campaign_validate(
-        client=client, template=template, category=category, channels=channels, crontab=crontab, send_at=send_at, tz=tz
+        client=client,
+        template=template,
+        category=category,
+        channels=channels,
+        crontab=crontab,
+        send_at=send_at,
+        tz=tz,
+        send_at_local=send_at_local,
     )
+    send_at_local = parse_wall_clock(send_at_local).isoformat() if send_at_local else ""
     with transaction.atomic():
         campaign = Campaign.objects.create(
             name=name,
@@ -127,6 +153,7 @@ def campaign_create(
             crontab=crontab.strip(),
             rate_per_second=rate_per_second,
             timezone=tz,
+            send_at_local=send_at_local,
         )
         if not draft:
             campaign_schedule(campaign=campaign)
@@ -145,7 +172,8 @@ def campaign_update(*, campaign: Campaign, **fields: Any) -> Campaign:
     if "template" in fields:
         campaign.template_key = fields.pop("template")
         campaign.category = fields.get("category") or ""  # the new template's, unless given
-    for name in ("name", "category", "channels", "payload", "send_at", "crontab", "rate_per_second", "timezone"):
+    names = ("name", "category", "channels", "payload", "send_at", "crontab", "rate_per_second", "timezone")
+    for name in (*names, "send_at_local"):
         if name in fields:
             setattr(campaign, name, fields.pop(name))
     if fields:
@@ -158,7 +186,10 @@ def campaign_update(*, campaign: Campaign, **fields: Any) -> Campaign:
         crontab=campaign.crontab,
         send_at=campaign.send_at,
         tz=campaign.timezone,
+        send_at_local=campaign.send_at_local,
     )
+    if campaign.send_at_local:
+        campaign.send_at_local = parse_wall_clock(campaign.send_at_local).isoformat()
     with transaction.atomic():
         campaign.save()
         if campaign.status == Campaign.Status.SCHEDULED:
@@ -183,7 +214,7 @@ def campaign_schedule(*, campaign: Campaign) -> Campaign:
             )
             task.crontab, task.clocked, task.one_off = schedule, None, False
         else:
-            clocked = ClockedSchedule.objects.create(clocked_time=campaign.send_at or now)
+            clocked = ClockedSchedule.objects.create(clocked_time=campaign_starts_at(campaign) or now)
             task.clocked, task.crontab, task.one_off = clocked, None, True
         task.task = RUN_TASK
         task.args = json.dumps([campaign.pk])
@@ -195,11 +226,19 @@ def campaign_schedule(*, campaign: Campaign) -> Campaign:
         campaign.periodic_task = task
         campaign.status = Campaign.Status.SCHEDULED
         campaign.save(update_fields=["periodic_task", "status", "updated_at"])
-        if not campaign.crontab and (campaign.send_at is None or campaign.send_at <= now):
+        starts_at = campaign_starts_at(campaign)
+        if not campaign.crontab and (starts_at is None or starts_at <= now):
             # Due now: do not wait for beat's next tick. The claim makes the beat fire that follows a no-op.
             campaign_id = campaign.pk
             transaction.on_commit(lambda: _enqueue_run(campaign_id))
     return campaign
+
+
+def campaign_starts_at(campaign: Campaign) -> datetime | None:
+    """Return when a one-off campaign's run starts: its send_at, or, in local time, the earliest zone's moment."""
+    if campaign.send_at_local:
+        return parse_wall_clock(campaign.send_at_local).replace(tzinfo=UTC) - EARLIEST_ZONE_AHEAD
+    return campaign.send_at
 
 
 def _enqueue_run(campaign_id: int) -> None:
@@ -244,6 +283,9 @@ def campaign_run(*, campaign_id: int, now: datetime | None = None) -> Notificati
     }
     if campaign.channels:
         data["channels"] = list(campaign.channels)
+    if campaign.send_at_local:
+        # Each subscriber's not_before is set by the fan-out (the campaign's time zone for those without one).
+        data["send_at_local"] = campaign.send_at_local
     try:
         with transaction.atomic():
             with connection.cursor() as cursor:
@@ -301,12 +343,23 @@ _RELEASE_SQL = """
 """
 
 
+def pausable_from(campaign: Campaign) -> tuple[str, ...]:
+    """Return the statuses a campaign can be paused from.
+
+    A local-time campaign is done once its fan-out is, while its deliveries may wait a day for their
+    subscribers' moment: it can still be paused (and resumed, which keeps each delivery's local time).
+    """
+    if campaign.send_at_local and not campaign.crontab:
+        return (Campaign.Status.SCHEDULED, Campaign.Status.RUNNING, Campaign.Status.DONE)
+    return (Campaign.Status.SCHEDULED, Campaign.Status.RUNNING)
+
+
 def campaign_pause(*, campaign: Campaign) -> int:
     """Pause a campaign: stop its fan-out and schedule, hold its not-yet-sent deliveries; return how many."""
     now = timezone.now()
     with transaction.atomic():
         # Waits for a fan-out page in flight (it holds the row FOR SHARE), so the hold below sees its rows.
-        _set_status(campaign, to=Campaign.Status.PAUSED, only_from=(Campaign.Status.SCHEDULED, Campaign.Status.RUNNING))
+        _set_status(campaign, to=Campaign.Status.PAUSED, only_from=pausable_from(campaign))
         if campaign.periodic_task_id:
             PeriodicTask.objects.filter(pk=campaign.periodic_task_id).update(enabled=False)
         with connection.cursor() as cursor:
@@ -335,14 +388,31 @@ def campaign_resume(*, campaign: Campaign) -> int:
         with connection.cursor() as cursor:
             cursor.execute(_RELEASE_SQL, [now, campaign.pk, PAUSED_REASON])
             released = cursor.fetchall()
+        later = _reschedule_local(campaign, [row[0] for row in released], now) if campaign.send_at_local else set()
+        released = [row for row in released if row[0] not in later]
         record_events(((row[0], Delivery.Status.QUEUED, "campaign resumed") for row in released), at=now)
+        record_events(((i, Delivery.Status.SCHEDULED, "campaign resumed") for i in sorted(later)), at=now)
     rate = campaign.rate_per_second or None
     _publish_paced(released, rate=rate)
     span = len(released) / rate if rate else None
     for notification_id in fanning:
         # The fan-out continues once the released deliveries have had their share of the rate.
         fanout.enqueue_unfinished(notification_id, countdown=span)
-    return len(released)
+    return len(released) + len(later)
+
+
+def _reschedule_local(campaign: Campaign, delivery_ids: list[int], now: datetime) -> set[int]:
+    """Give released deliveries of a local-time campaign their subscriber's moment again; return those not yet due."""
+    wall = parse_wall_clock(campaign.send_at_local)
+    zones = Delivery.objects.filter(pk__in=delivery_ids).values_list("pk", "recipient__timezone")
+    by_time: dict[datetime, list[int]] = {}
+    for delivery_id, zone_name in zones:
+        at = local_instant(wall, zone_name or campaign.timezone)
+        if at > now:
+            by_time.setdefault(at, []).append(delivery_id)
+    for at, ids in by_time.items():
+        Delivery.objects.filter(pk__in=ids).update(status=Delivery.Status.SCHEDULED, not_before=at, updated_at=now)
+    return {i for ids in by_time.values() for i in ids}
 
 
 def _publish_paced(rows: list[tuple[int, str, str]], *, rate: int | None) -> None:

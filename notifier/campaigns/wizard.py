@@ -3,8 +3,8 @@
 Four steps in one form whose earlier and later answers travel as hidden fields, so it needs no JavaScript
 and no session state: audience (topic with its subscriber count), message (template, payload, preview for
 a sample subscriber, a test send to the marketer's own address), schedule (a local time in a named time
-zone, and the rate cap), review. Creating calls campaign_create; pause, resume and cancel call their
-services. Every action is audited.
+zone or in each recipient's own zone, and the rate cap), review. Creating calls campaign_create; pause, resume
+and cancel call their services. Every action is audited.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from django.db.models.functions import TruncMinute
 from django.utils import timezone
 
 from notifier.charts import bar_chart, line_chart
+from notifier.localtime import local_instant
 from notifier.models import ApiClient, Campaign, Delivery
 from preferences.compliance import is_optional
 from preferences.models import Subscription, Topic
@@ -32,10 +33,13 @@ STEPS = {1: "Audience", 2: "Message", 3: "Schedule", 4: "Review"}
 STEP_FIELDS: dict[int, tuple[str, ...]] = {
     1: ("name", "client", "topic"),
     2: ("template", "channels", "payload"),
-    3: ("send_at_local", "time_zone", "rate_per_second"),
+    3: ("send_at_local", "schedule_in", "time_zone", "rate_per_second"),
     4: (),
 }
 REQUIRED = frozenset({"name", "client", "topic", "template", "time_zone", "rate_per_second"})
+ZONE, RECIPIENT = "zone", "recipient"
+# The last time zone is 12 hours behind UTC: a wall-clock time passed there has passed everywhere.
+LAST_ZONE = "Etc/GMT+12"
 
 
 def topic_choices() -> list[tuple[str, str]]:
@@ -80,7 +84,17 @@ class CampaignWizardForm(forms.Form):
         input_formats=["%Y-%m-%dT%H:%M", "%Y-%m-%d %H:%M", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S"],
         widget=forms.DateTimeInput(attrs={"type": "datetime-local"}, format="%Y-%m-%dT%H:%M"),
         label="Send at",
-        help_text="Local time in the zone below; empty sends as soon as it is created.",
+        help_text="Local time in the zone below (or each recipient's); empty sends as soon as it is created.",
+    )
+    schedule_in = forms.ChoiceField(
+        required=False,
+        initial=ZONE,
+        label="Time zone of the send time",
+        choices=[
+            (ZONE, "The time zone below, for everyone"),
+            (RECIPIENT, "Each recipient's own time zone (the zone below for recipients without one)"),
+        ],
+        widget=forms.RadioSelect,
     )
     time_zone = forms.ChoiceField(required=False, choices=(), initial="UTC")
     rate_per_second = forms.IntegerField(
@@ -119,7 +133,13 @@ class CampaignWizardForm(forms.Form):
             else:
                 if not isinstance(payload, dict):
                     self.add_error("payload", "The payload must be a JSON object.")
-        if "send_at_local" in names and data.get("send_at_local") and data.get("time_zone"):
+        local_time = data.get("schedule_in") == RECIPIENT
+        if "schedule_in" in names and local_time and not data.get("send_at_local"):
+            self.add_error("send_at_local", "Give the local time to send at in each recipient's time zone.")
+        elif "send_at_local" in names and local_time and data.get("send_at_local"):
+            if local_instant(self._wall_clock(), LAST_ZONE) <= timezone.now():
+                self.add_error("send_at_local", "This time has passed in every time zone.")
+        elif "send_at_local" in names and data.get("send_at_local") and data.get("time_zone"):
             if self.send_at() <= timezone.now():
                 self.add_error("send_at_local", "This time is in the past.")
         return not self.errors
@@ -128,14 +148,23 @@ class CampaignWizardForm(forms.Form):
         """Return the parsed payload (after check)."""
         return json.loads(self.cleaned_data.get("payload") or "{}")
 
+    def _wall_clock(self) -> datetime:
+        """Return the chosen send time as typed (naive): the form field reads it in the server's zone."""
+        return timezone.make_naive(self.cleaned_data["send_at_local"], timezone.get_current_timezone())
+
+    def at_recipient_time(self) -> bool:
+        """Return whether the campaign goes at the chosen time in each recipient's own time zone."""
+        return self.cleaned_data.get("schedule_in") == RECIPIENT and bool(self.cleaned_data.get("send_at_local"))
+
     def send_at(self) -> datetime | None:
-        """Return the chosen local time in its zone as an aware datetime, or None for "now"."""
-        local = self.cleaned_data.get("send_at_local")
-        if not local:
+        """Return the chosen local time in its zone as an aware datetime, or None for "now" or recipient time."""
+        if not self.cleaned_data.get("send_at_local") or self.at_recipient_time():
             return None
-        return timezone.make_naive(local, timezone.get_current_timezone()).replace(
-            tzinfo=zoneinfo.ZoneInfo(self.cleaned_data["time_zone"])
-        )
+        return self._wall_clock().replace(tzinfo=zoneinfo.ZoneInfo(self.cleaned_data["time_zone"]))
+
+    def send_at_local_value(self) -> str:
+        """Return the wall-clock time for each recipient's zone ("2026-12-01T09:00:00"), or "" for one zone."""
+        return self._wall_clock().isoformat(timespec="seconds") if self.at_recipient_time() else ""
 
     def template_obj(self) -> Template | None:
         """Return the chosen template."""
