@@ -95,3 +95,14 @@ READYZ_TIMEOUT_SECONDS = _env_float("READYZ_TIMEOUT_SECONDS", 2.0)
 RETENTION_DAYS = _env_int("RETENTION_DAYS", 90)
 RETENTION_BATCH = _env_int("RETENTION_BATCH", 5000)
 RETENTION_MAX_SECONDS = _env_float("RETENTION_MAX_SECONDS", 600.0)
+
+# --- Partitioned hot tables (notifier/partitions.py, docs/decisions.md) ---------------------------------
+# Notifications, deliveries and delivery events are partitioned by day; days older than DELIVERY_HOT_DAYS
+# (today counts as one) are archived through PARTITION_ARCHIVE_HOOK ("module.function", called with the
+# day; empty: no archive) and dropped, except the rows that still have work. PARTITIONS_AHEAD_DAYS days
+# are created ahead by the migration and the daily maintenance task.
+DELIVERY_HOT_DAYS = _env_int("DELIVERY_HOT_DAYS", 14)
+PARTITIONS_AHEAD_DAYS = _env_int("PARTITIONS_AHEAD_DAYS", 7)
+PARTITION_ARCHIVE_HOOK = _env("PARTITION_ARCHIVE_HOOK", "")
+# A dedup_key answers with its first notification for this long (API.md); the key table forgets it after.
+DEDUP_WINDOW_HOURS = _env_int("DEDUP_WINDOW_HOURS", 72)

@@ -67,3 +67,31 @@ def remember(entries: list[tuple[int, str, str, str]]) -> None:
         pipe.execute()
     except redis.RedisError as exc:
         logger.warning("dedup fast path not updated for a batch: %s", type(exc).__name__)
+
+
+# ---- the database's record of dedup keys (notifier_dedupkey), the truth across partitions ----------------
+
+PURGE_BATCH = 10_000
+
+
+def purge_expired(*, batch: int = PURGE_BATCH, max_batches: int = 1000) -> int:
+    """Delete dedup keys older than DEDUP_WINDOW_HOURS, in short batches; return how many went."""
+    from datetime import timedelta
+
+    from django.db import connection, transaction
+    from django.utils import timezone
+
+    cutoff = timezone.now() - timedelta(hours=settings.DEDUP_WINDOW_HOURS)
+    total = 0
+    for _ in range(max_batches):
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(
+                "DELETE FROM notifier_dedupkey WHERE ctid = ANY(ARRAY(SELECT ctid FROM notifier_dedupkey"
+                " WHERE created_at < %s LIMIT %s FOR UPDATE SKIP LOCKED))",
+                [cutoff, batch],
+            )
+            done = cursor.rowcount
+        total += done
+        if done < batch:
+            break
+    return total
