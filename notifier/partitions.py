@@ -133,6 +133,12 @@ def delivery_ids_of_notification(created_at: datetime) -> tuple[int, int]:
     return delivery_id_bounds(first)[0], delivery_id_bounds(last)[1]
 
 
+def recent_delivery_id_floor(days: int | None = None) -> int:
+    """Return the lowest delivery id of the last `days` days (CALLBACK_RECENT_DAYS, 2: today and yesterday)."""
+    n = int(getattr(settings, "CALLBACK_RECENT_DAYS", 2)) if days is None else days
+    return delivery_id_bounds(timezone.now().astimezone(UTC).date() - timedelta(days=max(n, 1) - 1))[0]
+
+
 def day_bounds(table: str, day: date) -> tuple[Any, Any]:
     """Return the [low, high) partition-key bounds of `table` for `day`."""
     if table == NOTIFICATION:
@@ -523,3 +529,216 @@ def maintain() -> dict[str, Any]:
     dropped = [r.day.isoformat() for r in drop_old_days(archive=archive_hook()) if r.dropped]
     purged = dedup.purge_expired()
     return {"created": len(created), "dropped_days": dropped, "dedup_keys_purged": purged}
+
+
+# ---- the migration from single tables -------------------------------------------------------------------
+
+CONVERT_ORDER = (NOTIFICATION, DELIVERY, EVENT)
+
+
+def _cutover(cursor: Any, table: str) -> Any:
+    """Return the key bound below which `table`'s existing rows stay in its legacy partition.
+
+    An empty table (a new install) cuts over today; one with rows at the next midnight (the day after when
+    midnight is less than an hour away), so rows written while the migration runs still satisfy the bound.
+    """
+    cursor.execute(f'SELECT EXISTS (SELECT 1 FROM "{table}")')
+    has_rows = cursor.fetchone()[0]
+    now = timezone.now().astimezone(UTC)
+    day = now.date()
+    if has_rows:
+        day += timedelta(days=1)
+        if datetime(day.year, day.month, day.day, tzinfo=UTC) - now < timedelta(hours=1):
+            day += timedelta(days=1)
+    return day
+
+
+def _legacy_bound(table: str, day: date) -> Any:
+    return day_bounds(table, day)[0]
+
+
+def _indexes(cursor: Any, table: str) -> list[str]:
+    cursor.execute("SELECT indexrelid::regclass::text FROM pg_index WHERE indrelid = to_regclass(%s)", [table])
+    return [row[0] for row in cursor.fetchall()]
+
+
+def prepare_conversion(cursor: Any) -> dict[str, date]:
+    """Phase 1 of the migration, online: bound each table's rows with a validated CHECK; return the cut-over days.
+
+    Runs outside a transaction: VALIDATE CONSTRAINT and CREATE INDEX CONCURRENTLY take only locks that let
+    inserts and updates go on, so a large table is scanned while notifications are still accepted.
+    """
+    cutovers = {}
+    for table in CONVERT_ORDER:
+        if is_partitioned(table):
+            continue
+        # The three tables cut over the same day; a table with rows decides for all.
+        cutovers[table] = _cutover(cursor, table)
+    if not cutovers:
+        return {}
+    day = max(cutovers.values())
+    cutovers = dict.fromkeys(cutovers, day)
+    for table in cutovers:
+        key = KEYS[table]
+        bound = _legacy_bound(table, day)
+        name = f"{table}_legacy_bound"
+        cursor.execute(f'ALTER TABLE "{table}" DROP CONSTRAINT IF EXISTS "{name}"')
+        cursor.execute(f'ALTER TABLE "{table}" ADD CONSTRAINT "{name}" CHECK ({key} < {_literal(bound)}) NOT VALID')
+        cursor.execute(f'ALTER TABLE "{table}" VALIDATE CONSTRAINT "{name}"')
+    if NOTIFICATION in cutovers:
+        # The partitioned primary key must hold the partition key; built here, without blocking writes.
+        cursor.execute("DROP INDEX CONCURRENTLY IF EXISTS notifier_notification_id_created_uniq")
+        cursor.execute(
+            "CREATE UNIQUE INDEX CONCURRENTLY notifier_notification_id_created_uniq"
+            " ON notifier_notification (id, created_at)"
+        )
+    return cutovers
+
+
+# The parents' indexes: the definitions the legacy tables already have (matched at ATTACH, nothing is
+# rebuilt), minus the unique ones a partitioned table cannot hold without its key.
+_PARENT_INDEXES = {
+    NOTIFICATION: [
+        "CREATE INDEX notification_user_idx ON ONLY notifier_notification (user_id, created_at DESC)",
+        "CREATE INDEX notification_client_idx ON ONLY notifier_notification (client_id, created_at DESC)",
+        "CREATE INDEX notification_created_brin ON ONLY notifier_notification USING brin (created_at)",
+        "CREATE INDEX notifier_notification_campaign_id_6369ac5d ON ONLY notifier_notification (campaign_id)",
+        "CREATE INDEX notifier_notification_client_id_3bd9d5ae ON ONLY notifier_notification (client_id)",
+        "CREATE INDEX notifier_notification_recipient_id_a4c54388 ON ONLY notifier_notification (recipient_id)",
+        "CREATE INDEX notifier_notification_topic_id_8cc4a27a ON ONLY notifier_notification (topic_id)",
+    ],
+    DELIVERY: [
+        "CREATE INDEX delivery_outbox_idx ON ONLY notifier_delivery (published_at) WHERE status = 'queued'",
+        "CREATE INDEX delivery_inflight_idx ON ONLY notifier_delivery (claimed_at) WHERE status = 'sending'",
+        "CREATE INDEX delivery_due_idx ON ONLY notifier_delivery (not_before)"
+        " WHERE status IN ('deferred', 'scheduled')",
+        "CREATE INDEX delivery_provider_msg_idx ON ONLY notifier_delivery (provider, provider_message_id)"
+        " WHERE NOT provider_message_id = ''",
+        "CREATE INDEX delivery_inbox_idx ON ONLY notifier_delivery (recipient_id, id DESC) WHERE channel = 'inapp'",
+        "CREATE INDEX delivery_recipient_idx ON ONLY notifier_delivery (recipient_id, created_at DESC)",
+        "CREATE INDEX delivery_created_brin ON ONLY notifier_delivery USING brin (created_at)",
+        "CREATE INDEX delivery_template_version_idx ON ONLY notifier_delivery (template_version_id)"
+        " WHERE template_version_id IS NOT NULL",
+        "CREATE INDEX delivery_pending_idx ON ONLY notifier_delivery (not_before) WHERE status = 'pending'",
+        "CREATE INDEX delivery_address_hash ON ONLY notifier_delivery USING hash (address) WHERE NOT address = ''",
+        "CREATE INDEX delivery_resent_from_idx ON ONLY notifier_delivery (resent_from_id)"
+        " WHERE resent_from_id IS NOT NULL",
+    ],
+    EVENT: [
+        "CREATE INDEX notifier_deliveryevent_delivery_id_618dff5b ON ONLY notifier_deliveryevent (delivery_id)",
+        "CREATE INDEX event_at_brin ON ONLY notifier_deliveryevent USING brin (at)",
+    ],
+}
+
+DELIVERY_ID_FUNCTION = f"""
+CREATE OR REPLACE FUNCTION notifier_delivery_id(at timestamptz) RETURNS bigint LANGUAGE sql VOLATILE AS $$
+    SELECT (floor(extract(epoch FROM at) / 86400)::bigint << {DAY_SHIFT})
+           | (nextval('notifier_delivery_seq') & {SEQUENCE_MASK})
+$$
+"""
+
+
+def _identity_next(cursor: Any, table: str) -> int:
+    cursor.execute("SELECT pg_get_serial_sequence(%s, 'id')", [table])
+    sequence = cursor.fetchone()[0]
+    if sequence is None:
+        return 1
+    cursor.execute(f"SELECT last_value, is_called FROM {sequence}")
+    last, called = cursor.fetchone()
+    return int(last) + 1 if called else int(last)
+
+
+def convert(cursor: Any, cutovers: dict[str, date]) -> None:
+    """Phase 2 of the migration, in one short transaction: the tables become the legacy partitions of new parents.
+
+    Under an ACCESS EXCLUSIVE lock held for catalog changes only (no row is copied, no index built, no
+    constraint scanned: phase 1 did the scans), each table is renamed `<table>_legacy`, a partitioned
+    parent with the old name takes its place, the legacy table is attached for every key below the
+    cut-over and the day partitions from the cut-over on are created. Accepts wait a moment, then go on.
+    """
+    if not cutovers:
+        return
+    _set_lock_timeout(cursor)
+    cursor.execute("LOCK TABLE " + ", ".join(f'"{t}"' for t in cutovers) + " IN ACCESS EXCLUSIVE MODE")
+    _reset_lock_timeout(cursor)
+    for table, day in cutovers.items():
+        legacy = f"{table}_legacy"
+        key = KEYS[table]
+        next_id = _identity_next(cursor, table) if table in (DELIVERY, EVENT) else None
+        cursor.execute(f'ALTER TABLE "{table}" RENAME TO "{legacy}"')
+        for index in _indexes(cursor, legacy):
+            cursor.execute(f'ALTER INDEX "{index}" RENAME TO "{(index + "_legacy")[-63:]}"')
+        if table == NOTIFICATION:
+            cursor.execute(f'ALTER TABLE "{legacy}" DROP CONSTRAINT "notifier_notification_pkey_legacy"')
+            cursor.execute(
+                f'ALTER TABLE "{legacy}" ADD CONSTRAINT "{legacy}_pkey"'
+                ' PRIMARY KEY USING INDEX "notifier_notification_id_created_uniq_legacy"'
+            )
+        if next_id is not None:
+            cursor.execute(f'ALTER TABLE "{legacy}" ALTER COLUMN id DROP IDENTITY IF EXISTS')
+        cursor.execute(
+            f'CREATE TABLE "{table}" (LIKE "{legacy}" INCLUDING DEFAULTS INCLUDING STORAGE) PARTITION BY RANGE ({key})'
+        )
+        if table == DELIVERY:
+            cursor.execute(f"CREATE SEQUENCE IF NOT EXISTS notifier_delivery_seq START {next_id}")
+            cursor.execute(DELIVERY_ID_FUNCTION)
+            cursor.execute('ALTER TABLE "notifier_delivery" ALTER COLUMN id SET DEFAULT notifier_delivery_id(now())')
+            cursor.execute('ALTER TABLE "notifier_delivery" ADD CONSTRAINT notifier_delivery_pkey PRIMARY KEY (id)')
+        elif table == EVENT:
+            cursor.execute(f"CREATE SEQUENCE IF NOT EXISTS notifier_deliveryevent_seq START {next_id}")
+            cursor.execute(
+                "ALTER TABLE notifier_deliveryevent ALTER COLUMN id SET DEFAULT nextval('notifier_deliveryevent_seq')"
+            )
+        else:
+            cursor.execute(
+                "ALTER TABLE notifier_notification ADD CONSTRAINT notifier_notification_pkey"
+                " PRIMARY KEY (id, created_at)"
+            )
+        for sql in _PARENT_INDEXES[table]:
+            cursor.execute(sql)
+        bound = _legacy_bound(table, day)
+        cursor.execute(
+            f'ALTER TABLE "{table}" ATTACH PARTITION "{legacy}" FOR VALUES FROM (MINVALUE) TO ({_literal(bound)})'
+        )
+        cursor.execute(f'ALTER TABLE "{legacy}" DROP CONSTRAINT IF EXISTS "{table}_legacy_bound"')
+    ahead = int(getattr(settings, "PARTITIONS_AHEAD_DAYS", 7))
+    first = min(cutovers.values())
+    today = timezone.now().astimezone(UTC).date()
+    for table in cutovers:
+        for offset in range((today - first).days + ahead + 1 if today >= first else ahead + 2):
+            day = first + timedelta(days=offset)
+            if not _exists(cursor, partition_name(table, day)):
+                _create_in_transaction(cursor, table, day)
+
+
+def _exists(cursor: Any, name: str) -> bool:
+    cursor.execute("SELECT to_regclass(%s) IS NOT NULL", [name])
+    return bool(cursor.fetchone()[0])
+
+
+def _create_in_transaction(cursor: Any, table: str, day: date) -> None:
+    name = partition_name(table, day)
+    low, high = day_bounds(table, day)
+    cursor.execute(f'CREATE TABLE "{name}" (LIKE "{table}" INCLUDING DEFAULTS INCLUDING STORAGE)')
+    for sql in _per_partition_sql(table, name):
+        cursor.execute(sql)
+    cursor.execute(
+        f'ALTER TABLE "{table}" ATTACH PARTITION "{name}" FOR VALUES FROM ({_literal(low)}) TO ({_literal(high)})'
+    )
+
+
+def backfill_dedup_keys(cursor: Any) -> int:
+    """Record in notifier_dedupkey the dedup keys of the notifications of the window that it lacks; return how many.
+
+    Run by the migration and again (`manage.py partitions --dedup`) once the new code is live, for the
+    requests the old code accepted in between.
+    """
+    cursor.execute(
+        "INSERT INTO notifier_dedupkey (client_id, dedup_key, notification_id, request_hash, created_at)"
+        " SELECT DISTINCT ON (client_id, dedup_key) client_id, dedup_key, id, request_hash, created_at"
+        " FROM notifier_notification WHERE dedup_key IS NOT NULL AND created_at >= %s"
+        " ORDER BY client_id, dedup_key, created_at"
+        " ON CONFLICT (client_id, dedup_key) DO NOTHING",
+        [timezone.now() - dedup_window()],
+    )
+    return cursor.rowcount

@@ -40,16 +40,16 @@ def notification_get(*, client: ApiClient, notification_id: str) -> Notification
         return None
     # A topic notification can have a million deliveries: the detail shows the first ones and the counts.
     notification.first_deliveries = list(  # type: ignore[attr-defined]
-        notification.deliveries.order_by("id").prefetch_related(
-            Prefetch("events", queryset=DeliveryEvent.objects.order_by("id"))
-        )[:DELIVERIES_IN_DETAIL]
+        notification.day_deliveries()
+        .order_by("id")
+        .prefetch_related(Prefetch("events", queryset=DeliveryEvent.objects.order_by("id")))[:DELIVERIES_IN_DETAIL]
     )
     return notification
 
 
 def notification_delivery_counts(*, notification: Notification) -> dict[str, int]:
     """Return the number of deliveries of a notification per status."""
-    rows = notification.deliveries.values("status").annotate(n=Count("id")).order_by()
+    rows = notification.day_deliveries().values("status").annotate(n=Count("id")).order_by()
     return {row["status"]: row["n"] for row in rows}
 
 
@@ -89,9 +89,11 @@ def notification_list(
 
 
 def notifications_by_dedup_key(dedup_key: str) -> QuerySet[Notification]:
-    """Return the notifications with this dedup key, of any client (notification_dedup_uniq: every client)."""
+    """Return the notifications holding this dedup key now, of any client (the key table, every client leading)."""
+    from notifier import dedup
+
     client_ids = list(ApiClient.objects.values_list("pk", flat=True))
-    return Notification.objects.filter(client_id__in=client_ids, dedup_key=dedup_key)
+    return Notification.objects.filter(pk__in=dedup.notification_ids_by_key(client_ids=client_ids, dedup_key=dedup_key))
 
 
 def delivery_search(*, query: str) -> QuerySet[Delivery]:
