@@ -13,14 +13,25 @@ from notifier.partitions import delivery_ids_of_notification, new_notification_i
 from notifier.scopes import default_scopes
 
 
+def _id_bounds(value: Any, *, many: bool) -> tuple[Any, Any] | None:
+    """Return the created_at range of one notification id or of a list of them (None when an id does not say)."""
+    if value is None or isinstance(value, models.QuerySet | models.Model):
+        return None
+    values = list(value) if many else [value]
+    ranges = [notification_range(v) for v in values]
+    if not ranges or any(r is None for r in ranges):
+        return None
+    return min(r[0] for r in ranges), max(r[1] for r in ranges)
+
+
 class NotificationQuerySet(models.QuerySet):
     """Notifications; a filter on one id adds the created_at range its UUIDv7 implies (one partition, not all)."""
 
     def _filter_or_exclude(self, negate: bool, args: Any, kwargs: Any) -> NotificationQuerySet:
         if not negate and not args:
-            for name in ("pk", "id", "pk__exact", "id__exact"):
+            for name in ("pk", "id", "pk__exact", "id__exact", "pk__in", "id__in"):
                 if name in kwargs and "created_at__range" not in kwargs:
-                    bounds = notification_range(kwargs[name]) if kwargs[name] is not None else None
+                    bounds = _id_bounds(kwargs[name], many=name.endswith("__in"))
                     if bounds is not None:
                         kwargs = {**kwargs, "created_at__range": bounds}
                     break
@@ -28,6 +39,17 @@ class NotificationQuerySet(models.QuerySet):
 
 
 NotificationManager = models.Manager.from_queryset(NotificationQuerySet)
+
+
+class BirthTimeField(models.DateTimeField):
+    """A notification's created_at: the instant its UUIDv7 id carries, so the id always finds the row's day."""
+
+    def pre_save(self, model_instance: models.Model, add: bool) -> Any:
+        born = uuid7_time(model_instance.pk) if add else None
+        if born is None:
+            return super().pre_save(model_instance, add)
+        setattr(model_instance, self.attname, born)
+        return born
 
 
 class ApiClient(models.Model):
@@ -128,7 +150,8 @@ class Notification(models.Model):
     recipients_total = models.PositiveIntegerField(null=True, blank=True)
     fanout_processed = models.PositiveIntegerField(default=0)
     trace_id = models.CharField(max_length=32, blank=True, default="")
-    created_at = models.DateTimeField(auto_now_add=True)
+    # The partition key (notifier/partitions.py).
+    created_at = BirthTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     objects = NotificationManager()

@@ -133,10 +133,24 @@ def delivery_ids_of_notification(created_at: datetime) -> tuple[int, int]:
     return delivery_id_bounds(first)[0], delivery_id_bounds(last)[1]
 
 
-def recent_delivery_id_floor(days: int | None = None) -> int:
-    """Return the lowest delivery id of the last `days` days (CALLBACK_RECENT_DAYS, 2: today and yesterday)."""
+def recent_delivery_ids(days: int | None = None) -> tuple[int, int]:
+    """Return the [low, high) delivery ids of the last `days` days (CALLBACK_RECENT_DAYS, 2: today, yesterday)."""
     n = int(getattr(settings, "CALLBACK_RECENT_DAYS", 2)) if days is None else days
-    return delivery_id_bounds(timezone.now().astimezone(UTC).date() - timedelta(days=max(n, 1) - 1))[0]
+    now = timezone.now().astimezone(UTC).date()
+    return delivery_id_bounds(now - timedelta(days=max(n, 1) - 1))[0], delivery_id_bounds(now)[1]
+
+
+def notification_range_of_delivery(delivery_id: int) -> tuple[datetime, datetime] | None:
+    """Return the created_at range of the delivery's day, where its notification almost always is.
+
+    None for an id from before the migration. A notification accepted in the last moments of a day can have
+    its deliveries in the next (their ids take the database's day): a caller that finds nothing looks again
+    without the range.
+    """
+    if int(delivery_id) >> DAY_SHIFT == 0:
+        return None
+    start, end = day_bounds(NOTIFICATION, delivery_id_day(delivery_id))
+    return start, end - timedelta(microseconds=1)
 
 
 def day_bounds(table: str, day: date) -> tuple[Any, Any]:

@@ -18,6 +18,7 @@ from typing import Any
 
 import redis
 from django.db import transaction
+from django.db.models import QuerySet
 
 from notifier.callbacks import conf
 from notifier.callbacks.verify import (
@@ -29,7 +30,7 @@ from notifier.callbacks.verify import (
 )
 from notifier.events import record_events, transition
 from notifier.models import Delivery, DeliveryEvent
-from notifier.partitions import recent_delivery_id_floor
+from notifier.partitions import recent_delivery_ids
 from notifier.redis import get_redis, rkey
 
 logger = logging.getLogger(__name__)
@@ -171,16 +172,24 @@ def _sns_subscription_confirm(*, message: Mapping[str, Any]) -> CallbackResult:
     return CallbackResult(kind="subscription_confirmation")
 
 
-def _by_provider_message(provider: str, message_id: str, fields: tuple[str, ...]) -> list[Delivery]:
-    """Return the deliveries a provider's message id names: the recent days' partitions first, then all.
+def provider_message_queries(
+    provider: str, message_id: str, fields: tuple[str, ...]
+) -> tuple[QuerySet[Delivery], QuerySet[Delivery]]:
+    """Return the queries for the deliveries a provider's message id names: in the recent days, and anywhere.
 
     A status callback comes minutes after the send, and almost every send is of a delivery made in the last
-    CALLBACK_RECENT_DAYS days, so the first query touches that many partitions; the rest (a delivery
-    scheduled far ahead, an unknown id) pay one probe of the partial index of each partition.
+    CALLBACK_RECENT_DAYS days (its id says its day), so the first query touches that many partitions; the rest
+    (a delivery scheduled far ahead, an unknown id) pay one probe of each partition's partial index.
     """
     found = Delivery.objects.filter(provider=provider, provider_message_id=message_id).only(*fields)
-    recent = list(found.filter(id__gte=recent_delivery_id_floor()))
-    return recent or list(found)
+    low, high = recent_delivery_ids()
+    return found.filter(id__gte=low, id__lt=high), found
+
+
+def _by_provider_message(provider: str, message_id: str, fields: tuple[str, ...]) -> list[Delivery]:
+    """Return the deliveries a provider's message id names, looking in the recent days first."""
+    recent, anywhere = provider_message_queries(provider, message_id, fields)
+    return list(recent) or list(anywhere)
 
 
 def ses_event_apply(*, event: Mapping[str, Any], sns_message_id: str) -> CallbackResult:

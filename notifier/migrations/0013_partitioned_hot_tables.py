@@ -13,6 +13,7 @@ from typing import Any
 import django.db.models.deletion
 from django.db import migrations, models, transaction
 
+import notifier.models
 import notifier.partitions
 
 DEDUP_TABLE = """
@@ -139,6 +140,9 @@ class Migration(migrations.Migration):
             field=models.UUIDField(
                 default=notifier.partitions.new_notification_id, editable=False, primary_key=True, serialize=False
             ),
+        ),
+        migrations.AlterField(
+            model_name="notification", name="created_at", field=notifier.models.BirthTimeField(auto_now_add=True)
         ),
         migrations.AlterModelOptions(name="notification", options={"base_manager_name": "objects"}),
         # The unique (client, dedup_key) moves to notifier_dedupkey: a partition's unique index sees one day.
