@@ -756,3 +756,39 @@ def backfill_dedup_keys(cursor: Any) -> int:
         [timezone.now() - dedup_window()],
     )
     return cursor.rowcount
+
+
+def drop_legacy() -> list[str]:
+    """Detach and drop the `<table>_legacy` partitions once nothing in them is needed; return what was dropped.
+
+    The legacy partitions hold the rows from before the migration (their delivery ids carry no day), drained
+    by the batched purge of `retention`. They go only when no row in them is younger than the hot window or
+    still has work; otherwise this raises ValueError and nothing changes.
+    """
+    names = {t: f"{t}_legacy" for t in TABLES}
+    with connection.cursor() as cursor:
+        present = {t: n for t, n in names.items() if _exists(cursor, n)}
+        if not present:
+            return []
+        cutoff = timezone.now() - timedelta(days=hot_days())
+        src = _sources(present)
+        finals = ", ".join(f"'{s}'" for s in FINAL_DELIVERY_STATUSES)
+        works = ", ".join(f"'{s}'" for s in NOTIFICATION_WORK_STATUSES)
+        cursor.execute(
+            f"SELECT EXISTS (SELECT 1 FROM {src[DELIVERY]} d WHERE d.created_at >= %s OR d.status NOT IN ({finals})"
+            " OR EXISTS (SELECT 1 FROM notifier_deadletter x WHERE x.delivery_id = d.id AND x.status = 'pending'))"
+            f" OR EXISTS (SELECT 1 FROM {src[NOTIFICATION]} n WHERE n.created_at >= %s OR n.status IN ({works}))",
+            [cutoff, cutoff],
+        )
+        if cursor.fetchone()[0]:
+            raise ValueError("the legacy partitions still hold recent rows or rows with work")
+        if connection.in_atomic_block:
+            raise RuntimeError("drop_legacy must run outside a transaction (DETACH PARTITION CONCURRENTLY)")
+        dropped = []
+        for table, name in present.items():
+            _set_lock_timeout(cursor)
+            cursor.execute(f'ALTER TABLE "{table}" DETACH PARTITION "{name}" CONCURRENTLY')
+            _reset_lock_timeout(cursor)
+            cursor.execute(f'DROP TABLE "{name}"')
+            dropped.append(name)
+    return dropped

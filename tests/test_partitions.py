@@ -377,3 +377,16 @@ def test_days_past_the_hot_window_are_the_ones_dropped(restore_partitions: None,
     dropped = partitions.drop_old_days(today=later)
     assert [r.day for r in dropped] == [first, first + timedelta(1), first + timedelta(2)]
     assert min(day_partitions(DELIVERY)) == first + timedelta(3)
+
+
+@pytest.mark.django_db
+def test_the_legacy_partitions_stay_while_they_hold_work() -> None:
+    """A pre-migration delivery (an id without a day) still queued keeps the legacy partitions; nothing is dropped."""
+    old = _row_in_day(today(), status="delivered", seq=1)
+    Delivery.objects.filter(pk=old.pk).update(id=7, status="queued")  # a sequence id: the legacy partition's
+    with pytest.raises(ValueError, match="rows with work"):
+        partitions.drop_legacy()
+    assert Delivery.objects.filter(pk=7).exists()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM ONLY notifier_delivery_legacy")
+        assert cursor.fetchone()[0] == 1
