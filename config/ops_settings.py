@@ -106,3 +106,5 @@ PARTITIONS_AHEAD_DAYS = _env_int("PARTITIONS_AHEAD_DAYS", 7)
 PARTITION_ARCHIVE_HOOK = _env("PARTITION_ARCHIVE_HOOK", "")
 # A dedup_key answers with its first notification for this long (API.md); the key table forgets it after.
 DEDUP_WINDOW_HOURS = _env_int("DEDUP_WINDOW_HOURS", 72)
+# Provider callbacks look for the delivery of a message id in this many recent days first (then in all).
+CALLBACK_RECENT_DAYS = _env_int("CALLBACK_RECENT_DAYS", 2)
