@@ -175,6 +175,10 @@ class Notification(models.Model):
         indexes = [
             models.Index(fields=["user_id", "-created_at"], name="notification_user_idx"),
             models.Index(fields=["client", "-created_at"], name="notification_client_idx"),
+            # Support's search by dedup key of any age; uniqueness is notifier_dedupkey's (notifier/dedup.py).
+            models.Index(
+                fields=["client", "dedup_key"], condition=Q(dedup_key__isnull=False), name="notification_dedup_idx"
+            ),
             BrinIndex(fields=["created_at"], name="notification_created_brin"),
         ]
 

@@ -243,30 +243,14 @@ def create_partition(table: str, day: date) -> bool:
     and updates do not conflict with), instead of CREATE TABLE … PARTITION OF, which locks the parent out.
     A range that overlaps the legacy partition is left to it.
     """
-    name = partition_name(table, day)
-    low, high = day_bounds(table, day)
-    key = KEYS[table]
     with connection.cursor() as cursor:
-        cursor.execute("SELECT to_regclass(%s) IS NOT NULL", [name])
-        if cursor.fetchone()[0]:
+        if _exists(cursor, partition_name(table, day)):
             return False
-        if _overlaps_legacy(cursor, table, high):
+        if _overlaps_legacy(cursor, table, day_bounds(table, day)[1]):
             return False
         with transaction.atomic():
             _set_lock_timeout(cursor)
-            cursor.execute(f'CREATE TABLE "{name}" (LIKE "{table}" INCLUDING DEFAULTS INCLUDING STORAGE)')
-            # The constraint lets ATTACH skip its validation scan (of an empty table here, but still a lock).
-            cursor.execute(
-                f'ALTER TABLE "{name}" ADD CONSTRAINT "{name}_range"'
-                f" CHECK ({key} IS NOT NULL AND {key} >= {_literal(low)} AND {key} < {_literal(high)})"
-            )
-            for sql in _per_partition_sql(table, name):
-                cursor.execute(sql)
-            cursor.execute(
-                f'ALTER TABLE "{table}" ATTACH PARTITION "{name}"'
-                f" FOR VALUES FROM ({_literal(low)}) TO ({_literal(high)})"
-            )
-            cursor.execute(f'ALTER TABLE "{name}" DROP CONSTRAINT "{name}_range"')
+            _create_in_transaction(cursor, table, day)
             _reset_lock_timeout(cursor)
     return True
 
@@ -436,7 +420,11 @@ def drop_day(day: date, *, archive: Callable[[date], None] | None = None) -> Dro
         for table, name in present.items():
             started = time.monotonic()
             _set_lock_timeout(cursor)
-            cursor.execute(f'ALTER TABLE "{table}" DETACH PARTITION "{name}" CONCURRENTLY')
+            # A run interrupted in the middle of a concurrent detach leaves it pending: finish that one.
+            cursor.execute("SELECT inhdetachpending FROM pg_inherits WHERE inhrelid = to_regclass(%s)", [name])
+            pending = cursor.fetchone()
+            mode = "FINALIZE" if pending and pending[0] else "CONCURRENTLY"
+            cursor.execute(f'ALTER TABLE "{table}" DETACH PARTITION "{name}" {mode}')
             _reset_lock_timeout(cursor)
             result.lock_seconds += time.monotonic() - started
             cursor.execute(f'ALTER TABLE "{name}" RENAME TO "{old[table]}"')
@@ -600,6 +588,12 @@ def prepare_conversion(cursor: Any) -> dict[str, date]:
         cursor.execute(f'ALTER TABLE "{table}" ADD CONSTRAINT "{name}" CHECK ({key} < {_literal(bound)}) NOT VALID')
         cursor.execute(f'ALTER TABLE "{table}" VALIDATE CONSTRAINT "{name}"')
     if NOTIFICATION in cutovers:
+        # The parent's non-unique dedup index, matched at ATTACH (the old unique one is not the same index).
+        cursor.execute("DROP INDEX CONCURRENTLY IF EXISTS notifier_notification_dedup_idx")
+        cursor.execute(
+            "CREATE INDEX CONCURRENTLY notifier_notification_dedup_idx"
+            " ON notifier_notification (client_id, dedup_key) WHERE dedup_key IS NOT NULL"
+        )
         # The partitioned primary key must hold the partition key; built here, without blocking writes.
         cursor.execute("DROP INDEX CONCURRENTLY IF EXISTS notifier_notification_id_created_uniq")
         cursor.execute(
@@ -620,6 +614,9 @@ _PARENT_INDEXES = {
         "CREATE INDEX notifier_notification_client_id_3bd9d5ae ON ONLY notifier_notification (client_id)",
         "CREATE INDEX notifier_notification_recipient_id_a4c54388 ON ONLY notifier_notification (recipient_id)",
         "CREATE INDEX notifier_notification_topic_id_8cc4a27a ON ONLY notifier_notification (topic_id)",
+        # Support's search by dedup key, of any age (the key table holds only the window's keys).
+        "CREATE INDEX notification_dedup_idx ON ONLY notifier_notification (client_id, dedup_key)"
+        " WHERE dedup_key IS NOT NULL",
     ],
     DELIVERY: [
         "CREATE INDEX delivery_outbox_idx ON ONLY notifier_delivery (published_at) WHERE status = 'queued'",

@@ -89,11 +89,9 @@ def notification_list(
 
 
 def notifications_by_dedup_key(dedup_key: str) -> QuerySet[Notification]:
-    """Return the notifications holding this dedup key now, of any client (the key table, every client leading)."""
-    from notifier import dedup
-
+    """Return the notifications with this dedup key, of any client (notification_dedup_idx: every client)."""
     client_ids = list(ApiClient.objects.values_list("pk", flat=True))
-    return Notification.objects.filter(pk__in=dedup.notification_ids_by_key(client_ids=client_ids, dedup_key=dedup_key))
+    return Notification.objects.filter(client_id__in=client_ids, dedup_key=dedup_key)
 
 
 def delivery_search(*, query: str) -> QuerySet[Delivery]:
@@ -102,7 +100,7 @@ def delivery_search(*, query: str) -> QuerySet[Delivery]:
     Matches the address a delivery went to (email, phone: delivery_address_hash), the recipient's current
     email, phone or user id (recipient_email_idx, recipient_phone_idx, the user_id unique index, then
     delivery_recipient_idx), a provider message id (delivery_provider_msg_idx, with every configured provider
-    as its leading column), a notification id (delivery_target_uniq), a dedup key (notification_dedup_uniq,
+    as its leading column), a notification id (delivery_target_uniq), a dedup key (notification_dedup_idx,
     with every client as its leading column) and a delivery id. The ids are looked up first, so the final
     query is an OR of index conditions on literal values and its plan does not depend on join estimates.
     """

@@ -147,7 +147,18 @@ class Migration(migrations.Migration):
         migrations.AlterModelOptions(name="notification", options={"base_manager_name": "objects"}),
         # The unique (client, dedup_key) moves to notifier_dedupkey: a partition's unique index sees one day.
         migrations.SeparateDatabaseAndState(
-            state_operations=[migrations.RemoveConstraint(model_name="notification", name="notification_dedup_uniq")],
+            state_operations=[
+                migrations.RemoveConstraint(model_name="notification", name="notification_dedup_uniq"),
+                # Built by `convert` (concurrently on the old table, then on the parent).
+                migrations.AddIndex(
+                    model_name="notification",
+                    index=models.Index(
+                        condition=models.Q(dedup_key__isnull=False),
+                        fields=["client", "dedup_key"],
+                        name="notification_dedup_idx",
+                    ),
+                ),
+            ],
         ),
         migrations.RunSQL(DEDUP_TABLE, reverse_sql="DROP TABLE IF EXISTS notifier_dedupkey"),
         migrations.RunPython(backfill_dedup_keys, migrations.RunPython.noop),
