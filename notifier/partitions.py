@@ -27,7 +27,8 @@ import os
 import re
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
@@ -216,12 +217,18 @@ def day_partitions(table: str) -> list[date]:
 # ---- creating ahead -------------------------------------------------------------------------------------
 
 
-def _set_lock_timeout(cursor: Any) -> None:
+@contextmanager
+def _brief_locks(cursor: Any) -> Iterator[None]:
+    """Make the DDL inside give up after LOCK_TIMEOUT rather than queue the live traffic behind its lock."""
+    if connection.in_atomic_block:
+        cursor.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")  # ends with the transaction
+        yield
+        return
     cursor.execute(f"SET lock_timeout = '{LOCK_TIMEOUT}'")
-
-
-def _reset_lock_timeout(cursor: Any) -> None:
-    cursor.execute("RESET lock_timeout")
+    try:
+        yield
+    finally:
+        cursor.execute("RESET lock_timeout")
 
 
 def _per_partition_sql(table: str, name: str) -> list[str]:
@@ -249,9 +256,8 @@ def create_partition(table: str, day: date) -> bool:
         if _overlaps_legacy(cursor, table, day_bounds(table, day)[1]):
             return False
         with transaction.atomic():
-            _set_lock_timeout(cursor)
-            _create_in_transaction(cursor, table, day)
-            _reset_lock_timeout(cursor)
+            with _brief_locks(cursor):
+                _create_in_transaction(cursor, table, day)
     return True
 
 
@@ -419,13 +425,12 @@ def drop_day(day: date, *, archive: Callable[[date], None] | None = None) -> Dro
     with connection.cursor() as cursor:
         for table, name in present.items():
             started = time.monotonic()
-            _set_lock_timeout(cursor)
             # A run interrupted in the middle of a concurrent detach leaves it pending: finish that one.
             cursor.execute("SELECT inhdetachpending FROM pg_inherits WHERE inhrelid = to_regclass(%s)", [name])
             pending = cursor.fetchone()
             mode = "FINALIZE" if pending and pending[0] else "CONCURRENTLY"
-            cursor.execute(f'ALTER TABLE "{table}" DETACH PARTITION "{name}" {mode}')
-            _reset_lock_timeout(cursor)
+            with _brief_locks(cursor):
+                cursor.execute(f'ALTER TABLE "{table}" DETACH PARTITION "{name}" {mode}')
             result.lock_seconds += time.monotonic() - started
             cursor.execute(f'ALTER TABLE "{name}" RENAME TO "{old[table]}"')
         src = _sources(old)
@@ -487,13 +492,13 @@ def _reattach_with(cursor: Any, table: str, day: date, select: str) -> int:
         )
         for sql in _per_partition_sql(table, name):
             cursor.execute(sql)
-        _set_lock_timeout(cursor)
-        cursor.execute(
-            f'ALTER TABLE "{table}" ATTACH PARTITION "{name}" FOR VALUES FROM ({_literal(low)}) TO ({_literal(high)})'
-        )
+        with _brief_locks(cursor):
+            cursor.execute(
+                f'ALTER TABLE "{table}" ATTACH PARTITION "{name}"'
+                f" FOR VALUES FROM ({_literal(low)}) TO ({_literal(high)})"
+            )
         cursor.execute(f'ALTER TABLE "{name}" DROP CONSTRAINT "{name}_range"')
         cursor.execute(f"COMMENT ON TABLE \"{name}\" IS '{CARRIED}'")
-        _reset_lock_timeout(cursor)
     return rows
 
 
@@ -669,9 +674,8 @@ def convert(cursor: Any, cutovers: dict[str, date]) -> None:
     """
     if not cutovers:
         return
-    _set_lock_timeout(cursor)
-    cursor.execute("LOCK TABLE " + ", ".join(f'"{t}"' for t in cutovers) + " IN ACCESS EXCLUSIVE MODE")
-    _reset_lock_timeout(cursor)
+    with _brief_locks(cursor):
+        cursor.execute("LOCK TABLE " + ", ".join(f'"{t}"' for t in cutovers) + " IN ACCESS EXCLUSIVE MODE")
     for table, day in cutovers.items():
         legacy = f"{table}_legacy"
         key = KEYS[table]
@@ -783,9 +787,8 @@ def drop_legacy() -> list[str]:
             raise RuntimeError("drop_legacy must run outside a transaction (DETACH PARTITION CONCURRENTLY)")
         dropped = []
         for table, name in present.items():
-            _set_lock_timeout(cursor)
-            cursor.execute(f'ALTER TABLE "{table}" DETACH PARTITION "{name}" CONCURRENTLY')
-            _reset_lock_timeout(cursor)
+            with _brief_locks(cursor):
+                cursor.execute(f'ALTER TABLE "{table}" DETACH PARTITION "{name}" CONCURRENTLY')
             cursor.execute(f'DROP TABLE "{name}"')
             dropped.append(name)
     return dropped
