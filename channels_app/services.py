@@ -53,6 +53,30 @@ class Claim:
     db_now: datetime | None
 
 
+_CLAIM_SQL = """
+    WITH target AS (
+        SELECT id, status AS was FROM notifier_delivery
+        WHERE id IN (SELECT unnest(%s::bigint[])) AND id BETWEEN %s AND %s AND (
+            (status IN ('queued', 'deferred') AND (not_before IS NULL OR not_before <= now() + interval '1 second')
+             AND reason NOT LIKE 'digest%%')
+            OR (status = 'sending' AND claimed_at < now() - make_interval(secs => %s))
+        )
+        ORDER BY id
+        FOR UPDATE
+    ), claimed AS (
+        UPDATE notifier_delivery AS d
+        SET status = 'sending', attempts = d.attempts + 1, claimed_at = now(), updated_at = now()
+        FROM target WHERE d.id = target.id AND d.id BETWEEN %s AND %s
+        RETURNING d.id, d.attempts, target.was
+    ), events AS (
+        INSERT INTO notifier_deliveryevent (delivery_id, status, detail, at)
+        SELECT id, 'sending', CASE WHEN was = 'sending' THEN 'reclaimed after lease expiry' ELSE '' END, now()
+        FROM claimed
+    )
+    SELECT id, attempts, was = 'sending', now() FROM claimed
+"""
+
+
 def claim(delivery_ids: Sequence[int]) -> Claim:
     """Atomically move waiting deliveries to `sending`; return the ids this worker now owns.
 
@@ -69,31 +93,11 @@ def claim(delivery_ids: Sequence[int]) -> Claim:
     installation's first campaign) the planner estimates those at 0.5 % of the table per element and scans
     all of it; the semi-join probes the primary key whatever the statistics.
     """
-    sql = """
-        WITH target AS (
-            SELECT id, status AS was FROM notifier_delivery
-            WHERE id IN (SELECT unnest(%s::bigint[])) AND (
-                (status IN ('queued', 'deferred') AND (not_before IS NULL OR not_before <= now() + interval '1 second')
-                 AND reason NOT LIKE 'digest%%')
-                OR (status = 'sending' AND claimed_at < now() - make_interval(secs => %s))
-            )
-            ORDER BY id
-            FOR UPDATE
-        ), claimed AS (
-            UPDATE notifier_delivery AS d
-            SET status = 'sending', attempts = d.attempts + 1, claimed_at = now(), updated_at = now()
-            FROM target WHERE d.id = target.id
-            RETURNING d.id, d.attempts, target.was
-        ), events AS (
-            INSERT INTO notifier_deliveryevent (delivery_id, status, detail, at)
-            SELECT id, 'sending', CASE WHEN was = 'sending' THEN 'reclaimed after lease expiry' ELSE '' END, now()
-            FROM claimed
-        )
-        SELECT id, attempts, was = 'sending', now() FROM claimed
-    """
     with bound_cursor() as cursor:
         # One statement, so no transaction block: the claim and its events commit together.
-        cursor.execute(sql, [int_array(delivery_ids), settings.SENDING_LEASE_SECONDS])
+        # The ids' span as constants too: the planner prunes to their day's partition (notifier/partitions.py).
+        low, high = (min(delivery_ids), max(delivery_ids)) if delivery_ids else (0, -1)
+        cursor.execute(_CLAIM_SQL, [int_array(delivery_ids), low, high, settings.SENDING_LEASE_SECONDS, low, high])
         rows = cursor.fetchall()
     return Claim(
         ids=[row[0] for row in rows],
@@ -200,13 +204,14 @@ _RECIPIENTS = RowLoader(Recipient, skip=("created_at", "updated_at"))
 _LOAD_SQL = (
     f"SELECT {_DELIVERIES.columns('d')}, {_RECIPIENTS.columns('r')} FROM notifier_delivery d"  # noqa: S608
     " JOIN preferences_recipient r ON r.id = d.recipient_id WHERE d.id IN (SELECT unnest(%s::bigint[]))"
+    " AND d.id BETWEEN %s AND %s"
 )
 
 
 def _load(ids: Sequence[int]) -> list[Delivery]:
     """Load claimed deliveries with their recipients (as select_related would), in one query."""
     with bound_cursor() as cursor:
-        cursor.execute(_LOAD_SQL, [int_array(ids)])
+        cursor.execute(_LOAD_SQL, [int_array(ids), min(ids), max(ids)])
         rows = cursor.fetchall()
     width = _DELIVERIES.width
     deliveries = []

@@ -166,6 +166,12 @@ app.conf.beat_schedule = {
         "schedule": crontab(minute=30, hour=3),
         "options": {"queue": "maintenance"},
     },
+    # Partitions of the coming days, and the days past DELIVERY_HOT_DAYS archived and dropped.
+    "partitions-maintain": {
+        "task": "notifier.partitions.maintain",
+        "schedule": crontab(minute=10, hour="*/6"),
+        "options": {"queue": "maintenance"},
+    },
     "digests-hourly": {
         "task": "preferences.tasks.flush_digests",
         "schedule": crontab(minute=0),
@@ -183,7 +189,7 @@ app.conf.beat_schedule = {
 }
 app.autodiscover_tasks()
 # Tasks that live outside an app's tasks.py.
-app.conf.imports = ("notifier.retention",)
+app.conf.imports = ("notifier.retention", "notifier.partitions")
 
 # Trace context across the broker, task metrics, the worker metrics server and breaker-state gauges.
 from notifier.tracing import connect_signals  # noqa: E402 - needs the app above

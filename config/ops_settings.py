@@ -115,3 +115,15 @@ ARCHIVE_UPLOAD_PART_BYTES = _env_int("ARCHIVE_UPLOAD_PART_BYTES", 64 * 1024 * 10
 # Rows fetched from the server-side cursor at a time, and written as one Parquet row group: memory is bounded
 # by this, not by the day's size.
 ARCHIVE_BATCH_ROWS = _env_int("ARCHIVE_BATCH_ROWS", 100_000)
+# --- Partitioned hot tables (notifier/partitions.py, docs/decisions.md) ---------------------------------
+# Notifications, deliveries and delivery events are partitioned by day; days older than DELIVERY_HOT_DAYS
+# (today counts as one) are archived through PARTITION_ARCHIVE_HOOK ("module.function", called with the
+# day; empty: no archive) and dropped, except the rows that still have work. PARTITIONS_AHEAD_DAYS days
+# are created ahead by the migration and the daily maintenance task.
+DELIVERY_HOT_DAYS = _env_int("DELIVERY_HOT_DAYS", 14)
+PARTITIONS_AHEAD_DAYS = _env_int("PARTITIONS_AHEAD_DAYS", 7)
+PARTITION_ARCHIVE_HOOK = _env("PARTITION_ARCHIVE_HOOK", "notifier.archive.archive_before_drop")
+# A dedup_key answers with its first notification for this long (API.md); the key table forgets it after.
+DEDUP_WINDOW_HOURS = _env_int("DEDUP_WINDOW_HOURS", 72)
+# Provider callbacks look for the delivery of a message id in this many recent days first (then in all).
+CALLBACK_RECENT_DAYS = _env_int("CALLBACK_RECENT_DAYS", 2)

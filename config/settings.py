@@ -191,7 +191,8 @@ SPECTACULAR_SETTINGS = {
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 # Prefix for every Redis key this service writes, so several deployments (or test runs) can share a server.
 REDIS_KEY_PREFIX = os.environ.get("REDIS_KEY_PREFIX", "notifier:")
-DEDUP_TTL_SECONDS = env_int("DEDUP_TTL_SECONDS", 72 * 3600)
+# The Redis fast path forgets a dedup_key with the window (DEDUP_WINDOW_HOURS, config/ops_settings.py).
+DEDUP_TTL_SECONDS = env_int("DEDUP_TTL_SECONDS", env_int("DEDUP_WINDOW_HOURS", 72) * 3600)
 
 # --- Celery on RabbitMQ ------------------------------------------------------------------------------
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672//")

@@ -1,7 +1,8 @@
 """Archive of the delivery log: one day of notifications, deliveries and events to object storage, and back.
 
-A day (00:00 to 24:00 UTC, by each table's creation time: `created_at`, and `at` for events) is read with a
-range query on the parent tables, so the same code serves today's single tables and day partitions, through
+A day (00:00 to 24:00 UTC) is read with a range query on each parent table's partition key
+(notifier/partitions.py: `created_at` for notifications, the day-carrying id for deliveries and `delivery_id`
+for events, so a delivery's events travel with it), so the rows archived are exactly the partition's, through
 a server-side cursor in batches of ARCHIVE_BATCH_ROWS (memory is bounded by the batch, not by the day). Each
 batch becomes one Parquet row group (zstd); a file is closed once it passes ARCHIVE_FILE_BYTES and uploaded
 with boto3 (multipart above ARCHIVE_UPLOAD_PART_BYTES). Layout, for schema version 1:
@@ -47,6 +48,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from notifier.logging import get_logger, mask_text
+from notifier import partitions
 from notifier.models import Delivery, DeliveryEvent, Notification
 from preferences.models import Recipient
 
@@ -100,6 +102,9 @@ class Table:
 
     name: str
     source: str
+    # The partitioned table the day is cut from, and its partition key (notifier/partitions.py): a day's
+    # rows are the ones its partition holds, so the archive and the drop agree on every row.
+    partition_table: str
     day_column: str
     columns: tuple[Column, ...]
 
@@ -136,7 +141,8 @@ _ERASED = "r.erased_at IS NOT NULL"
 NOTIFICATION = Table(
     name="notification",
     source=f"{Notification._meta.db_table} n LEFT JOIN {_RECIPIENT} r ON r.id = n.recipient_id",
-    day_column="n.created_at",
+    partition_table=partitions.NOTIFICATION,
+    day_column=f"n.{partitions.KEYS[partitions.NOTIFICATION]}",
     columns=(
         Column("id", "n.id::text", "string"),
         *_plain("n", "client_id", "int64"),
@@ -161,7 +167,8 @@ NOTIFICATION = Table(
 DELIVERY = Table(
     name="delivery",
     source=f"{Delivery._meta.db_table} d LEFT JOIN {_RECIPIENT} r ON r.id = d.recipient_id",
-    day_column="d.created_at",
+    partition_table=partitions.DELIVERY,
+    day_column=f"d.{partitions.KEYS[partitions.DELIVERY]}",
     columns=(
         *_plain("d", "id", "int64"),
         Column("notification_id", "d.notification_id::text", "string"),
@@ -183,7 +190,8 @@ DELIVERY = Table(
 DELIVERY_EVENT = Table(
     name="delivery_event",
     source=f"{DeliveryEvent._meta.db_table} e",
-    day_column="e.at",
+    partition_table=partitions.EVENT,
+    day_column=f"e.{partitions.KEYS[partitions.EVENT]}",
     columns=(
         *_plain("e", "id delivery_id", "int64"),
         *_plain("e", "status", "string"),
@@ -361,7 +369,7 @@ class _Parts:
 
 def _export_table(table: Table, day: dt.date, storage: Storage, workdir: Path) -> dict[str, Any]:
     """Write one table's rows of `day` as Parquet files, upload them, and return the table's manifest entry."""
-    start, end = day_bounds(day)
+    start, end = partitions.day_bounds(table.partition_table, day)
     schema = table.arrow_schema()
     prefix = table_prefix(table.name, day)
     parts = _Parts(schema=schema, prefix=prefix, storage=storage, workdir=workdir)

@@ -52,6 +52,7 @@ from notifier import localtime, strategy
 from notifier.db import bound_cursor, json_rows
 from notifier.models import Campaign, Delivery, FanoutLane, Notification
 from notifier.outbox import broker_recently_down, publish
+from notifier.partitions import delivery_ids_of_notification
 from notifier.reach import reach_record
 from preferences.compliance import Verdict, evaluate, suppressed_addresses
 from preferences.models import Recipient
@@ -206,13 +207,15 @@ _PAGE_SQL = """
 _INSERT_SQL = """
     WITH ins AS (
         INSERT INTO notifier_delivery (
-            notification_id, recipient_id, channel, priority, address, status, reason, not_before, published_at,
-            provider, provider_message_id, attempts, last_error, created_at, updated_at
+            id, notification_id, recipient_id, channel, priority, address, status, reason, not_before,
+            published_at, provider, provider_message_id, attempts, last_error, created_at, updated_at
         )
-        SELECT %s, (e->>0)::bigint, e->>1, %s, e->>2, e->>3, e->>4, (e->>5)::timestamptz,
-               CASE WHEN e->>3 = 'queued' THEN %s::timestamptz END, '', '', 0, '', %s, %s
+        SELECT notifier_delivery_id(%s::timestamptz), %s, (e->>0)::bigint, e->>1, %s, e->>2, e->>3, e->>4,
+               (e->>5)::timestamptz, CASE WHEN e->>3 = 'queued' THEN %s::timestamptz END, '', '', 0, '', %s, %s
         FROM json_array_elements(%s::json) AS e
-        ON CONFLICT ON CONSTRAINT delivery_target_uniq DO NOTHING
+        -- The partition's own unique index on (notification, recipient, channel, address) is the arbiter: a
+        -- notification's deliveries all take its day (the id above), so a resumed page never doubles.
+        ON CONFLICT DO NOTHING
         RETURNING id, channel, status, reason
     ), events AS (
         INSERT INTO notifier_deliveryevent (delivery_id, status, detail, at)
@@ -223,7 +226,7 @@ _INSERT_SQL = """
 
 _REQUEUED_SQL = """
     SELECT id, channel FROM notifier_delivery
-    WHERE notification_id = %s AND recipient_id = ANY(%s) AND status = 'queued'
+    WHERE notification_id = %s AND id >= %s AND id < %s AND recipient_id = ANY(%s) AND status = 'queued'
       AND (not_before IS NULL OR not_before <= now())
     ORDER BY id
 """
@@ -385,6 +388,7 @@ def fanout_page(*, notification_id: object, lane: int = 0) -> PageResult:
         .select_related("client", "campaign")
         .only(
             "id",
+            "created_at",
             "status",
             "topic_id",
             "category",
@@ -475,7 +479,7 @@ def fanout_page(*, notification_id: object, lane: int = 0) -> PageResult:
         # Smarter delivery hook (notifier/strategy.py): a fallback chain's later steps wait as pending.
         rows = strategy.plan_fanout_rows(n, rows, now)
         with bound_cursor() as cursor:
-            cursor.execute(_INSERT_SQL, [n.pk, n.priority, now, now, now, json_rows(rows), now])
+            cursor.execute(_INSERT_SQL, [n.created_at, n.pk, n.priority, now, now, now, json_rows(rows), now])
             inserted = cursor.fetchall()
         # Deliveries suppressed at fan-out are status changes too: events for the calling service, in bulk.
         reach_record([(row[0], row[2], "") for row in inserted if row[2] == S.SUPPRESSED], at=now)
@@ -485,7 +489,8 @@ def fanout_page(*, notification_id: object, lane: int = 0) -> PageResult:
         # Part of this page was written by an earlier run that did not reach its checkpoint: publish again
         # every delivery of the page still waiting, whoever inserted it.
         with bound_cursor() as cursor:
-            cursor.execute(_REQUEUED_SQL, [n.pk, [r.pk for r in recipients]])
+            low, high = delivery_ids_of_notification(n.created_at)
+            cursor.execute(_REQUEUED_SQL, [n.pk, low, high, [r.pk for r in recipients]])
             queued = cursor.fetchall()
     published, pace = _publish_page(queued, priority=n.priority, rate=rate)
     if published < len(queued):

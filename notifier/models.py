@@ -2,14 +2,67 @@
 
 from __future__ import annotations
 
-import uuid
+from typing import Any
 
 from django.contrib.postgres.fields import ArrayField
 from django.contrib.postgres.indexes import BrinIndex, HashIndex
 from django.db import models
 from django.db.models import Q
 
+from notifier.partitions import delivery_ids_of_notification, new_notification_id, notification_range, uuid7_time
 from notifier.scopes import default_scopes
+
+
+def _id_bounds(value: Any, *, many: bool) -> tuple[Any, Any] | None:
+    """Return the created_at range of one notification id or of a list of them (None when an id does not say)."""
+    if value is None or isinstance(value, models.QuerySet | models.Model):
+        return None
+    values = list(value) if many else [value]
+    ranges = [notification_range(v) for v in values]
+    if not ranges or any(r is None for r in ranges):
+        return None
+    return min(r[0] for r in ranges), max(r[1] for r in ranges)
+
+
+class NotificationQuerySet(models.QuerySet):
+    """Notifications; a filter on one id adds the created_at range its UUIDv7 implies (one partition, not all)."""
+
+    _any_day = False
+
+    def any_day(self) -> NotificationQuerySet:
+        """Return this queryset without the id's day: for rows whose created_at was changed by hand (tests)."""
+        clone = self._chain()
+        clone._any_day = True
+        return clone
+
+    def _clone(self) -> NotificationQuerySet:
+        clone = super()._clone()
+        clone._any_day = self._any_day
+        return clone
+
+    def _filter_or_exclude(self, negate: bool, args: Any, kwargs: Any) -> NotificationQuerySet:
+        if not negate and not args and not self._any_day:
+            for name in ("pk", "id", "pk__exact", "id__exact", "pk__in", "id__in"):
+                if name in kwargs and "created_at__range" not in kwargs:
+                    bounds = _id_bounds(kwargs[name], many=name.endswith("__in"))
+                    if bounds is not None:
+                        kwargs = {**kwargs, "created_at__range": bounds}
+                    break
+        return super()._filter_or_exclude(negate, args, kwargs)
+
+
+NotificationManager = models.Manager.from_queryset(NotificationQuerySet)
+
+
+class BirthTimeField(models.DateTimeField):
+    """A notification's created_at: the instant its UUIDv7 id carries, so the id always finds the row's day."""
+
+    def pre_save(self, model_instance: models.Model, add: bool) -> Any:
+        born = uuid7_time(model_instance.pk) if add else None
+        if born is None:
+            return super().pre_save(model_instance, add)
+        setattr(model_instance, self.attname, born)
+        return born
 
 
 class ApiClient(models.Model):
@@ -55,9 +108,12 @@ class Notification(models.Model):
         NORMAL = "normal"
         LOW = "low"
 
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    client = models.ForeignKey(ApiClient, on_delete=models.PROTECT, related_name="notifications")
-    # NULL, not "", for "no key": the unique (client, dedup_key) constraint must not hold between keyless rows.
+    # UUIDv7: the creation time leads, so an id finds its day's partition (notifier/partitions.py).
+    id = models.UUIDField(primary_key=True, default=new_notification_id, editable=False)
+    # No database FK constraints to or from the partitioned hot tables (migration 0013; docs/decisions.md).
+    client = models.ForeignKey(ApiClient, on_delete=models.PROTECT, related_name="notifications", db_constraint=False)
+    # NULL, not "", for "no key". Unique per client within DEDUP_WINDOW_HOURS through notifier_dedupkey
+    # (notifier/dedup.py): a unique index on a partitioned table would only see one day.
     dedup_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
     # SHA-256 of the canonical request body: the same dedup_key with a different body is a 409.
     request_hash = models.CharField(max_length=64, blank=True, default="")
@@ -67,14 +123,29 @@ class Notification(models.Model):
     channels = ArrayField(models.CharField(max_length=16), default=list)
     payload = models.JSONField(default=dict, blank=True)
     recipient = models.ForeignKey(
-        "preferences.Recipient", null=True, blank=True, on_delete=models.PROTECT, related_name="notifications"
+        "preferences.Recipient",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="notifications",
+        db_constraint=False,
     )
     user_id = models.CharField(max_length=255, blank=True, default="")
     topic = models.ForeignKey(
-        "preferences.Topic", null=True, blank=True, on_delete=models.PROTECT, related_name="notifications"
+        "preferences.Topic",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="notifications",
+        db_constraint=False,
     )
     campaign = models.ForeignKey(
-        "Campaign", null=True, blank=True, on_delete=models.SET_NULL, related_name="notifications"
+        "Campaign",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="notifications",
+        db_constraint=False,
     )
     priority = models.CharField(max_length=8, choices=Priority.choices)
     locale = models.CharField(max_length=35, blank=True, default="")
@@ -92,23 +163,35 @@ class Notification(models.Model):
     recipients_total = models.PositiveIntegerField(null=True, blank=True)
     fanout_processed = models.PositiveIntegerField(default=0)
     trace_id = models.CharField(max_length=32, blank=True, default="")
-    created_at = models.DateTimeField(auto_now_add=True)
+    # The partition key (notifier/partitions.py).
+    created_at = BirthTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
+    objects = NotificationManager()
+
     class Meta:
-        constraints = [
-            models.UniqueConstraint(
-                fields=["client", "dedup_key"], condition=Q(dedup_key__isnull=False), name="notification_dedup_uniq"
-            )
-        ]
+        # Related lookups (delivery.notification) go through it too, so they add the id's day as well.
+        base_manager_name = "objects"
         indexes = [
             models.Index(fields=["user_id", "-created_at"], name="notification_user_idx"),
             models.Index(fields=["client", "-created_at"], name="notification_client_idx"),
+            # Support's search by dedup key of any age; uniqueness is notifier_dedupkey's (notifier/dedup.py).
+            models.Index(
+                fields=["client", "dedup_key"], condition=Q(dedup_key__isnull=False), name="notification_dedup_idx"
+            ),
             BrinIndex(fields=["created_at"], name="notification_created_brin"),
         ]
 
     def __str__(self) -> str:
         return f"{self.template_key} → {self.user_id or self.topic_id}"
+
+    def day_deliveries(self) -> models.QuerySet[Delivery]:
+        """Return this notification's deliveries, read from its day's partition only (all, for a legacy id)."""
+        deliveries = self.deliveries.all()
+        if uuid7_time(self.pk) is not None and self.created_at is not None:
+            low, high = delivery_ids_of_notification(self.created_at)
+            deliveries = deliveries.filter(id__gte=low, id__lt=high)
+        return deliveries
 
 
 class Delivery(models.Model):
@@ -195,6 +278,7 @@ class Delivery(models.Model):
         on_delete=models.SET_NULL,
         related_name="+",
         db_index=False,
+        db_constraint=False,
     )
     # The rendered message for channels that keep it (the in-app inbox).
     content = models.JSONField(null=True, blank=True)
@@ -266,7 +350,9 @@ class FanoutLane(models.Model):
     lane's page is in PostgreSQL, another's is being decided in Python (notifier/fanout.py).
     """
 
-    notification = models.ForeignKey(Notification, on_delete=models.CASCADE, related_name="fanout_lanes")
+    notification = models.ForeignKey(
+        Notification, on_delete=models.CASCADE, related_name="fanout_lanes", db_constraint=False
+    )
     lane = models.PositiveSmallIntegerField()
     # The last subscription id done (exclusive lower bound of the next page) and the inclusive upper bound
     # of the lane; the last lane has none, so subscribers added during the fan-out are still reached.
@@ -308,7 +394,7 @@ class DeadLetter(models.Model):
         REPLAYED = "replayed"
         DISCARDED = "discarded"
 
-    delivery = models.ForeignKey(Delivery, on_delete=models.CASCADE, related_name="dead_letters")
+    delivery = models.ForeignKey(Delivery, on_delete=models.CASCADE, related_name="dead_letters", db_constraint=False)
     channel = models.CharField(max_length=16)
     queue = models.CharField(max_length=64)
     reason = models.CharField(max_length=255)

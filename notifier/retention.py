@@ -10,6 +10,10 @@ queued, sending) and anything with a dead letter still pending for an operator i
 Notifications older than the cutoff that have no delivery left go too (this frees their dedup_key), and so
 do sandbox records, which hold rendered messages and addresses, and status events already sent to (or given up
 for) calling services, with their attempt records.
+
+Since the hot tables are partitioned by day (notifier/partitions.py), their days past DELIVERY_HOT_DAYS are
+dropped whole by `partitions.maintain`, not deleted here; this purge still drains the `<table>_legacy`
+partitions (rows from before the migration) and the tables that are not partitioned.
 """
 
 from __future__ import annotations

@@ -40,16 +40,16 @@ def notification_get(*, client: ApiClient, notification_id: str) -> Notification
         return None
     # A topic notification can have a million deliveries: the detail shows the first ones and the counts.
     notification.first_deliveries = list(  # type: ignore[attr-defined]
-        notification.deliveries.order_by("id").prefetch_related(
-            Prefetch("events", queryset=DeliveryEvent.objects.order_by("id"))
-        )[:DELIVERIES_IN_DETAIL]
+        notification.day_deliveries()
+        .order_by("id")
+        .prefetch_related(Prefetch("events", queryset=DeliveryEvent.objects.order_by("id")))[:DELIVERIES_IN_DETAIL]
     )
     return notification
 
 
 def notification_delivery_counts(*, notification: Notification) -> dict[str, int]:
     """Return the number of deliveries of a notification per status."""
-    rows = notification.deliveries.values("status").annotate(n=Count("id")).order_by()
+    rows = notification.day_deliveries().values("status").annotate(n=Count("id")).order_by()
     return {row["status"]: row["n"] for row in rows}
 
 
@@ -89,7 +89,7 @@ def notification_list(
 
 
 def notifications_by_dedup_key(dedup_key: str) -> QuerySet[Notification]:
-    """Return the notifications with this dedup key, of any client (notification_dedup_uniq: every client)."""
+    """Return the notifications with this dedup key, of any client (notification_dedup_idx: every client)."""
     client_ids = list(ApiClient.objects.values_list("pk", flat=True))
     return Notification.objects.filter(client_id__in=client_ids, dedup_key=dedup_key)
 
@@ -100,7 +100,7 @@ def delivery_search(*, query: str) -> QuerySet[Delivery]:
     Matches the address a delivery went to (email, phone: delivery_address_hash), the recipient's current
     email, phone or user id (recipient_email_idx, recipient_phone_idx, the user_id unique index, then
     delivery_recipient_idx), a provider message id (delivery_provider_msg_idx, with every configured provider
-    as its leading column), a notification id (delivery_target_uniq), a dedup key (notification_dedup_uniq,
+    as its leading column), a notification id (delivery_target_uniq), a dedup key (notification_dedup_idx,
     with every client as its leading column) and a delivery id. The ids are looked up first, so the final
     query is an OR of index conditions on literal values and its plan does not depend on join estimates.
     """

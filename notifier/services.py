@@ -26,6 +26,7 @@ from notifier.errors import ApiError
 from notifier.events import record_events, transition
 from notifier.models import ApiClient, Delivery, Notification
 from notifier.outbox import publish_soon
+from notifier.partitions import new_notification_id, notification_range
 from notifier.policy import send_policy
 from notifier.scopes import DEFAULT_SCOPES, SCOPES
 from preferences.compliance import evaluate, suppressed_addresses
@@ -221,7 +222,7 @@ def notification_accept(*, client: ApiClient, data: dict[str, Any], trace_id: st
     """
     decision = notification_decide(client=client, data=data)
     request_hash, dedup_key = decision.request_hash, decision.dedup_key
-    notification_id = uuid.uuid4()
+    notification_id = new_notification_id()
     if dedup_key:
         won, existing = dedup.claim(
             client_id=client.pk, dedup_key=dedup_key, notification_id=str(notification_id), request_hash=request_hash
@@ -236,6 +237,11 @@ def notification_accept(*, client: ApiClient, data: dict[str, Any], trace_id: st
     )
     try:
         with transaction.atomic():
+            if dedup_key and not dedup.reserve(
+                client_id=client.pk, entries=[(dedup_key, str(notification_id), request_hash)]
+            ):
+                # A live entry holds the key (we waited for its transaction): the first request wins.
+                raise IntegrityError("dedup_key already taken")
             if data.get("topic"):
                 deliveries = _prepare_topic(notification, data["topic"])
             else:
@@ -311,8 +317,12 @@ def notifications_accept_batch(
 
     # Keys used by earlier requests: the database is the truth.
     if first:
+        entries = dedup.lookup(client_id=client.pk, dedup_keys=list(first))
         existing = {
-            n.dedup_key: n for n in Notification.objects.filter(client=client, dedup_key__in=list(first)).order_by()
+            n.dedup_key: n
+            for n in Notification.objects.filter(
+                pk__in=[e[0] for e in entries.values()], **_days_of(entries)
+            ).order_by()
         }
         if existing:
             known = _deliveries_of(list(existing.values()))
@@ -351,6 +361,14 @@ def notifications_accept_batch(
         else:
             results[index] = first_result
     return [r for r in results if r is not None]
+
+
+def _days_of(entries: dict[str, tuple[str, str]]) -> dict[str, Any]:
+    """Return the created_at filter covering the notifications of these key entries (their UUIDv7 days)."""
+    ranges = [notification_range(notification_id) for notification_id, _ in entries.values()]
+    if not ranges or any(r is None for r in ranges):
+        return {}  # an id from before the partitioning says nothing about its day
+    return {"created_at__gte": min(r[0] for r in ranges), "created_at__lte": max(r[1] for r in ranges)}
 
 
 def _decided_per_recipient(item: dict[str, Any], decision: AcceptDecision) -> bool:
@@ -398,7 +416,7 @@ def _write_batch(
     for index, item, decision in items:
         recipient = recipients[item["recipient"]["user_id"]]
         notification = _new_notification(
-            client=client, decision=decision, data=item, notification_id=uuid.uuid4(), trace_id=trace_id
+            client=client, decision=decision, data=item, notification_id=new_notification_id(), trace_id=trace_id
         )
         notification.recipient = recipient
         notification.user_id = recipient.user_id
@@ -425,6 +443,10 @@ def _write_batch(
         deliveries_by_index[index] = rows
         all_deliveries.extend(rows)
     with transaction.atomic():
+        keyed = [(n.dedup_key, str(n.pk), n.request_hash) for _, n, _ in planned if n.dedup_key]
+        if keyed and len(dedup.reserve(client_id=client.pk, entries=keyed)) < len(keyed):
+            # A concurrent request holds one of the keys: the caller replays the items on the single path.
+            raise IntegrityError("dedup_key already taken")
         insert_rows([n for _, n, _ in planned])
         insert_rows(all_deliveries)
         record_events(((d.pk, d.status, d.reason) for d in all_deliveries), at=now)
@@ -445,13 +467,21 @@ def _existing_duplicate(
     """Return the committed notification for `dedup_key`, a 409 if its body differs, or None if there is none."""
     if hint and "|" in hint and hint.split("|", 1)[1] != request_hash:
         raise ApiError(409, "idempotency_conflict", "This dedup_key was already used with a different request body.")
-    existing = Notification.objects.filter(client=client, dedup_key=dedup_key).first()
+    entry = dedup.lookup(client_id=client.pk, dedup_keys=[dedup_key]).get(dedup_key)
+    if entry is None:
+        # The first request has not committed (or failed), or the window has passed: the insert path decides,
+        # waiting on the key table's primary key.
+        return None
+    if entry[1] != request_hash:
+        raise ApiError(409, "idempotency_conflict", "This dedup_key was already used with a different request body.")
+    existing = Notification.objects.filter(pk=entry[0]).first()
     if existing is None:
-        # The first request has not committed (or failed); the insert path will wait on the unique index.
         return None
     if existing.request_hash != request_hash:
         raise ApiError(409, "idempotency_conflict", "This dedup_key was already used with a different request body.")
-    return AcceptResult(notification=existing, duplicate=True, deliveries=list(existing.deliveries.order_by("id")))
+    return AcceptResult(
+        notification=existing, duplicate=True, deliveries=list(existing.day_deliveries().order_by("id"))
+    )
 
 
 def _prepare_topic(notification: Notification, topic_key: str) -> list[Delivery]:

@@ -18,6 +18,7 @@ from typing import Any
 
 import redis
 from django.db import transaction
+from django.db.models import QuerySet
 
 from notifier.callbacks import conf
 from notifier.callbacks.verify import (
@@ -29,6 +30,7 @@ from notifier.callbacks.verify import (
 )
 from notifier.events import record_events, transition
 from notifier.models import Delivery, DeliveryEvent
+from notifier.partitions import recent_delivery_ids
 from notifier.redis import get_redis, rkey
 
 logger = logging.getLogger(__name__)
@@ -170,6 +172,26 @@ def _sns_subscription_confirm(*, message: Mapping[str, Any]) -> CallbackResult:
     return CallbackResult(kind="subscription_confirmation")
 
 
+def provider_message_queries(
+    provider: str, message_id: str, fields: tuple[str, ...]
+) -> tuple[QuerySet[Delivery], QuerySet[Delivery]]:
+    """Return the queries for the deliveries a provider's message id names: in the recent days, and anywhere.
+
+    A status callback comes minutes after the send, and almost every send is of a delivery made in the last
+    CALLBACK_RECENT_DAYS days (its id says its day), so the first query touches that many partitions; the rest
+    (a delivery scheduled far ahead, an unknown id) pay one probe of each partition's partial index.
+    """
+    found = Delivery.objects.filter(provider=provider, provider_message_id=message_id).only(*fields)
+    low, high = recent_delivery_ids()
+    return found.filter(id__gte=low, id__lt=high), found
+
+
+def _by_provider_message(provider: str, message_id: str, fields: tuple[str, ...]) -> list[Delivery]:
+    """Return the deliveries a provider's message id names, looking in the recent days first."""
+    recent, anywhere = provider_message_queries(provider, message_id, fields)
+    return list(recent) or list(anywhere)
+
+
 def ses_event_apply(*, event: Mapping[str, Any], sns_message_id: str) -> CallbackResult:
     """Apply one SES event (notification or event-publishing format) to the deliveries it is about."""
     kind = str(event.get("eventType") or event.get("notificationType") or "")
@@ -179,9 +201,7 @@ def ses_event_apply(*, event: Mapping[str, Any], sns_message_id: str) -> Callbac
         raise MalformedCallback("not an SES event (eventType/notificationType and mail.messageId required)")
     result = CallbackResult(kind=kind.lower())
     with transaction.atomic():
-        deliveries = list(
-            Delivery.objects.filter(provider="ses", provider_message_id=ses_message_id).only("id", "address", "status")
-        )
+        deliveries = _by_provider_message("ses", ses_message_id, ("id", "address", "status"))
         result.matched = len(deliveries)
         if not deliveries:
             logger.info("SES event for an unknown message", extra={"ses_event": kind, "sns_message_id": sns_message_id})
@@ -269,7 +289,7 @@ def twilio_status_handle(
     error_code = _token(params.get("ErrorCode"))
     result = CallbackResult(kind=f"twilio:{status}")
     with transaction.atomic():
-        deliveries = list(Delivery.objects.filter(provider="twilio", provider_message_id=sid).only("id", "address"))
+        deliveries = _by_provider_message("twilio", sid, ("id", "address"))
         result.matched = len(deliveries)
         ids = [d.pk for d in deliveries]
         detail = f"twilio:{status}" + (f" ErrorCode={error_code}" if error_code else "")

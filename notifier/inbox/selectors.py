@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.db.models import QuerySet
 
 from notifier.models import Delivery
+from notifier.partitions import notification_range_of_delivery
 from preferences.models import Recipient
 
 INBOX_CHANNEL = "inapp"
@@ -49,4 +50,8 @@ def inbox_unread_count(*, recipient: Recipient) -> int:
 
 def inbox_item_get(*, recipient: Recipient, delivery_id: int) -> Delivery | None:
     """Return one visible inbox item of the recipient, or None."""
-    return inbox_queryset(recipient=recipient).select_related("notification").filter(pk=delivery_id).first()
+    found = inbox_queryset(recipient=recipient).select_related("notification").filter(pk=delivery_id)
+    # The notification joined from its day's partition only: the delivery id says which (notifier/partitions.py).
+    bounds = notification_range_of_delivery(delivery_id)
+    item = found.filter(notification__created_at__range=bounds).first() if bounds is not None else None
+    return item or found.first()
