@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime
 from typing import Any
 
+from django.db import connection
+
+from notifier import partitions
 from notifier.models import ApiClient, Delivery, Notification
 from preferences.models import Recipient
 
@@ -53,3 +57,29 @@ def make_delivery(
         status=status,
         **fields,
     )
+
+
+def move_to_day(delivery: Delivery, when: datetime) -> Delivery:
+    """Move a delivery, its notification and its events to `when`, ids included, and return it reloaded.
+
+    Rows live in the partition of the day their id carries (notifier/partitions.py), so backdating a row
+    means giving it that day's ids, not only a new created_at; the day's partitions are made if missing.
+    """
+    for table in (partitions.NOTIFICATION, partitions.DELIVERY, partitions.EVENT):
+        partitions.create_partition(table, when.astimezone(UTC).date())
+    notification_id = partitions.uuid7(when)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT notifier_delivery_id(%s)", [when])
+        delivery_id = cursor.fetchone()[0]
+        cursor.execute(
+            "UPDATE notifier_notification SET id = %s, created_at = %s WHERE id = %s",
+            [notification_id, when, delivery.notification_id],
+        )
+        cursor.execute(
+            "UPDATE notifier_delivery SET id = %s, notification_id = %s, created_at = %s WHERE id = %s",
+            [delivery_id, notification_id, when, delivery.pk],
+        )
+        cursor.execute(
+            "UPDATE notifier_deliveryevent SET delivery_id = %s WHERE delivery_id = %s", [delivery_id, delivery.pk]
+        )
+    return Delivery.objects.get(pk=delivery_id)

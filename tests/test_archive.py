@@ -21,12 +21,12 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db import DatabaseError, connection, transaction
 
-from notifier import archive
+from notifier import archive, partitions
 from notifier.archive import ArchiveIncomplete, ChecksumMismatch, Storage
 from notifier.models import Delivery, DeliveryEvent, Notification
 from preferences.models import Recipient
 from preferences.services import recipient_erase
-from tests.factories import make_delivery
+from tests.factories import make_delivery, move_to_day
 from tests.stubs import aws
 from tests.stubs.aws import MotoServer
 
@@ -75,24 +75,22 @@ def _download(client: Any, into: Path) -> dict[str, Any]:
     return json.loads((into / archive.manifest_key(DAY)).read_text())
 
 
-def _at(delivery: Delivery, when: dt.datetime) -> None:
-    Delivery.objects.filter(pk=delivery.pk).update(created_at=when)
-    Notification.objects.filter(pk=delivery.notification_id).update(created_at=when)
+def _at(delivery: Delivery, when: dt.datetime) -> Delivery:
+    return move_to_day(delivery, when)
 
 
-def _day_of_rows() -> list[Delivery]:
-    """Deliveries on DAY (first and last microsecond included), one the day before and one the day after."""
-    start, end = archive.day_bounds(DAY)
+def _day_of_rows(day: dt.date = DAY) -> list[Delivery]:
+    """Deliveries on `day` (first and last microsecond included), one the day before and one the day after."""
+    start, end = archive.day_bounds(day)
     inside = []
-    for when in (start, NOON, end - dt.timedelta(microseconds=1)):
+    for when in (start, start + dt.timedelta(hours=12), end - dt.timedelta(microseconds=1)):
         delivery = make_delivery(provider="ses", provider_message_id=f"m-{when.timestamp()}", attempts=1)
-        _at(delivery, when)
+        delivery = _at(delivery, when)
         DeliveryEvent.objects.create(delivery=delivery, status="queued", at=when)
         DeliveryEvent.objects.create(delivery=delivery, status="sent", detail="ok", at=when)
         inside.append(delivery)
     for when in (start - dt.timedelta(microseconds=1), end):
-        outside = make_delivery()
-        _at(outside, when)
+        outside = _at(make_delivery(), when)
         DeliveryEvent.objects.create(delivery=outside, status="queued", at=when)
     return inside
 
@@ -212,8 +210,7 @@ def test_archive_keeps_no_contact_data_and_anonymises_erased_recipients(bucket: 
                 payload={"name": "Jane Personal", "email": recipient.email}, dedup_key=f"k-{recipient.email}"
             )
             DeliveryEvent.objects.create(delivery=delivery, status="failed", detail=f"to {address}", at=NOON)
-            _at(delivery, NOON)
-            made.append(delivery)
+            made.append(_at(delivery, NOON))
     # One erased the regular way (addresses wiped in the live tables, not last_error), one only marked erased
     # (its addresses still in the live rows, as if erased while the export ran).
     recipient_erase(recipient=erased)
@@ -362,29 +359,23 @@ def test_one_export_of_a_day_at_a_time(bucket: Any) -> None:
 
 @pytest.mark.django_db
 def test_a_day_of_a_partitioned_table_reads_only_its_partition(bucket: Any, tmp_path: Path) -> None:
-    """The same range query serves day partitions: the plan touches the day's partition, the rows are its."""
-    import dataclasses
+    """Each table's day is read by its partition key: the plan touches that day's partition only.
 
-    inside = _day_of_rows()
-    start, end = archive.day_bounds(DAY)
+    The day is one of the days made ahead: past days of a new database sit in the legacy partition the
+    migration attached (notifier/partitions.py), which holds every day before it.
+    """
+    day = dt.datetime.now(dt.UTC).date() + dt.timedelta(days=2)
+    inside = _day_of_rows(day)
     with connection.cursor() as cursor:
-        cursor.execute(
-            "CREATE TABLE pdelivery (LIKE notifier_delivery INCLUDING DEFAULTS) PARTITION BY RANGE (created_at)"
-        )
-        for offset in (-1, 0, 1):
-            lower, upper = start + dt.timedelta(days=offset), end + dt.timedelta(days=offset)
-            name = f"pdelivery_{(DAY + dt.timedelta(days=offset)).strftime('%Y%m%d')}"
-            cursor.execute(f"CREATE TABLE {name} PARTITION OF pdelivery FOR VALUES FROM (%s) TO (%s)", [lower, upper])
-        cursor.execute("INSERT INTO pdelivery SELECT * FROM notifier_delivery")
-        table = dataclasses.replace(
-            archive.DELIVERY, source=archive.DELIVERY.source.replace("notifier_delivery", "pdelivery")
-        )
-        cursor.execute("EXPLAIN (FORMAT JSON) " + table.select_sql(), [start, end])
-        plan = json.dumps(cursor.fetchone()[0])
-    assert "pdelivery_20261120" in plan
-    assert "pdelivery_20261119" not in plan and "pdelivery_20261121" not in plan
+        for table in archive.TABLES:
+            bounds = partitions.day_bounds(table.partition_table, day)
+            cursor.execute("EXPLAIN (FORMAT JSON) " + table.select_sql(), list(bounds))
+            plan = json.dumps(cursor.fetchone()[0])
+            assert partitions.partition_name(table.partition_table, day) in plan, table.name
+            for other in (day - dt.timedelta(days=1), day + dt.timedelta(days=1)):
+                assert partitions.partition_name(table.partition_table, other) not in plan, table.name
 
-    entry = archive._export_table(table, DAY, Storage.from_settings(), tmp_path)
+    entry = archive._export_table(archive.DELIVERY, day, Storage.from_settings(), tmp_path)
     [file] = entry["files"]
     bucket.download_file(bucket_name(), file["key"], str(tmp_path / "part.parquet"))
     assert sorted(pq.read_table(tmp_path / "part.parquet")["id"].to_pylist()) == sorted(d.pk for d in inside)
