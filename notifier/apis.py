@@ -1,4 +1,4 @@
-"""REST endpoints for notifications (API.md "Notifications"). Thin: validate, call a service, render.
+"""REST endpoints for notifications (docs/api.md, "Notifications"). Thin: validate, call a service, render.
 
 Bodies and answers are the serializers of notifier/serializers.py; errors go through notifier.errors.
 """
@@ -164,9 +164,9 @@ class NotificationBatchApi(APIView):
                         {**ACCEPTED_EXAMPLE, "status": 202},
                         {
                             "error": {
-                                "code": "template_not_found",
-                                "message": "Unknown template 'no_such_template'.",
-                                "fields": {"template": ["Unknown template 'no_such_template'."]},
+                                "code": "invalid",
+                                "message": "unknown template 'no_such_template'",
+                                "fields": {"template": ["unknown template 'no_such_template'"]},
                             },
                             "status": 400,
                         },

@@ -5,7 +5,7 @@ messages) answers `{"<items>": [...], "next_cursor": "<cursor>" | null}` and tak
 `?cursor=`. A cursor is the URL-safe base64 of a small JSON object naming the position after which the next
 page starts (`{"i": 42}` for lists keyed by id, `{"c": "<created_at>", "i": "<uuid>"}` for notifications).
 
-Cursors handed out before the format was unified stay valid (API.md does not let a caller's saved cursor break):
+Cursors handed out before the format was unified stay valid (the API contract does not let a saved cursor break):
 a bare id (`"42"`, sandbox messages, inboxes, event attempts) and the base64 of a bare id (suppressions) both
 decode to `{"i": 42}`. Anything else is a 400 naming `cursor`.
 """

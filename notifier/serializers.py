@@ -1,4 +1,4 @@
-"""Input and output serializers of the notifications API (API.md "Notifications")."""
+"""Input and output serializers of the notifications API (docs/api.md, "Notifications")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Input and output serializers of the recipients, preferences, topics and suppressions API (API.md)."""
+"""Input and output serializers of the recipients, preferences, topics and suppressions API (docs/api.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Input and output serializers of the templates API (API.md "Templates")."""
+"""Input and output serializers of the templates API (docs/api.md, "Templates")."""
 
 from __future__ import annotations
 

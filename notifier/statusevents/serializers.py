@@ -1,4 +1,4 @@
-"""Input and output serializers of the event-endpoint API (API.md "Status events to the calling service")."""
+"""Input and output serializers of the event-endpoint API (docs/api.md)."""
 
 from __future__ import annotations
 
