@@ -12,7 +12,7 @@ from typing import Any
 
 from django.conf import settings
 from drf_spectacular.openapi import AutoSchema as SpectacularAutoSchema
-from drf_spectacular.utils import OpenApiExample, OpenApiResponse
+from drf_spectacular.utils import Direction, OpenApiExample, OpenApiResponse
 from rest_framework import serializers
 
 # SPECTACULAR_SETTINGS["ENUM_NAME_OVERRIDES"]: one enum for the channel choices, wherever a field offers them.
@@ -124,9 +124,9 @@ class AutoSchema(SpectacularAutoSchema):
         """Name the operation's area (AREAS); extend_schema(tags=...) on a view overrides this."""
         return [next((tag for prefix, tag in AREAS if self.path.startswith(prefix)), "other")]
 
-    def _get_response_bodies(self, direction: str = "response") -> dict[str, Any]:
+    def _get_response_bodies(self, direction: Direction = "response") -> dict[str, Any]:
         """Add the error answers an operation can give to the success answers it declares."""
-        responses: dict[str, Any] = super()._get_response_bodies(direction)  # type: ignore[arg-type]
+        responses: dict[str, Any] = super()._get_response_bodies(direction)
         if direction != "response" or not self.path.startswith(("/api/v1/", "/inbox/v1/")):
             return responses
         codes = [400, 401, 403, 429, 503]

@@ -76,6 +76,7 @@ class CursorField(serializers.CharField):
         kwargs.setdefault("help_text", "The `next_cursor` of the previous page; leave out for the first page.")
         super().__init__(**kwargs)
 
+    # type: ignore[override]: a CharField validates to a str; this field's value is the decoded position.
     def to_internal_value(self, data: Any) -> dict[str, Any] | None:  # type: ignore[override]
         text = super().to_internal_value(data)
         if not text:
