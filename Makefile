@@ -53,7 +53,7 @@ run: demo
 	$(DEV) PORT=$(PORT) FLOWER_PORT=$(FLOWER_PORT) $(VENV)/bin/honcho start -f Procfile -p $(PORT)
 
 ## Run the test suite against the real PostgreSQL, RabbitMQ and Redis. The OpenAPI schema must generate without
-## a single warning (docs/api.md, "The schema") before the tests run.
+## a single warning (docs/api.md, "The schema and how views are written") before the tests run.
 test: services
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
