@@ -52,10 +52,12 @@ run: demo
 	@echo "Development mode ($(DEV)): built-in SECRET_KEY, plain-HTTP cookies. Not for production (docs/operations.md)."
 	$(DEV) PORT=$(PORT) FLOWER_PORT=$(FLOWER_PORT) $(VENV)/bin/honcho start -f Procfile -p $(PORT)
 
-## Run the test suite against the real PostgreSQL, RabbitMQ and Redis.
+## Run the test suite against the real PostgreSQL, RabbitMQ and Redis. The OpenAPI schema must generate without
+## a single warning (docs/api.md, "The schema and how views are written") before the tests run.
 test: services
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(DEV) $(PY) manage.py spectacular --validate --fail-on-warn --file var/openapi.yml
 	$(VENV)/bin/pytest
 
 lint:

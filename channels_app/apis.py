@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from drf_spectacular.utils import extend_schema
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from channels_app.models import SandboxMessage
-from notifier.errors import ApiError
+from channels_app.serializers import SandboxFilterSerializer, SandboxMessagePage
+from notifier.pagination import CursorPage, cursor_id
 
 PAGE = 100
 
@@ -17,32 +19,26 @@ class SandboxMessageListApi(APIView):
 
     required_scope = "operations"
 
+    @extend_schema(
+        operation_id="sandbox_messages_list",
+        summary="List sandbox messages",
+        parameters=[SandboxFilterSerializer],
+        responses=SandboxMessagePage,
+    )
     def get(self, request: Request) -> Response:
+        params = SandboxFilterSerializer(data=request.query_params)
+        params.is_valid(raise_exception=True)
+        q = params.validated_data
         qs = SandboxMessage.objects.all()
-        params = request.query_params
-        if params.get("channel"):
-            qs = qs.filter(channel=params["channel"])
-        if params.get("address"):
-            qs = qs.filter(address=params["address"])
-        try:
-            if params.get("delivery_id"):
-                qs = qs.filter(delivery_id=int(params["delivery_id"]))
-            if params.get("cursor"):
-                qs = qs.filter(id__lt=int(params["cursor"]))
-        except ValueError:
-            raise ApiError(400, "invalid", "delivery_id and cursor are integers.") from None
+        if q.get("channel"):
+            qs = qs.filter(channel=q["channel"])
+        if q.get("address"):
+            qs = qs.filter(address=q["address"])
+        if q.get("delivery_id"):
+            qs = qs.filter(delivery_id=q["delivery_id"])
+        before = cursor_id(q.get("cursor"))
+        if before is not None:
+            qs = qs.filter(id__lt=before)
         page = list(qs.order_by("-id")[: PAGE + 1])
-        next_cursor = str(page[PAGE - 1].pk) if len(page) > PAGE else None
-        items = [
-            {
-                "id": m.pk,
-                "delivery_id": m.delivery_id,
-                "channel": m.channel,
-                "provider": m.provider,
-                "address": m.address,
-                "content": m.content,
-                "created_at": m.created_at,
-            }
-            for m in page[:PAGE]
-        ]
-        return Response({"results": items, "next_cursor": next_cursor})
+        next_id = page[PAGE - 1].pk if len(page) > PAGE else None
+        return Response(SandboxMessagePage(CursorPage(page[:PAGE], next_id)).data)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
 from notifier.dashboard import dashboard_view
 
@@ -17,6 +17,16 @@ urlpatterns = [
         "api/docs/",
         SpectacularSwaggerView.as_view(url_name="schema", permission_classes=[], authentication_classes=[]),
         name="docs",
+    ),
+    path(
+        "api/redoc/",
+        SpectacularRedocView.as_view(
+            url_name="schema",
+            template_name="notifier/api_redoc.html",  # no web fonts from a CDN
+            permission_classes=[],
+            authentication_classes=[],
+        ),
+        name="redoc",
     ),
     path("api/v1/", include("notifier.urls")),
     path("callbacks/", include("notifier.callbacks.urls")),

@@ -1,177 +1,57 @@
-"""REST endpoints for notifications and the sandbox outbox (API.md). Thin: validate, call a service, render."""
+"""REST endpoints for notifications (docs/api.md, "Notifications"). Thin: validate, call a service, render.
+
+Bodies and answers are the serializers of notifier/serializers.py; errors go through notifier.errors.
+"""
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-from django.conf import settings
 from django.core.exceptions import ValidationError as DjangoValidationError
+from drf_spectacular.utils import OpenApiExample, OpenApiResponse, extend_schema
 from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from notifier.errors import ApiError, error_body
-from notifier.localtime import parse_wall_clock
-from notifier.models import Delivery, Notification
+from notifier.errors import ApiError
+from notifier.models import Notification
+from notifier.openapi import error_response
+from notifier.pagination import CursorPage, invalid_cursor
 from notifier.selectors import (
     notification_delivery_counts,
     notification_get,
     notification_list,
 )
-from notifier.services import AcceptResult, notification_accept, notification_cancel, notifications_accept_batch
-from notifier.strategy import MAX_AFTER_SECONDS, STRATEGIES
-from notifier.strategy import UNTIL as FALLBACK_UNTIL
+from notifier.serializers import (
+    AcceptOutput,
+    BatchInput,
+    BatchOutput,
+    CancelOutput,
+    NotificationDetailOutput,
+    NotificationFilterSerializer,
+    NotificationInput,
+    NotificationPage,
+)
+from notifier.services import notification_accept, notification_cancel, notifications_accept_batch
 
-TEMPLATE_SPEC = re.compile(r"^[-a-zA-Z0-9_]+(@[1-9][0-9]*)?$")
-LOCALE = re.compile(r"^[A-Za-z]{2,3}([-_][A-Za-z0-9]{2,8})*$")
-BATCH_LIMIT = 1000
-
-
-class RecipientInput(serializers.Serializer):
-    """The single recipient of a notification."""
-
-    user_id = serializers.CharField(max_length=255)
-
-
-class NotificationInput(serializers.Serializer):
-    """The body of POST /api/v1/notifications."""
-
-    recipient = RecipientInput(required=False)
-    topic = serializers.SlugField(max_length=128, required=False)
-    category = serializers.CharField(max_length=64, required=False)  # default: the template's
-    template = serializers.CharField(max_length=140)
-    channels = serializers.ListField(
-        child=serializers.ChoiceField(choices=settings.CHANNELS), required=False, allow_empty=False, max_length=5
-    )
-    payload = serializers.DictField(required=False, default=dict)
-    dedup_key = serializers.CharField(max_length=255, required=False, allow_blank=False)
-    priority = serializers.ChoiceField(choices=Notification.Priority.choices, required=False)
-    locale = serializers.CharField(max_length=35, required=False, allow_blank=False)
-    send_at = serializers.DateTimeField(required=False)
-    send_at_local = serializers.CharField(max_length=32, required=False)
-    # Smarter delivery (notifier/strategy.py).
-    strategy = serializers.ChoiceField(choices=STRATEGIES, required=False)
-    fallback_until = serializers.ChoiceField(choices=FALLBACK_UNTIL, required=False)
-    fallback_after_seconds = serializers.IntegerField(min_value=1, max_value=MAX_AFTER_SECONDS, required=False)
-
-    def to_internal_value(self, data: Any) -> dict[str, Any]:
-        if isinstance(data, dict):
-            unknown = sorted(set(data) - set(self.fields))
-            if unknown:
-                raise serializers.ValidationError({name: ["Unknown field."] for name in unknown})
-        return super().to_internal_value(data)
-
-    def validate_category(self, value: str) -> str:
-        if value not in settings.NOTIFIER_CATEGORIES:
-            known = ", ".join(sorted(settings.NOTIFIER_CATEGORIES))
-            raise serializers.ValidationError(f"Unknown category. Configured categories: {known}.")
-        return value
-
-    def validate_template(self, value: str) -> str:
-        if not TEMPLATE_SPEC.match(value):
-            raise serializers.ValidationError("Expected a template key, optionally pinned: 'key' or 'key@3'.")
-        return value
-
-    def validate_locale(self, value: str) -> str:
-        if not LOCALE.match(value):
-            raise serializers.ValidationError("Expected a language tag such as 'de' or 'pt-BR'.")
-        return value
-
-    def validate_send_at_local(self, value: str) -> str:
-        try:
-            return parse_wall_clock(value).isoformat()
-        except ValueError as exc:
-            message = str(exc) if "offset" in str(exc) else "Expected a local date and time: 2026-12-01T09:00:00."
-            raise serializers.ValidationError(message) from None
-
-    def validate_channels(self, value: list[str]) -> list[str]:
-        if len(set(value)) != len(value):
-            raise serializers.ValidationError("Each channel may appear once.")
-        return value
-
-    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        if ("recipient" in attrs) == ("topic" in attrs):
-            raise serializers.ValidationError({"recipient": ["Give exactly one of 'recipient' and 'topic'."]})
-        if "send_at_local" in attrs and "send_at" in attrs:
-            raise serializers.ValidationError({"send_at_local": ["Give send_at or send_at_local, not both."]})
-        if attrs.get("strategy") != "fallback":
-            stray = [name for name in ("fallback_until", "fallback_after_seconds") if name in attrs]
-            if stray:
-                raise serializers.ValidationError({name: ["Only with strategy 'fallback'."] for name in stray})
-        return attrs
-
-
-def _event_out(event: Any) -> dict[str, Any]:
-    return {"status": event.status, "detail": event.detail, "at": event.at}
-
-
-def delivery_out(delivery: Delivery, *, events: bool) -> dict[str, Any]:
-    """Render a delivery for the API."""
-    body: dict[str, Any] = {
-        "id": delivery.pk,
-        "channel": delivery.channel,
-        "status": delivery.status,
-        "reason": delivery.reason,
-    }
-    if events:
-        body |= {
-            "provider": delivery.provider,
-            "provider_message_id": delivery.provider_message_id,
-            "attempts": delivery.attempts,
-            "last_error": delivery.last_error,
-            "template_version": delivery.template_version_id,
-            "not_before": delivery.not_before,
-            "sent_at": delivery.sent_at,
-            "events": [_event_out(e) for e in delivery.events.all()],
-        }
-        if delivery.channel == "sms":
-            body |= {"encoding": delivery.sms_encoding or None, "segments": delivery.sms_segments}
-    return body
-
-
-def accept_out(result: AcceptResult) -> dict[str, Any]:
-    """Render the answer to an accepted (or duplicate) request."""
-    n = result.notification
-    body: dict[str, Any] = {
-        "id": str(n.pk),
-        "status": "accepted",
-        "duplicate": result.duplicate,
-        "deliveries": [delivery_out(d, events=False) for d in result.deliveries],
-    }
-    if n.topic_id:
-        body["topic"] = n.topic.key if n.topic else None
-        if n.recipients_total is not None:
-            body["recipients_total"] = n.recipients_total
-    return body
-
-
-def notification_out(n: Notification) -> dict[str, Any]:
-    """Render a notification with its deliveries and their events."""
-    body: dict[str, Any] = {
-        "id": str(n.pk),
-        "status": n.status,
-        "category": n.category,
-        "template": n.template_key,
-        "template_version": n.template_version,
-        "channels": n.channels,
-        "priority": n.priority,
-        "user_id": n.user_id or None,
-        "topic": n.topic.key if n.topic_id and n.topic else None,
-        "dedup_key": n.dedup_key,
-        "send_at": n.send_at,
-        "send_at_local": n.send_at_local or None,
-        "strategy": n.strategy,
-        "created_at": n.created_at,
-        "trace_id": n.trace_id,
-    }
-    if n.strategy == "fallback":
-        body |= {"fallback_until": n.fallback_until, "fallback_after_seconds": n.fallback_after_seconds}
-    if n.topic_id:
-        body["recipients_total"] = n.recipients_total
-        body["fanout"] = {"processed": n.fanout_processed, "done": n.status != Notification.Status.FANNING_OUT}
-    return body
+SEND_EXAMPLE = {
+    "recipient": {"user_id": "u-42"},
+    "template": "order_shipped",
+    "channels": ["push", "email"],
+    "payload": {"order_id": "A-1001"},
+    "dedup_key": "order-A-1001-shipped",
+    "priority": "high",
+}
+ACCEPTED_EXAMPLE = {
+    "id": "5b0f2f7e-3c1e-4b8e-9a57-0c1d2e3f4a5b",
+    "status": "accepted",
+    "duplicate": False,
+    "deliveries": [
+        {"id": 1201, "channel": "push", "status": "queued", "reason": ""},
+        {"id": 1202, "channel": "email", "status": "suppressed", "reason": "opted_out"},
+    ],
+}
 
 
 def trace_id_of(request: Request) -> str:
@@ -184,24 +64,55 @@ class NotificationListCreateApi(APIView):
 
     required_scope = "send"
 
+    @extend_schema(
+        operation_id="notifications_send",
+        summary="Send a notification",
+        description="Accept a notification for one recipient or a topic: 202 when new, 200 with "
+        '`"duplicate": true` when the same `dedup_key` was sent before (409 if its body differs).',
+        request=NotificationInput,
+        responses={
+            202: OpenApiResponse(AcceptOutput, description="Accepted."),
+            200: OpenApiResponse(AcceptOutput, description="A duplicate of an earlier request (same dedup_key)."),
+            409: error_response(409, "The dedup_key was used before with a different body."),
+        },
+        examples=[
+            OpenApiExample("To a user", value=SEND_EXAMPLE, request_only=True),
+            OpenApiExample(
+                "To a topic",
+                value={"topic": "all-users", "template": "spring_sale", "send_at_local": "2026-12-01T09:00:00"},
+                request_only=True,
+            ),
+            OpenApiExample("Accepted", value=ACCEPTED_EXAMPLE, response_only=True, status_codes=["202"]),
+            OpenApiExample(
+                "Duplicate", value={**ACCEPTED_EXAMPLE, "duplicate": True}, response_only=True, status_codes=["200"]
+            ),
+        ],
+    )
     def post(self, request: Request) -> Response:
         serializer = NotificationInput(data=request.data)
         serializer.is_valid(raise_exception=True)
         _shed_if_overloaded(serializer.validated_data)
         result = notification_accept(client=request.user, data=serializer.validated_data, trace_id=trace_id_of(request))
         code = status.HTTP_200_OK if result.duplicate else status.HTTP_202_ACCEPTED
-        return Response(accept_out(result), status=code)
+        return Response(AcceptOutput(result).data, status=code)
 
+    @extend_schema(
+        operation_id="notifications_list",
+        summary="List notifications",
+        parameters=[NotificationFilterSerializer],
+        responses={200: NotificationPage},
+    )
     def get(self, request: Request) -> Response:
-        filters = {k: request.query_params.get(k) for k in ("user_id", "status", "category")}
-        if filters["status"] and filters["status"] not in Notification.Status.values:
-            raise ApiError(400, "invalid", "Unknown status.", {"status": ["Unknown status."]})
-        cursor = request.query_params.get("cursor")
+        params = NotificationFilterSerializer(data=request.query_params)
+        params.is_valid(raise_exception=True)
+        filters = {k: params.validated_data.get(k) for k in ("user_id", "status", "category")}
         try:
-            page, next_cursor = notification_list(client=request.user, filters=filters, cursor=cursor)
+            page, next_cursor = notification_list(
+                client=request.user, filters=filters, cursor=request.query_params.get("cursor") or None
+            )
         except ValueError:
-            raise ApiError(400, "invalid", "Invalid cursor.", {"cursor": ["Invalid cursor."]}) from None
-        return Response({"results": [notification_out(n) for n in page], "next_cursor": next_cursor})
+            raise invalid_cursor() from None
+        return Response(NotificationPage(CursorPage(page, next_cursor)).data)
 
 
 def _shed_if_overloaded(data: dict[str, Any]) -> None:
@@ -227,13 +138,50 @@ class NotificationBatchApi(APIView):
 
     required_scope = "send"
 
+    @extend_schema(
+        operation_id="notifications_send_batch",
+        summary="Send up to 1,000 notifications",
+        description="Each item is validated and accepted as by the single send; the answer has one result per "
+        "item, in order, with the HTTP `status` that item would have had alone (202, 200 for a duplicate, or "
+        "the error).",
+        request=BatchInput,
+        responses={200: BatchOutput},
+        examples=[
+            OpenApiExample(
+                "Two sends",
+                value={
+                    "notifications": [
+                        SEND_EXAMPLE,
+                        {"recipient": {"user_id": "u-43"}, "template": "no_such_template"},
+                    ]
+                },
+                request_only=True,
+            ),
+            OpenApiExample(
+                "One accepted, one refused",
+                value={
+                    "results": [
+                        {**ACCEPTED_EXAMPLE, "status": 202},
+                        {
+                            "error": {
+                                "code": "invalid",
+                                "message": "unknown template 'no_such_template'",
+                                "fields": {"template": ["unknown template 'no_such_template'"]},
+                            },
+                            "status": 400,
+                        },
+                    ]
+                },
+                response_only=True,
+                status_codes=["200"],
+            ),
+        ],
+    )
     def post(self, request: Request) -> Response:
-        items = request.data.get("notifications") if isinstance(request.data, dict) else request.data
-        if not isinstance(items, list) or not items:
-            raise ApiError(400, "invalid", "Expected a non-empty list.", {"notifications": ["Expected a list."]})
-        if len(items) > BATCH_LIMIT:
-            message = f"At most {BATCH_LIMIT} items per batch."
-            raise ApiError(400, "invalid", message, {"notifications": [message]})
+        # A bare list is accepted too (as it always was), as the body's `notifications`.
+        body = BatchInput(data={"notifications": request.data} if isinstance(request.data, list) else request.data)
+        body.is_valid(raise_exception=True)
+        items = body.validated_data["notifications"]
         # One serializer instance for every item: DRF deep-copies its declared fields per instance, which was
         # most of a batch's validation time.
         validator = NotificationInput()
@@ -245,7 +193,7 @@ class NotificationBatchApi(APIView):
         results: list[Any] = list(checked)
         for (index, _), result in zip(valid, accepted, strict=True):
             results[index] = result
-        return Response({"results": [_item_out(result) for result in results]}, status=status.HTTP_200_OK)
+        return Response(BatchOutput({"results": results}).data, status=status.HTTP_200_OK)
 
     @staticmethod
     def _validate(validator: NotificationInput, item: Any) -> dict[str, Any] | serializers.ValidationError | ApiError:
@@ -259,15 +207,10 @@ class NotificationBatchApi(APIView):
         return dict(data)
 
 
-def _item_out(result: AcceptResult | Exception) -> dict[str, Any]:
-    """Render one item's result with the HTTP status it would have had alone (202 new, 200 duplicate, 4xx)."""
-    from notifier.errors import exception_handler
-
-    if isinstance(result, Exception):
-        response = exception_handler(result, {})
-        assert response is not None
-        return {**response.data, "status": response.status_code}
-    return {**accept_out(result), "status": 200 if result.duplicate else 202}
+def _notification_or_404(notification: Notification | None) -> Notification:
+    if notification is None:
+        raise ApiError(404, "not_found", "No such notification.")
+    return notification
 
 
 class NotificationDetailApi(APIView):
@@ -275,14 +218,11 @@ class NotificationDetailApi(APIView):
 
     required_scope = "send"
 
+    @extend_schema(operation_id="notification_get", summary="Read a notification", responses=NotificationDetailOutput)
     def get(self, request: Request, notification_id: str) -> Response:
-        notification = notification_get(client=request.user, notification_id=str(notification_id))
-        if notification is None:
-            return Response(error_body("not_found", "No such notification."), status=404)
-        body = notification_out(notification)
-        body["deliveries"] = [delivery_out(d, events=True) for d in notification.first_deliveries]
-        body["delivery_counts"] = notification_delivery_counts(notification=notification)
-        return Response(body)
+        notification = _notification_or_404(notification_get(client=request.user, notification_id=str(notification_id)))
+        counts = notification_delivery_counts(notification=notification)
+        return Response(NotificationDetailOutput(notification, context={"delivery_counts": counts}).data)
 
 
 class NotificationCancelApi(APIView):
@@ -290,9 +230,15 @@ class NotificationCancelApi(APIView):
 
     required_scope = "send"
 
+    @extend_schema(
+        operation_id="notification_cancel",
+        summary="Cancel what is not yet sent",
+        request=None,
+        responses=CancelOutput,
+    )
     def post(self, request: Request, notification_id: str) -> Response:
-        notification = Notification.objects.filter(client=request.user, pk=notification_id).first()
-        if notification is None:
-            return Response(error_body("not_found", "No such notification."), status=404)
+        notification = _notification_or_404(
+            Notification.objects.filter(client=request.user, pk=notification_id).first()
+        )
         cancelled = notification_cancel(notification=notification)
-        return Response({"id": str(notification.pk), "cancelled": cancelled})
+        return Response(CancelOutput({"notification": notification, "cancelled": cancelled}).data)

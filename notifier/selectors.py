@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import base64
-import json
 import uuid
 from datetime import datetime
 from typing import Any
@@ -12,25 +10,9 @@ from django.conf import settings
 from django.db.models import Count, Prefetch, Q, QuerySet
 
 from notifier.models import ApiClient, Delivery, DeliveryEvent, Notification
+from notifier.pagination import decode_cursor, encode_cursor
 
 DELIVERIES_IN_DETAIL = 100
-
-
-def encode_cursor(values: dict[str, Any]) -> str:
-    """Return an opaque cursor for keyset pagination."""
-    return base64.urlsafe_b64encode(json.dumps(values, default=str).encode()).decode().rstrip("=")
-
-
-def decode_cursor(cursor: str) -> dict[str, Any]:
-    """Decode a cursor made by `encode_cursor`; raise ValueError if it is not one."""
-    try:
-        padded = cursor + "=" * (-len(cursor) % 4)
-        value = json.loads(base64.urlsafe_b64decode(padded.encode()))
-    except (ValueError, json.JSONDecodeError) as exc:
-        raise ValueError("invalid cursor") from exc
-    if not isinstance(value, dict):
-        raise ValueError("invalid cursor")
-    return value
 
 
 def notification_get(*, client: ApiClient, notification_id: str) -> Notification | None:

@@ -19,9 +19,9 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_http_methods
 
 from preferences import selectors, services
-from preferences.apis import PreferencesSerializer, _zones
 from preferences.compliance import FREQUENCIES, is_optional
 from preferences.models import Recipient
+from preferences.serializers import PreferencesSerializer, _zones
 from preferences.translations import label, language_for, strings
 
 HHMM = re.compile(r"^([01]\d|2[0-3]):([0-5]\d)(?::[0-5]\d)?$")

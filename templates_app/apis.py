@@ -2,26 +2,29 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from drf_spectacular.utils import extend_schema
-from rest_framework import serializers, status
+from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from notifier.errors import ApiError
-from templates_app.models import Template, TemplateVersion
 from templates_app.rendering import RenderError, render_all
 from templates_app.selectors import (
     TemplateNotFound,
     template_default_locale,
     template_get,
     template_version_get,
-    template_version_list,
+)
+from templates_app.serializers import (
+    TemplateOutputSerializer,
+    TemplatePreviewInputSerializer,
+    TemplatePreviewOutputSerializer,
+    TemplatePutInputSerializer,
+    TemplatePutOutputSerializer,
+    VersionSerializer,
 )
 from templates_app.services import template_put
-from templates_app.sms import sms_preview
 
 
 def _not_found(exc: TemplateNotFound) -> ApiError:
@@ -34,72 +37,19 @@ def _actor(request: Request) -> str:
     return f"api:{getattr(request.user, 'name', '')}"
 
 
-class VersionSummarySerializer(serializers.Serializer):
-    """A version without its content."""
-
-    version = serializers.IntegerField()
-    published = serializers.SerializerMethodField()
-    published_at = serializers.DateTimeField(allow_null=True)
-    created_by = serializers.CharField()
-    created_at = serializers.DateTimeField()
-
-    def get_published(self, obj: TemplateVersion) -> bool:
-        """Say whether this is the template's current published version."""
-        return obj.pk == obj.template.published_version_id
-
-
-class VersionSerializer(VersionSummarySerializer):
-    """A version with its content and the channels it serves."""
-
-    channels = serializers.ListField(child=serializers.CharField())
-    content = serializers.JSONField()
-
-
 class TemplatePutApi(APIView):
     """PUT /templates/{key} creates a new version; GET /templates/{key} returns the template."""
 
     required_scope = "templates"
 
-    class TemplatePutInputSerializer(serializers.Serializer):
-        category = serializers.CharField(max_length=64)
-        default_locale = serializers.CharField(max_length=35, required=False)
-        publish = serializers.BooleanField(default=True)
-        content = serializers.DictField()
-
-    class TemplatePutOutputSerializer(serializers.Serializer):
-        key = serializers.CharField()
-        version = serializers.IntegerField()
-        published = serializers.BooleanField()
-
-    class TemplateOutputSerializer(serializers.Serializer):
-        key = serializers.CharField()
-        category = serializers.CharField()
-        default_locale = serializers.CharField()
-        description = serializers.CharField()
-        created_at = serializers.DateTimeField()
-        updated_at = serializers.DateTimeField()
-        published_version = serializers.SerializerMethodField()
-        published = serializers.SerializerMethodField()
-        versions = serializers.SerializerMethodField()
-
-        def get_published_version(self, obj: Template) -> int | None:
-            return obj.published_version.version if obj.published_version else None
-
-        def get_published(self, obj: Template) -> dict[str, Any] | None:
-            if obj.published_version is None:
-                return None
-            obj.published_version.template = obj
-            return VersionSerializer(obj.published_version).data
-
-        def get_versions(self, obj: Template) -> list[dict[str, Any]]:
-            versions = list(template_version_list(template=obj).defer("content"))
-            for version in versions:
-                version.template = obj
-            return VersionSummarySerializer(versions, many=True).data
-
-    @extend_schema(request=TemplatePutInputSerializer, responses={201: TemplatePutOutputSerializer})
+    @extend_schema(
+        operation_id="template_put",
+        summary="Create a template version",
+        request=TemplatePutInputSerializer,
+        responses={201: TemplatePutOutputSerializer},
+    )
     def put(self, request: Request, key: str) -> Response:
-        serializer = self.TemplatePutInputSerializer(data=request.data)
+        serializer = TemplatePutInputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
         version = template_put(
@@ -112,16 +62,15 @@ class TemplatePutApi(APIView):
             allowed_categories=getattr(request.user, "allowed_categories", None),
             audit_actor=request.user,
         )
-        body = {"key": version.template.key, "version": version.version, "published": version.published_at is not None}
-        return Response(self.TemplatePutOutputSerializer(body).data, status=status.HTTP_201_CREATED)
+        return Response(TemplatePutOutputSerializer(version).data, status=status.HTTP_201_CREATED)
 
-    @extend_schema(responses={200: TemplateOutputSerializer})
+    @extend_schema(operation_id="template_get", summary="Read a template", responses={200: TemplateOutputSerializer})
     def get(self, request: Request, key: str) -> Response:
         try:
             template = template_get(key=key)
         except TemplateNotFound as exc:
             raise _not_found(exc) from None
-        return Response(self.TemplateOutputSerializer(template).data)
+        return Response(TemplateOutputSerializer(template).data)
 
 
 class TemplateVersionApi(APIView):
@@ -129,7 +78,7 @@ class TemplateVersionApi(APIView):
 
     required_scope = "templates"
 
-    @extend_schema(responses={200: VersionSerializer})
+    @extend_schema(operation_id="template_version_get", summary="Read one version", responses={200: VersionSerializer})
     def get(self, request: Request, key: str, version: int) -> Response:
         try:
             found = template_version_get(key=key, version=version)
@@ -143,21 +92,14 @@ class TemplatePreviewApi(APIView):
 
     required_scope = "templates"
 
-    class TemplatePreviewInputSerializer(serializers.Serializer):
-        payload = serializers.DictField(default=dict)
-        locale = serializers.CharField(max_length=35, required=False, allow_blank=True, default="")
-        version = serializers.IntegerField(min_value=1, required=False)
-
-    class TemplatePreviewOutputSerializer(serializers.Serializer):
-        key = serializers.CharField()
-        version = serializers.IntegerField()
-        published = serializers.BooleanField()
-        locale = serializers.CharField(allow_blank=True)
-        channels = serializers.DictField()
-
-    @extend_schema(request=TemplatePreviewInputSerializer, responses={200: TemplatePreviewOutputSerializer})
+    @extend_schema(
+        operation_id="template_preview",
+        summary="Preview a version",
+        request=TemplatePreviewInputSerializer,
+        responses={200: TemplatePreviewOutputSerializer},
+    )
     def post(self, request: Request, key: str) -> Response:
-        serializer = self.TemplatePreviewInputSerializer(data=request.data)
+        serializer = TemplatePreviewInputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
         try:
@@ -169,13 +111,5 @@ class TemplatePreviewApi(APIView):
         except RenderError as exc:
             fields = {f"payload.{exc.variable}": [f"is required by {exc.path}"]} if exc.variable else {}
             raise ApiError(400, exc.code, exc.message, fields) from None
-        body = {
-            "key": version.template.key,
-            "version": version.version,
-            "published": version.pk == version.template.published_version_id,
-            "locale": data["locale"],
-            "channels": {channel: {"locale": r.locale, "parts": r.parts} for channel, r in rendered.items()},
-        }
-        if "sms" in rendered:
-            body["channels"]["sms"]["sms"] = sms_preview(str(rendered["sms"].parts.get("text") or ""))
-        return Response(self.TemplatePreviewOutputSerializer(body).data)
+        preview = {"version": version, "locale": data["locale"], "rendered": rendered}
+        return Response(TemplatePreviewOutputSerializer(preview).data)

@@ -19,8 +19,14 @@ from notifier.callbacks import conf
 from notifier.callbacks.services import ReplayedCallback, sns_message_handle, twilio_status_handle
 from notifier.callbacks.verify import MalformedCallback, VerificationError
 from notifier.errors import ApiError
+from notifier.openapi import error_response
 
 logger = logging.getLogger(__name__)
+CALLBACK_RESPONSES = {
+    200: OpenApiTypes.OBJECT,
+    400: error_response(400, "Not a callback of this provider."),
+    403: error_response(403, "The signature (or the replay check) failed."),
+}
 
 
 def _reject(exc: Exception, provider: str) -> ApiError:
@@ -38,7 +44,13 @@ class SesCallbackApi(APIView):
     authentication_classes: list[Any] = []
     permission_classes = [AllowAny]
 
-    @extend_schema(request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT, auth=[])
+    @extend_schema(
+        operation_id="callback_ses",
+        summary="SES events over SNS",
+        request=OpenApiTypes.OBJECT,
+        responses=CALLBACK_RESPONSES,
+        auth=[],
+    )
     def post(self, request: Request) -> Response:
         # SNS posts JSON as text/plain, so the raw body is parsed here rather than by DRF's parsers.
         try:
@@ -61,7 +73,13 @@ class TwilioCallbackApi(APIView):
     permission_classes = [AllowAny]
     parser_classes = [FormParser]
 
-    @extend_schema(request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT, auth=[])
+    @extend_schema(
+        operation_id="callback_twilio",
+        summary="Twilio message status",
+        request={"application/x-www-form-urlencoded": OpenApiTypes.OBJECT},
+        responses=CALLBACK_RESPONSES,
+        auth=[],
+    )
     def post(self, request: Request) -> Response:
         # Twilio signs the URL it called: the public one (a proxy in front of us may have rewritten ours).
         urls = conf.twilio_callback_urls(request.get_full_path())

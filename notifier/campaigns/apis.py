@@ -1,16 +1,20 @@
-"""REST endpoints for campaigns. Thin: validate, call a service, render."""
+"""REST endpoints for campaigns. Thin: validate, call a service, render (notifier/campaigns/serializers.py)."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from django.conf import settings
-from rest_framework import serializers, status
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from notifier.campaigns.selectors import campaign_get, campaign_list, campaign_progress, campaign_runs
+from notifier.campaigns.selectors import campaign_get, campaign_list
+from notifier.campaigns.serializers import (
+    CampaignActionOutput,
+    CampaignDetailOutput,
+    CampaignInput,
+    CampaignListOutput,
+)
 from notifier.campaigns.services import (
     campaign_cancel,
     campaign_create,
@@ -20,70 +24,6 @@ from notifier.campaigns.services import (
 )
 from notifier.errors import ApiError
 from notifier.models import Campaign
-
-MAX_RATE = 100_000
-
-
-class CampaignInput(serializers.Serializer):
-    """The body of POST /api/v1/campaigns (and, all fields optional, of PATCH)."""
-
-    name = serializers.CharField(max_length=255)
-    template = serializers.RegexField(r"^[-a-zA-Z0-9_]+(@[1-9][0-9]*)?$", max_length=140)
-    topic = serializers.SlugField(max_length=128)
-    category = serializers.CharField(max_length=64, required=False)  # default: the template's
-    channels = serializers.ListField(
-        child=serializers.ChoiceField(choices=settings.CHANNELS), required=False, allow_empty=False, max_length=5
-    )
-    payload = serializers.DictField(required=False, default=dict)
-    send_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
-    crontab = serializers.CharField(max_length=128, required=False, allow_blank=True, default="")
-    timezone = serializers.CharField(max_length=64, default="UTC")
-    # Optional, instead of send_at: that wall-clock time in each subscriber's own time zone (`timezone` for
-    # subscribers without one); validated by campaign_validate.
-    send_at_local = serializers.CharField(max_length=32, required=False, allow_blank=True, default="")
-    rate_per_second = serializers.IntegerField(min_value=1, max_value=MAX_RATE, default=100)
-    draft = serializers.BooleanField(default=False)
-
-    def to_internal_value(self, data: Any) -> dict[str, Any]:
-        if isinstance(data, dict):
-            unknown = sorted(set(data) - set(self.fields))
-            if unknown:
-                raise serializers.ValidationError({name: ["Unknown field."] for name in unknown})
-        return super().to_internal_value(data)
-
-
-def campaign_out(campaign: Campaign, *, detail: bool = False) -> dict[str, Any]:
-    """Render a campaign (with its progress and runs in the detail view)."""
-    body: dict[str, Any] = {
-        "id": campaign.pk,
-        "name": campaign.name,
-        "status": campaign.status,
-        "template": campaign.template_key,
-        "topic": campaign.topic.key,
-        "category": campaign.category,
-        "channels": campaign.channels,
-        "payload": campaign.payload,
-        "send_at": campaign.send_at,
-        "crontab": campaign.crontab,
-        "timezone": campaign.timezone,
-        "send_at_local": campaign.send_at_local or None,
-        "rate_per_second": campaign.rate_per_second,
-        "last_run_at": campaign.last_run_at,
-        "created_at": campaign.created_at,
-    }
-    if detail:
-        body["progress"] = campaign_progress(campaign=campaign)
-        body["runs"] = [
-            {
-                "notification_id": str(n.pk),
-                "status": n.status,
-                "created_at": n.created_at,
-                "subscribers_processed": n.fanout_processed,
-                "recipients_total": n.recipients_total,
-            }
-            for n in campaign_runs(campaign=campaign)
-        ]
-    return body
 
 
 def _get(request: Request, campaign_id: int) -> Campaign:
@@ -98,14 +38,21 @@ class CampaignListCreateApi(APIView):
 
     required_scope = "campaigns"
 
+    @extend_schema(
+        operation_id="campaign_create",
+        summary="Create a campaign",
+        request=CampaignInput,
+        responses={201: CampaignDetailOutput},
+    )
     def post(self, request: Request) -> Response:
         serializer = CampaignInput(data=request.data)
         serializer.is_valid(raise_exception=True)
         campaign = campaign_create(client=request.user, **serializer.validated_data)
-        return Response(campaign_out(campaign, detail=True), status=status.HTTP_201_CREATED)
+        return Response(CampaignDetailOutput(campaign).data, status=status.HTTP_201_CREATED)
 
+    @extend_schema(operation_id="campaigns_list", summary="List campaigns", responses=CampaignListOutput)
     def get(self, request: Request) -> Response:
-        return Response({"results": [campaign_out(c) for c in campaign_list(client=request.user)]})
+        return Response(CampaignListOutput({"results": campaign_list(client=request.user)}).data)
 
 
 class CampaignDetailApi(APIView):
@@ -113,16 +60,23 @@ class CampaignDetailApi(APIView):
 
     required_scope = "campaigns"
 
+    @extend_schema(operation_id="campaign_get", summary="Read a campaign", responses=CampaignDetailOutput)
     def get(self, request: Request, campaign_id: int) -> Response:
-        return Response(campaign_out(_get(request, campaign_id), detail=True))
+        return Response(CampaignDetailOutput(_get(request, campaign_id)).data)
 
+    @extend_schema(
+        operation_id="campaign_update",
+        summary="Change a draft or scheduled campaign",
+        request=CampaignInput(partial=True),
+        responses=CampaignDetailOutput,
+    )
     def patch(self, request: Request, campaign_id: int) -> Response:
         campaign = _get(request, campaign_id)
         serializer = CampaignInput(data=request.data, partial=True)
         serializer.is_valid(raise_exception=True)
         fields = {k: v for k, v in serializer.validated_data.items() if k in request.data and k != "draft"}
         campaign = campaign_update(campaign=campaign, **fields)
-        return Response(campaign_out(campaign, detail=True))
+        return Response(CampaignDetailOutput(campaign).data)
 
 
 ACTIONS = {"pause": campaign_pause, "resume": campaign_resume, "cancel": campaign_cancel}
@@ -133,6 +87,13 @@ class CampaignActionApi(APIView):
 
     required_scope = "campaigns"
 
+    @extend_schema(
+        operation_id="campaign_action",
+        summary="Pause, resume or cancel a campaign",
+        parameters=[OpenApiParameter("action", str, OpenApiParameter.PATH, enum=sorted(ACTIONS))],
+        request=None,
+        responses=CampaignActionOutput,
+    )
     def post(self, request: Request, campaign_id: int, action: str) -> Response:
         service = ACTIONS.get(action)
         if service is None:
@@ -140,4 +101,4 @@ class CampaignActionApi(APIView):
         campaign = _get(request, campaign_id)
         affected = service(campaign=campaign)
         campaign.refresh_from_db()
-        return Response({**campaign_out(campaign, detail=True), "affected_deliveries": affected})
+        return Response(CampaignActionOutput(campaign, context={"affected_deliveries": affected}).data)

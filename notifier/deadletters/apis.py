@@ -6,15 +6,19 @@ admin and with `manage.py replay_dead_letters`.
 
 from __future__ import annotations
 
-from typing import Any
-
-from django.conf import settings
-from rest_framework import serializers
+from drf_spectacular.utils import extend_schema
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from notifier.deadletters.selectors import dead_letter_get, dead_letter_list
+from notifier.deadletters.serializers import (
+    DeadLetterListInput,
+    DeadLetterOutput,
+    DeadLetterPage,
+    ReplayInput,
+    ReplayOutput,
+)
 from notifier.deadletters.services import (
     DeadLetterError,
     dead_letter_discard,
@@ -23,43 +27,7 @@ from notifier.deadletters.services import (
 )
 from notifier.errors import ApiError
 from notifier.models import DeadLetter
-
-MAX_IDS = 10_000
-
-
-class DeadLetterOutput(serializers.ModelSerializer):
-    """A dead letter with its delivery's current status."""
-
-    delivery_id = serializers.IntegerField()
-    notification_id = serializers.UUIDField(source="delivery.notification_id")
-    delivery_status = serializers.CharField(source="delivery.status")
-
-    class Meta:
-        model = DeadLetter
-        fields = [
-            "id", "delivery_id", "notification_id", "delivery_status", "channel", "queue", "reason", "attempts",
-            "last_error", "status", "resolved_by", "resolved_at", "created_at",
-        ]  # fmt: skip
-
-
-class DeadLetterListInput(serializers.Serializer):
-    channel = serializers.ChoiceField(choices=settings.CHANNELS, required=False)
-    status = serializers.ChoiceField(choices=DeadLetter.Status.values, required=False)
-    cursor = serializers.CharField(required=False)
-    limit = serializers.IntegerField(required=False, min_value=1, max_value=500, default=50)
-
-
-class ReplayInput(serializers.Serializer):
-    ids = serializers.ListField(
-        child=serializers.IntegerField(min_value=1), required=False, allow_empty=False, max_length=MAX_IDS
-    )
-    all = serializers.BooleanField(required=False, default=False)
-    channel = serializers.ChoiceField(choices=settings.CHANNELS, required=False)
-
-    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        if ("ids" in attrs) == bool(attrs.get("all")):
-            raise serializers.ValidationError({"ids": ['Give either "ids" or "all": true.']})
-        return attrs
+from notifier.pagination import CursorPage, invalid_cursor
 
 
 def _get_or_404(request: Request, dead_letter_id: int) -> DeadLetter:
@@ -78,17 +46,26 @@ class DeadLetterListApi(APIView):
 
     required_scope = "operations"
 
+    @extend_schema(
+        operation_id="dead_letters_list",
+        summary="List dead letters",
+        parameters=[DeadLetterListInput],
+        responses=DeadLetterPage,
+    )
     def get(self, request: Request) -> Response:
         params = DeadLetterListInput(data=request.query_params)
         params.is_valid(raise_exception=True)
         data = params.validated_data
         try:
             page, next_cursor = dead_letter_list(
-                filters=data, cursor=data.get("cursor"), limit=data["limit"], client=request.user
+                filters=data,
+                cursor=request.query_params.get("cursor") or None,
+                limit=data["limit"],
+                client=request.user,
             )
         except ValueError:
-            raise ApiError(400, "invalid", "Invalid cursor.", {"cursor": ["Invalid cursor."]}) from None
-        return Response({"results": DeadLetterOutput(page, many=True).data, "next_cursor": next_cursor})
+            raise invalid_cursor() from None
+        return Response(DeadLetterPage(CursorPage(page, next_cursor)).data)
 
 
 class DeadLetterReplayApi(APIView):
@@ -96,6 +73,9 @@ class DeadLetterReplayApi(APIView):
 
     required_scope = "operations"
 
+    @extend_schema(
+        operation_id="dead_letter_replay", summary="Replay a dead letter", request=None, responses=DeadLetterOutput
+    )
     def post(self, request: Request, dead_letter_id: int) -> Response:
         dead_letter = _get_or_404(request, dead_letter_id)
         try:
@@ -110,6 +90,12 @@ class DeadLetterBulkReplayApi(APIView):
 
     required_scope = "operations"
 
+    @extend_schema(
+        operation_id="dead_letters_replay",
+        summary="Replay many dead letters",
+        request=ReplayInput,
+        responses=ReplayOutput,
+    )
     def post(self, request: Request) -> Response:
         params = ReplayInput(data=request.data)
         params.is_valid(raise_exception=True)
@@ -121,7 +107,7 @@ class DeadLetterBulkReplayApi(APIView):
             actor=request.user.name,
             client=request.user,
         )
-        return Response({"replayed": replayed})
+        return Response(ReplayOutput({"replayed": replayed}).data)
 
 
 class DeadLetterDiscardApi(APIView):
@@ -129,6 +115,9 @@ class DeadLetterDiscardApi(APIView):
 
     required_scope = "operations"
 
+    @extend_schema(
+        operation_id="dead_letter_discard", summary="Discard a dead letter", request=None, responses=DeadLetterOutput
+    )
     def post(self, request: Request, dead_letter_id: int) -> Response:
         dead_letter = _get_or_404(request, dead_letter_id)
         try:

@@ -7,7 +7,7 @@ from typing import Any
 from django.db.models import QuerySet
 
 from notifier.models import ApiClient, DeadLetter, Delivery
-from notifier.selectors import decode_cursor, encode_cursor
+from notifier.pagination import decode_cursor, encode_cursor
 
 
 def _scoped(client: ApiClient | None) -> QuerySet[DeadLetter]:

@@ -14,13 +14,22 @@ from typing import Any
 from django.conf import settings
 from django.http import Http404, HttpRequest, HttpResponse
 from django.utils.html import format_html
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.utils import extend_schema
-from rest_framework import authentication, exceptions, permissions, serializers
+from rest_framework import authentication, exceptions, permissions
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from notifier.inbox.apis import InboxItemReadApi, InboxListApi, InboxReadAllApi, _recipient_or_404
+from notifier.inbox.serializers import (
+    InboxItemSerializer,
+    InboxPage,
+    InboxQuerySerializer,
+    InboxReadAllOutput,
+    InboxTokenInput,
+    InboxTokenOutput,
+)
 from notifier.inbox.services import inbox_token_create
 from notifier.inbox.tokens import InboxPrincipal, inbox_token_verify
 
@@ -51,6 +60,20 @@ class InboxTokenAuthentication(authentication.BaseAuthentication):
         return "Bearer"
 
 
+class InboxTokenScheme(OpenApiAuthenticationExtension):
+    """Describe the inbox token in the OpenAPI schema."""
+
+    target_class = InboxTokenAuthentication
+    name = "InboxToken"
+
+    def get_security_definition(self, auto_schema: object) -> dict[str, str]:
+        return {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "Inbox token from POST /api/v1/recipients/{user_id}/inbox-token (or `?token=`).",
+        }
+
+
 class IsInboxUser(permissions.BasePermission):
     """Only an inbox token's principal may pass (API clients never reach /inbox/v1/)."""
 
@@ -71,6 +94,12 @@ class _TokenBound:
 class BrowserInboxListApi(_TokenBound, InboxListApi):
     """GET /inbox/v1/messages: the token user's inbox with its unread count."""
 
+    @extend_schema(
+        operation_id="browser_inbox_list",
+        summary="List the token user's inbox",
+        parameters=[InboxQuerySerializer],
+        responses=InboxPage,
+    )
     def get(self, request: Request) -> Response:  # type: ignore[override]
         return super().get(request, user_id=request.user.user_id)
 
@@ -78,6 +107,12 @@ class BrowserInboxListApi(_TokenBound, InboxListApi):
 class BrowserInboxReadApi(_TokenBound, InboxItemReadApi):
     """POST /inbox/v1/messages/{id}/read."""
 
+    @extend_schema(
+        operation_id="browser_inbox_item_read",
+        summary="Mark one of the token user's items read",
+        request=None,
+        responses=InboxItemSerializer,
+    )
     def post(self, request: Request, delivery_id: int) -> Response:  # type: ignore[override]
         return super().post(request, user_id=request.user.user_id, delivery_id=delivery_id)
 
@@ -85,6 +120,12 @@ class BrowserInboxReadApi(_TokenBound, InboxItemReadApi):
 class BrowserInboxReadAllApi(_TokenBound, InboxReadAllApi):
     """POST /inbox/v1/messages/read-all."""
 
+    @extend_schema(
+        operation_id="browser_inbox_read_all",
+        summary="Mark the token user's inbox read",
+        request=None,
+        responses=InboxReadAllOutput,
+    )
     def post(self, request: Request) -> Response:  # type: ignore[override]
         return super().post(request, user_id=request.user.user_id)
 
@@ -94,24 +135,18 @@ class InboxTokenApi(APIView):
 
     required_scope = "recipients:write"
 
-    class InputSerializer(serializers.Serializer):
-        ttl_seconds = serializers.IntegerField(
-            min_value=60,
-            max_value=settings.INBOX_TOKEN_MAX_TTL_SECONDS,
-            default=settings.INBOX_TOKEN_DEFAULT_TTL_SECONDS,
-        )
-
-    class OutputSerializer(serializers.Serializer):
-        token = serializers.CharField()
-        expires_at = serializers.DateTimeField()
-
-    @extend_schema(request=InputSerializer, responses=OutputSerializer)
+    @extend_schema(
+        operation_id="inbox_token_create",
+        summary="Mint an inbox token",
+        request=InboxTokenInput,
+        responses=InboxTokenOutput,
+    )
     def post(self, request: Request, user_id: str) -> Response:
-        data = self.InputSerializer(data=request.data or {})
+        data = InboxTokenInput(data=request.data or {})
         data.is_valid(raise_exception=True)
         recipient = _recipient_or_404(user_id)
         token, expires_at = inbox_token_create(recipient=recipient, ttl_seconds=data.validated_data["ttl_seconds"])
-        return Response(self.OutputSerializer({"token": token, "expires_at": expires_at}).data)
+        return Response(InboxTokenOutput({"token": token, "expires_at": expires_at}).data)
 
 
 @functools.cache

@@ -1,0 +1,146 @@
+"""How the OpenAPI schema describes the API beyond each view's own annotations.
+
+One schema class (REST_FRAMEWORK["DEFAULT_SCHEMA_CLASS"]) gives every operation its area's tag and the
+error answers every API call can give, all in the one error body of notifier/errors.py; one post-processing
+hook describes the tags. Views annotate only what is theirs: request body, success answer, examples and a
+unique operation id (`extend_schema`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from drf_spectacular.openapi import AutoSchema as SpectacularAutoSchema
+from drf_spectacular.utils import Direction, OpenApiExample, OpenApiResponse
+from rest_framework import serializers
+
+# SPECTACULAR_SETTINGS["ENUM_NAME_OVERRIDES"]: one enum for the channel choices, wherever a field offers them.
+CHANNEL_CHOICES = list(settings.CHANNELS)
+
+# (path prefix, tag): the first match names an operation's area; more specific prefixes come first.
+AREAS: list[tuple[str, str]] = [
+    ("/api/v1/notifications", "notifications"),
+    ("/api/v1/templates", "templates"),
+    ("/api/v1/recipients/{user_id}/inbox", "inbox"),
+    ("/inbox/v1/", "inbox"),
+    ("/api/v1/recipients/{user_id}/preference", "preferences"),
+    ("/api/v1/recipients", "recipients"),
+    ("/api/v1/topics", "topics"),
+    ("/api/v1/suppressions", "suppressions"),
+    ("/api/v1/campaigns", "campaigns"),
+    ("/api/v1/event-endpoint", "status events"),
+    ("/api/v1/dead-letters", "dead letters"),
+    ("/api/v1/sandbox", "sandbox"),
+    ("/callbacks/", "provider callbacks"),
+]
+TAG_DESCRIPTIONS = {
+    "notifications": "Send a notification to a user or a topic, alone or in batches; read, list and cancel them "
+    "(scope `send`).",
+    "templates": "Versioned, localized templates: create versions, read, preview (scope `templates`).",
+    "recipients": "Recipients' contact data and push devices (scopes `recipients:read` / `recipients:write`).",
+    "preferences": "A recipient's channel and category preferences, quiet hours, and links to the preference center.",
+    "inbox": "The in-app inbox of a recipient, over an API key (/api/v1) or an inbox token (/inbox/v1).",
+    "topics": "Topics and their subscribers (scope `topics`).",
+    "suppressions": "The suppression list: addresses nothing is sent to (scope `suppressions`).",
+    "campaigns": "Scheduled and recurring sends to a topic (scope `campaigns`).",
+    "status events": "The calling service's own endpoint for delivery status events (scope `send`).",
+    "dead letters": "Deliveries that exhausted their retries: list, replay, discard (scope `operations`).",
+    "sandbox": "What the sandbox providers recorded instead of sending (scope `operations`).",
+    "provider callbacks": "Status callbacks from providers; verified by the provider's signature, no API key.",
+}
+
+
+class ErrorDetailSerializer(serializers.Serializer):
+    """What went wrong: a machine code, a sentence for humans and the reasons per field."""
+
+    code = serializers.CharField(help_text="Machine code to switch on: invalid, not_found, scope_missing, …")
+    message = serializers.CharField(help_text="A sentence for humans.")
+    fields = serializers.DictField(
+        child=serializers.ListField(child=serializers.CharField()),
+        help_text='Reasons per field, by dotted path ("recipient.user_id"); empty when no field is at fault.',
+    )
+
+
+class ErrorSerializer(serializers.Serializer):
+    """The body of every error answer."""
+
+    error = ErrorDetailSerializer()
+
+
+def _example(name: str, code: str, message: str, fields: dict[str, list[str]] | None = None) -> OpenApiExample:
+    return OpenApiExample(name, value={"error": {"code": code, "message": message, "fields": fields or {}}})
+
+
+ERRORS: dict[int, tuple[str, list[OpenApiExample]]] = {
+    400: (
+        "Invalid input: the fields at fault and why.",
+        [
+            _example(
+                "invalid",
+                "invalid",
+                "Invalid input: template: This field is required.",
+                {"template": ["This field is required."]},
+            ),
+            _example(
+                "malformed_json", "malformed_json", "JSON parse error - Expecting value: line 1 column 1 (char 0)"
+            ),
+        ],
+    ),
+    401: ("No valid key.", [_example("unauthenticated", "unauthenticated", "Invalid API key.")]),
+    403: (
+        "The key may not do this: a scope, category or priority it does not have.",
+        [
+            _example(
+                "scope_missing",
+                "scope_missing",
+                "This API key lacks the scope 'templates'.",
+                {"scope": ["templates"]},
+            )
+        ],
+    ),
+    404: ("No such object.", [_example("not_found", "not_found", "No such notification.")]),
+    429: (
+        "Over the client's rate limit or shed under load; see Retry-After.",
+        [_example("rate_limited", "rate_limited", "Request was throttled. Expected available in 1 second.")],
+    ),
+    503: (
+        "The database is unavailable; retry after Retry-After.",
+        [_example("database_unavailable", "database_unavailable", "The database is unavailable; retry later.")],
+    ),
+}
+
+
+def error_response(status: int, description: str | None = None) -> OpenApiResponse:
+    """Return the documented error answer for a status (the one error body, with an example)."""
+    default, examples = ERRORS.get(status, ("Error.", []))
+    return OpenApiResponse(ErrorSerializer, description=description or default, examples=examples)
+
+
+class AutoSchema(SpectacularAutoSchema):
+    """The project's schema class: area tags and the common error answers on every API operation."""
+
+    def get_tags(self) -> list[str]:
+        """Name the operation's area (AREAS); extend_schema(tags=...) on a view overrides this."""
+        return [next((tag for prefix, tag in AREAS if self.path.startswith(prefix)), "other")]
+
+    def _get_response_bodies(self, direction: Direction = "response") -> dict[str, Any]:
+        """Add the error answers an operation can give to the success answers it declares."""
+        responses: dict[str, Any] = super()._get_response_bodies(direction)
+        if direction != "response" or not self.path.startswith(("/api/v1/", "/inbox/v1/")):
+            return responses
+        codes = [400, 401, 403, 429, 503]
+        if "{" in self.path:
+            codes.append(404)
+        for code in sorted(codes):
+            if str(code) not in responses:
+                responses[str(code)] = self._get_response_for_code(error_response(code), str(code))
+        return responses
+
+
+def describe_tags(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:
+    """Post-processing hook: list the tags in AREAS order with their descriptions."""
+    used = {tag for path in result.get("paths", {}).values() for op in path.values() for tag in op.get("tags", [])}
+    ordered = list(dict.fromkeys(tag for _, tag in AREAS))
+    result["tags"] = [{"name": tag, "description": TAG_DESCRIPTIONS.get(tag, "")} for tag in ordered if tag in used]
+    return result

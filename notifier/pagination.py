@@ -1,0 +1,137 @@
+"""The one cursor paginator of the API: a single cursor format, the `cursor` query field and the page body.
+
+Every cursor-paginated list (notifications, dead letters, suppressions, inboxes, event attempts, sandbox
+messages) answers `{"<items>": [...], "next_cursor": "<cursor>" | null}` and takes the cursor back in
+`?cursor=`. A cursor is the URL-safe base64 of a small JSON object naming the position after which the next
+page starts (`{"i": 42}` for lists keyed by id, `{"c": "<created_at>", "i": "<uuid>"}` for notifications).
+
+Cursors handed out before the format was unified stay valid (the API contract does not let a saved cursor break):
+a bare id (`"42"`, sandbox messages, inboxes, event attempts) and the base64 of a bare id (suppressions) both
+decode to `{"i": 42}`. Anything else is a 400 naming `cursor`.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rest_framework import serializers
+
+from notifier.errors import ApiError
+
+INVALID = "Invalid cursor."
+
+
+def encode_cursor(position: dict[str, Any]) -> str:
+    """Return the opaque cursor of a keyset position."""
+    return base64.urlsafe_b64encode(json.dumps(position, default=str).encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> dict[str, Any]:
+    """Return the position a cursor names; raise ValueError if this API did not make it.
+
+    Accepts the two older formats of id-keyed lists (a bare id, and the base64 of one) as `{"i": id}`. A bare
+    id cannot be mistaken for base64 JSON: base64 digits decode to bytes above 0xCF, never to `{` or a digit.
+    """
+    if cursor.isascii() and cursor.isdigit():
+        return {"i": int(cursor)}
+    try:
+        raw = base64.urlsafe_b64decode((cursor + "=" * (-len(cursor) % 4)).encode())
+        value = json.loads(raw)
+    except (binascii.Error, UnicodeError, ValueError) as exc:
+        raise ValueError(INVALID) from exc
+    if isinstance(value, int) and not isinstance(value, bool):
+        return {"i": value}
+    if not isinstance(value, dict):
+        raise ValueError(INVALID)
+    return value
+
+
+def invalid_cursor() -> ApiError:
+    """Return the 400 for a cursor this API did not make (for selectors that check a cursor's fields)."""
+    return ApiError(400, "invalid", INVALID, {"cursor": [INVALID]})
+
+
+def cursor_id(position: dict[str, Any] | None) -> int | None:
+    """Return the id an id-keyed position names (the last one seen), or None for the first page; 400 if not one."""
+    if position is None:
+        return None
+    value = position.get("i")
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 < value < 2**63:
+        raise invalid_cursor()
+    return value
+
+
+class CursorField(serializers.CharField):
+    """The `cursor` query parameter: validated and decoded into its position (None when empty)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("required", False)
+        kwargs.setdefault("allow_blank", True)
+        kwargs.setdefault("max_length", 512)
+        kwargs.setdefault("help_text", "The `next_cursor` of the previous page; leave out for the first page.")
+        super().__init__(**kwargs)
+
+    # type: ignore[override]: a CharField validates to a str; this field's value is the decoded position.
+    def to_internal_value(self, data: Any) -> dict[str, Any] | None:  # type: ignore[override]
+        text = super().to_internal_value(data)
+        if not text:
+            return None
+        try:
+            return decode_cursor(text)
+        except ValueError:
+            raise serializers.ValidationError(INVALID) from None
+
+
+class CursorQuerySerializer(serializers.Serializer):
+    """Query parameters every cursor-paginated list takes; a list with a page size adds its own `limit`."""
+
+    cursor = CursorField()
+
+
+@dataclass(frozen=True)
+class CursorPage:
+    """One page of a list and where the next one starts (a position, a bare id, a cursor, or None at the end)."""
+
+    items: Sequence[Any]
+    next: dict[str, Any] | int | str | None
+    extra: dict[str, Any] | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        # Fields beside the items and the cursor (an inbox's unread_count) are read from `extra`.
+        extra = self.__dict__.get("extra") or {}
+        if name in extra:
+            return extra[name]
+        raise AttributeError(name)
+
+
+class NextCursorField(serializers.CharField):
+    """Render where the next page starts as a cursor in the one format (null on the last page)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("help_text", "Pass as `cursor` to get the next page; null on the last page.")
+        super().__init__(read_only=True, allow_null=True, **kwargs)
+
+    def get_attribute(self, instance: CursorPage) -> Any:
+        return instance.next
+
+    def to_representation(self, value: dict[str, Any] | int | str) -> str:
+        if isinstance(value, str):
+            return value  # made by a selector with encode_cursor
+        return encode_cursor({"i": value} if isinstance(value, int) else value)
+
+
+def cursor_page_serializer(
+    item: type[serializers.BaseSerializer], *, name: str, items_key: str = "results", **extra: serializers.Field
+) -> type[serializers.Serializer]:
+    """Return the serializer of a page of `item`: `{items_key: [...], "next_cursor", **extra}`, for a CursorPage."""
+    fields: dict[str, Any] = {
+        items_key: item(many=True, **({} if items_key == "items" else {"source": "items"})),
+        "next_cursor": NextCursorField(),
+        **extra,
+    }
+    return type(name, (serializers.Serializer,), {**fields, "__doc__": f"A page of {items_key}, keyset-paginated."})

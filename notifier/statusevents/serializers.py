@@ -1,0 +1,102 @@
+"""Input and output serializers of the event-endpoint API (docs/api.md)."""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Any
+from urllib.parse import urlsplit
+
+from django.conf import settings
+from rest_framework import serializers
+
+from notifier.models import EventAttempt, EventEndpoint
+from notifier.pagination import CursorQuerySerializer, cursor_page_serializer
+from notifier.reach import EVENT_STATUSES
+
+EVENT_TYPES = [f"delivery.{s}" for s in EVENT_STATUSES]
+
+
+def _address_refusal(host: str) -> str | None:
+    # Imported here: the guard lives with the webhook adapter (channels_app); only its pure decision is used.
+    from channels_app.ssrf import address_refusal
+
+    try:
+        ip = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return None  # a name: resolved and checked on every request by the sender
+    return address_refusal(ip, allow_private=settings.WEBHOOK_ALLOW_PRIVATE_TARGETS)
+
+
+class EventEndpointInput(serializers.Serializer):
+    """The body of PUT /api/v1/event-endpoint."""
+
+    url = serializers.URLField(max_length=2048)
+    events = serializers.ListField(
+        child=serializers.ChoiceField(choices=EVENT_TYPES), required=False, allow_empty=False, default=EVENT_TYPES
+    )
+    max_batch = serializers.IntegerField(min_value=1, max_value=settings.EVENT_MAX_BATCH, default=1)
+
+    def validate_url(self, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https"):
+            raise serializers.ValidationError("Only http and https URLs.")
+        reason = _address_refusal(parts.hostname or "")
+        if reason:
+            raise serializers.ValidationError(f"This address is not allowed as a target ({reason}).")
+        return value
+
+
+class EventEndpointOutput(serializers.Serializer):
+    """An event endpoint; `secret` only right after creation or rotation (pass it in the context)."""
+
+    url = serializers.URLField()
+    events = serializers.SerializerMethodField()
+    max_batch = serializers.IntegerField()
+    is_active = serializers.BooleanField()
+    failures = serializers.IntegerField()
+    retry_at = serializers.DateTimeField(allow_null=True)
+    created_at = serializers.DateTimeField()
+    updated_at = serializers.DateTimeField()
+    secret = serializers.SerializerMethodField(help_text="The signing secret: shown on creation and rotation only.")
+
+    def get_events(self, obj: EventEndpoint) -> list[str]:
+        return [f"delivery.{s}" for s in obj.statuses]
+
+    def get_secret(self, obj: EventEndpoint) -> str | None:
+        return self.context.get("secret")
+
+    def to_representation(self, instance: EventEndpoint) -> dict[str, Any]:
+        body = super().to_representation(instance)
+        if not body["secret"]:
+            del body["secret"]
+        return body
+
+
+class EventAttemptsQuery(CursorQuerySerializer):
+    """Query parameters of the attempts list."""
+
+    limit = serializers.IntegerField(required=False, min_value=1, max_value=200, default=50)
+
+
+class EventAttemptSerializer(serializers.Serializer):
+    """One POST to the endpoint: how it went and which events it carried."""
+
+    id = serializers.IntegerField()
+    at = serializers.DateTimeField()
+    ok = serializers.BooleanField()
+    status_code = serializers.IntegerField(allow_null=True)
+    error = serializers.CharField()
+    events = serializers.IntegerField()
+    first_event_id = serializers.SerializerMethodField()
+    last_event_id = serializers.SerializerMethodField()
+    given_up = serializers.IntegerField()
+    duration_ms = serializers.IntegerField()
+
+    def get_first_event_id(self, obj: EventAttempt) -> str:
+        return f"evt_{obj.first_event_id}"
+
+    def get_last_event_id(self, obj: EventAttempt) -> str:
+        return f"evt_{obj.last_event_id}"
+
+
+EventAttemptPage = cursor_page_serializer(EventAttemptSerializer, name="EventAttemptPage", items_key="items")

@@ -1,0 +1,283 @@
+"""Input and output serializers of the recipients, preferences, topics and suppressions API (docs/api.md)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import re
+import zoneinfo
+from typing import Any
+
+from django.conf import settings
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from notifier.pagination import CursorQuerySerializer, cursor_page_serializer
+from preferences import selectors
+from preferences.compliance import FREQUENCIES, is_optional
+from preferences.models import Recipient, Topic
+from preferences.phones import InvalidPhoneNumber, phone_normalize
+
+# BCP 47 in the shape callers send it ("de", "de-DE", "zh-Hant-TW"); underscores are accepted and normalised.
+LOCALE = re.compile(r"^[A-Za-z]{2,3}(?:-[A-Za-z0-9]{1,8})*$")
+HHMM = re.compile(r"^([01]\d|2[0-3]):([0-5]\d)$")
+MAX_SUBSCRIBERS_PER_CALL = 10_000
+PAGE_DEFAULT, PAGE_MAX = 100, 1000
+
+
+@functools.cache
+def _zones() -> frozenset[str]:
+    return frozenset(zoneinfo.available_timezones())
+
+
+class RecipientInputSerializer(serializers.Serializer):
+    """Contact data of a recipient; fields left out keep their current value, null or "" clears them."""
+
+    email = serializers.EmailField(max_length=320, required=False, allow_blank=True, allow_null=True)
+    phone = serializers.CharField(max_length=32, required=False, allow_blank=True, allow_null=True)
+    locale = serializers.CharField(max_length=35, required=False, allow_blank=True, allow_null=True)
+    timezone = serializers.CharField(max_length=64, required=False, allow_blank=True, allow_null=True)
+    webhook_url = serializers.URLField(max_length=2048, required=False, allow_blank=True, allow_null=True)
+    tracking_opt_out = serializers.BooleanField(required=False)
+
+    def validate_phone(self, value: str | None) -> str:
+        if not value:
+            return ""
+        try:
+            return phone_normalize(value)
+        except InvalidPhoneNumber as exc:
+            raise serializers.ValidationError(f"{exc} Expected E.164 such as +4915112345678.") from None
+
+    def validate_locale(self, value: str | None) -> str:
+        value = (value or "").replace("_", "-")
+        if value and not LOCALE.match(value):
+            raise serializers.ValidationError("Must be a language tag such as 'de' or 'de-DE'.")
+        return value
+
+    def validate_timezone(self, value: str | None) -> str:
+        if value and value not in _zones():
+            raise serializers.ValidationError("Must be an IANA time zone such as 'Europe/Berlin'.")
+        return value or ""
+
+    def validate_webhook_url(self, value: str | None) -> str:
+        if value and not value.lower().startswith(("https://", "http://")):
+            raise serializers.ValidationError("Must be an http(s) URL.")
+        return value or ""
+
+    def validate_email(self, value: str | None) -> str:
+        return value or ""
+
+
+class DeviceInputSerializer(serializers.Serializer):
+    """A push token to register."""
+
+    platform = serializers.ChoiceField(choices=["fcm"], default="fcm")
+    token = serializers.CharField(max_length=4096, trim_whitespace=True)
+
+
+class CategoryPrefSerializer(serializers.Serializer):
+    """One category's settings."""
+
+    enabled = serializers.BooleanField(default=True)
+    channels = serializers.ListField(child=serializers.CharField(), required=False, allow_null=True)
+    frequency = serializers.ChoiceField(choices=list(FREQUENCIES), default="immediate")
+
+    def validate_channels(self, value: list[str] | None) -> list[str] | None:
+        if value is None:
+            return None
+        unknown = sorted(set(value) - set(settings.CHANNELS))
+        if unknown:
+            raise serializers.ValidationError(f"Unknown channel(s): {', '.join(unknown)}.")
+        return list(dict.fromkeys(value))
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, dict):
+            extra = sorted(set(data) - set(self.fields))
+            if extra:
+                raise serializers.ValidationError({key: ["Unknown field."] for key in extra})
+        return super().to_internal_value(data)
+
+
+class QuietHoursSerializer(serializers.Serializer):
+    """A daily window in the recipient's time zone, "HH:MM" to "HH:MM" (may wrap midnight)."""
+
+    start = serializers.RegexField(HHMM, error_messages={"invalid": "Must be HH:MM (00:00 to 23:59)."})
+    end = serializers.RegexField(HHMM, error_messages={"invalid": "Must be HH:MM (00:00 to 23:59)."})
+
+    def validate(self, attrs: dict[str, str]) -> dict[str, dt.time]:
+        start, end = dt.time.fromisoformat(attrs["start"]), dt.time.fromisoformat(attrs["end"])
+        if start == end:
+            raise serializers.ValidationError({"end": ["Must differ from start."]})
+        return {"start": start, "end": end}
+
+
+class PreferencesSerializer(serializers.Serializer):
+    """A recipient's whole preferences, as in API.md; PUT replaces them."""
+
+    opted_out = serializers.BooleanField(default=False)
+    channels = serializers.DictField(child=serializers.BooleanField(), default=dict)
+    categories = serializers.DictField(child=CategoryPrefSerializer(), default=dict)
+    quiet_hours = QuietHoursSerializer(required=False, allow_null=True, default=None)
+
+    def validate_channels(self, value: dict[str, bool]) -> dict[str, bool]:
+        unknown = sorted(set(value) - set(settings.CHANNELS))
+        if unknown:
+            raise serializers.ValidationError({key: ["Unknown channel."] for key in unknown})
+        return value
+
+    def validate_categories(self, value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        errors: dict[str, list[str]] = {}
+        cleaned: dict[str, dict[str, Any]] = {}
+        for category, prefs in value.items():
+            if category not in settings.NOTIFIER_CATEGORIES:
+                errors[category] = ["Unknown category."]
+                continue
+            if not is_optional(category):
+                if not prefs["enabled"]:
+                    errors[category] = ["This category cannot be switched off."]
+                    continue
+                if prefs.get("channels") is not None or prefs["frequency"] != "immediate":
+                    errors[category] = ["This category is always sent immediately on every channel."]
+                    continue
+            cleaned[category] = {k: v for k, v in prefs.items() if v is not None}
+        if errors:
+            raise serializers.ValidationError(errors)
+        return cleaned
+
+
+class DeviceSerializer(serializers.Serializer):
+    """An active push device of a recipient."""
+
+    platform = serializers.CharField()
+    token = serializers.CharField()
+
+
+class DeviceOutputSerializer(DeviceSerializer):
+    """A registered push device."""
+
+    active = serializers.BooleanField()
+
+
+@extend_schema_field(serializers.DictField(child=CategoryPrefSerializer()))
+class CategoryPrefsField(serializers.DictField):
+    """A recipient's per-category settings, shown as stored (each as in CategoryPref)."""
+
+
+class QuietHoursOutputSerializer(serializers.Serializer):
+    """Quiet hours as "HH:MM" in the recipient's time zone."""
+
+    start = serializers.CharField()
+    end = serializers.CharField()
+
+
+class PreferencesOutputSerializer(serializers.Serializer):
+    """A recipient's preferences."""
+
+    opted_out = serializers.BooleanField()
+    channels = serializers.DictField(child=serializers.BooleanField())
+    categories = CategoryPrefsField()
+    quiet_hours = QuietHoursOutputSerializer(allow_null=True)
+
+
+class RecipientOutputSerializer(serializers.Serializer):
+    """A recipient as the API shows it."""
+
+    user_id = serializers.CharField()
+    email = serializers.CharField()
+    phone = serializers.CharField()
+    locale = serializers.CharField()
+    timezone = serializers.CharField()
+    webhook_url = serializers.CharField()
+    tracking_opt_out = serializers.BooleanField()
+    devices = serializers.SerializerMethodField()
+    preferences = serializers.SerializerMethodField()
+    created_at = serializers.DateTimeField()
+    updated_at = serializers.DateTimeField()
+
+    @extend_schema_field(DeviceSerializer(many=True))
+    def get_devices(self, obj: Recipient) -> list[dict[str, Any]]:
+        return DeviceSerializer(selectors.recipient_device_tokens(recipient=obj), many=True).data
+
+    @extend_schema_field(PreferencesOutputSerializer)
+    def get_preferences(self, obj: Recipient) -> dict[str, Any]:
+        return PreferencesOutputSerializer(selectors.recipient_preferences(recipient=obj)).data
+
+
+class PreferenceLinkInputSerializer(serializers.Serializer):
+    """How long a preference-center link stays valid."""
+
+    ttl_seconds = serializers.IntegerField(
+        min_value=60,
+        max_value=settings.PREFERENCE_LINK_MAX_TTL_SECONDS,
+        default=settings.PREFERENCE_LINK_TTL_SECONDS,
+    )
+
+
+class PreferenceLinkOutputSerializer(serializers.Serializer):
+    """A preference-center link and when it stops working."""
+
+    url = serializers.URLField()
+    expires_at = serializers.DateTimeField()
+
+
+class SuppressionInputSerializer(serializers.Serializer):
+    """An address to stop sending to on a channel."""
+
+    channel = serializers.ChoiceField(choices=settings.CHANNELS)
+    address = serializers.CharField(max_length=4096)
+    reason = serializers.CharField(max_length=255, required=False, allow_blank=True, default="")
+
+
+class SuppressionOutputSerializer(serializers.Serializer):
+    """A suppression-list entry."""
+
+    id = serializers.IntegerField()
+    channel = serializers.CharField()
+    address = serializers.CharField()
+    reason = serializers.CharField()
+    source = serializers.CharField()
+    created_at = serializers.DateTimeField()
+
+
+class SuppressionFilterSerializer(CursorQuerySerializer):
+    """Query parameters of the suppression list."""
+
+    channel = serializers.ChoiceField(choices=settings.CHANNELS, required=False)
+    address = serializers.CharField(max_length=4096, required=False)
+    limit = serializers.IntegerField(min_value=1, max_value=PAGE_MAX, default=PAGE_DEFAULT)
+
+
+class TopicInputSerializer(serializers.Serializer):
+    """A topic's display name."""
+
+    name = serializers.CharField(max_length=255, required=False, allow_blank=True, default="")
+
+
+class TopicOutputSerializer(serializers.Serializer):
+    """A topic with its subscriber count."""
+
+    key = serializers.CharField()
+    name = serializers.CharField()
+    subscribers = serializers.SerializerMethodField()
+    created_at = serializers.DateTimeField()
+
+    def get_subscribers(self, obj: Topic) -> int:
+        return selectors.topic_subscriber_count(topic=obj)
+
+
+class SubscribersInputSerializer(serializers.Serializer):
+    """User ids to subscribe, at most 10,000 per call."""
+
+    user_ids = serializers.ListField(
+        child=serializers.CharField(max_length=255), allow_empty=False, max_length=MAX_SUBSCRIBERS_PER_CALL
+    )
+
+
+class SubscribersOutputSerializer(serializers.Serializer):
+    """How many user ids a call subscribed, and the topic's subscribers now."""
+
+    added = serializers.IntegerField()
+    total = serializers.IntegerField()
+
+
+SuppressionPage = cursor_page_serializer(SuppressionOutputSerializer, name="SuppressionPage")
