@@ -77,7 +77,6 @@ class CampaignOutput(serializers.Serializer):
     last_run_at = serializers.DateTimeField(allow_null=True)
     created_at = serializers.DateTimeField()
 
-
     def get_send_at_local(self, campaign: Campaign) -> str | None:
         """Return the recipient-local wall-clock time, or None when the campaign runs at one instant."""
         return campaign.send_at_local or None
