@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import os
 
-bind = os.environ.get("GUNICORN_BIND") or f"127.0.0.1:{os.environ.get('PORT', '8000')}"
-workers = int(os.environ.get("WEB_WORKERS", "2"))
+from core.env import env
+
+bind = env.str("GUNICORN_BIND") or f"127.0.0.1:{env.int('PORT', 8000)}"
+workers = env.int("WEB_WORKERS", 2)
 # Threads per worker: a request mostly waits on PostgreSQL, Redis and RabbitMQ. Each thread holds one
 # database connection (docs/kubernetes.md, connection budget).
-threads = int(os.environ.get("WEB_THREADS", "4"))
+threads = env.int("WEB_THREADS", 4)
 # SIGTERM: stop accepting, finish in-flight requests for up to 30 s (the container's grace period is longer).
 graceful_timeout = 30
 timeout = 30
@@ -23,7 +25,7 @@ keepalive = 5
 max_requests = 1000
 max_requests_jitter = 100
 # Only these peers may set the client address and scheme through X-Forwarded-* headers.
-forwarded_allow_ips = os.environ.get("FORWARDED_ALLOW_IPS", "127.0.0.1")
+forwarded_allow_ips = env.str("FORWARDED_ALLOW_IPS", "127.0.0.1")
 # The heartbeat file lives in memory, not on a (possibly read-only or slow) container filesystem.
 worker_tmp_dir = "/dev/shm" if os.path.isdir("/dev/shm") else None  # noqa: S108
 # Access lines come from the application's own logging (notifier.access, masked, with the trace id).

@@ -26,10 +26,8 @@ env PROVIDER_CIRCUIT_BREAKERS (JSON) overrides. Redis down: each process keeps i
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -96,16 +94,9 @@ class BreakerConfig:
         return max(1, math.ceil(self.window_seconds / self.bucket_seconds))
 
 
-def _env_json(name: str) -> dict[str, Any]:
-    raw = os.environ.get(name, "")
-    return json.loads(raw) if raw.strip() else {}
-
-
 def config_for(provider: str) -> BreakerConfig:
     """Return the provider's breaker settings: module defaults, then "default", then the provider's own."""
-    overrides = getattr(settings, "PROVIDER_CIRCUIT_BREAKERS", None)
-    if overrides is None:
-        overrides = _env_json("PROVIDER_CIRCUIT_BREAKERS")
+    overrides = settings.PROVIDER_CIRCUIT_BREAKERS or {}
     conf = {**DEFAULT_BREAKER, **(overrides.get("default") or {}), **(overrides.get(provider) or {})}
     return BreakerConfig(
         window_seconds=float(conf["window_seconds"]),

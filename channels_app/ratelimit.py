@@ -34,10 +34,8 @@ Settings (see docs/resilience.md):
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -114,19 +112,11 @@ class Grant:
     degraded: bool = False
 
 
-def _env_json(name: str) -> dict[str, Any]:
-    raw = os.environ.get(name, "")
-    return json.loads(raw) if raw.strip() else {}
-
-
 def configured_limits() -> dict[str, dict[str, Any]]:
-    """Return the per-provider limits: module defaults, then settings, then the environment (JSON)."""
+    """Return the per-provider limits: module defaults, then settings.PROVIDER_RATE_LIMITS (JSON in the environment)."""
     merged: dict[str, dict[str, Any]] = {name: dict(conf) for name, conf in DEFAULT_LIMITS.items()}
-    overrides = getattr(settings, "PROVIDER_RATE_LIMITS", None)
-    # Until the settings line exists, read the environment directly so the override works either way.
-    for source in (overrides if overrides is not None else _env_json("PROVIDER_RATE_LIMITS"),):
-        for name, conf in (source or {}).items():
-            merged[name] = {**merged.get(name, {}), **conf}
+    for name, conf in (settings.PROVIDER_RATE_LIMITS or {}).items():
+        merged[name] = {**merged.get(name, {}), **conf}
     return merged
 
 
@@ -163,8 +153,7 @@ def limit_for(provider: str, account: str | None = None) -> tuple[Limit, Limit |
 
 def assumed_workers() -> int:
     """Return how many processes share a provider's limit when each must enforce its own share."""
-    value = getattr(settings, "RESILIENCE_ASSUMED_WORKERS", None) or os.environ.get("RESILIENCE_ASSUMED_WORKERS")
-    return max(1, int(value or 4))
+    return max(1, int(settings.RESILIENCE_ASSUMED_WORKERS or 4))
 
 
 def bucket_key(provider: str, account: str | None = None) -> str:

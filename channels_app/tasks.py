@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import random
 from typing import Any
 
 from celery import shared_task
+from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection
 
 from channels_app.services import deliver
@@ -16,7 +16,7 @@ from config.celery import app as celery_app
 # The database being away is not the message's fault: the message is retried (re-published with a delay) for
 # as long as the outage lasts, never dead-lettered. The delay grows to this cap, so the send resumes within
 # about this long of the database's return.
-DB_RETRY_MAX_SECONDS = float(os.environ.get("SEND_TASK_DB_RETRY_MAX_SECONDS", "30"))
+DB_RETRY_MAX_SECONDS = float(settings.SEND_TASK_DB_RETRY_MAX_SECONDS)
 
 
 def db_retry_countdown(retries: int) -> float:
@@ -42,7 +42,7 @@ def own_queue(routing_key: str) -> str | None:
     max_retries=None,
     # A per-process ceiling on messages per second (e.g. "200/s"); off by default. The real provider limit
     # is the shared Redis bucket in channels_app.ratelimit, which holds across every worker and host.
-    rate_limit=os.environ.get("SEND_TASK_RATE_LIMIT") or None,
+    rate_limit=settings.SEND_TASK_RATE_LIMIT,
 )
 def send_deliveries(self: Any, delivery_ids: list[int]) -> dict[str, int]:
     """Deliver a batch of deliveries (one id for a transactional send, hundreds on the fan-out path)."""

@@ -19,6 +19,8 @@ from kombu.transport.native_delayed_delivery import (
     declare_native_delayed_delivery_exchanges_and_queues,
 )
 
+from core.env import env
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
 CHANNELS = ("push", "email", "sms", "inapp", "webhook")
@@ -27,7 +29,7 @@ EXCHANGE = Exchange("notifier", type="topic", durable=True)
 DEAD_LETTER_EXCHANGE = Exchange("notifier.dlx", type="topic", durable=True)
 # A message redelivered this many times (its worker keeps dying on it) is dead-lettered by RabbitMQ
 # itself instead of looping forever: the quorum-queue poison-message guard.
-DELIVERY_LIMIT = int(os.environ.get("QUEUE_DELIVERY_LIMIT", "20"))
+DELIVERY_LIMIT = env.int("QUEUE_DELIVERY_LIMIT", 20)
 
 
 @dataclass(frozen=True)
@@ -121,7 +123,7 @@ app.conf.update(
     task_reject_on_worker_lost=True,
     task_acks_on_failure_or_timeout=False,
     worker_cancel_long_running_tasks_on_connection_loss=True,
-    worker_prefetch_multiplier=int(os.environ.get("CELERY_PREFETCH_MULTIPLIER", "4")),
+    worker_prefetch_multiplier=env.int("CELERY_PREFETCH_MULTIPLIER", 4),
     # Retry delays live in the broker (quorum queues on a topic exchange), not in worker memory.
     broker_native_delayed_delivery_queue_type="quorum",
     worker_detect_quorum_queues=True,
@@ -137,12 +139,12 @@ app.conf.update(
 app.conf.beat_schedule = {
     "outbox-relay": {
         "task": "notifier.tasks.outbox_relay",
-        "schedule": float(os.environ.get("OUTBOX_RELAY_INTERVAL_SECONDS", "15")),
+        "schedule": env.float("OUTBOX_RELAY_INTERVAL_SECONDS", 15.0),
         "options": {"queue": "maintenance", "expires": 60},
     },
     "fallback-sweep": {
         "task": "notifier.tasks.fallback_sweep",
-        "schedule": float(os.environ.get("OUTBOX_RELAY_INTERVAL_SECONDS", "15")),
+        "schedule": env.float("OUTBOX_RELAY_INTERVAL_SECONDS", 15.0),
         "options": {"queue": "maintenance", "expires": 60},
     },
     "fanout-sweep": {
@@ -152,13 +154,13 @@ app.conf.beat_schedule = {
     },
     "status-events-sweep": {
         "task": "channels_app.tasks.sweep_status_events",
-        "schedule": float(os.environ.get("EVENT_SWEEP_INTERVAL_SECONDS", "15")),
+        "schedule": env.float("EVENT_SWEEP_INTERVAL_SECONDS", 15.0),
         "options": {"queue": "events", "expires": 60},
     },
     "ops-sample": {
         # The operations page's 24-hour charts of queue depths, dead letters and breaker states.
         "task": "notifier.tasks.sample_ops",
-        "schedule": float(os.environ.get("OPS_SAMPLE_INTERVAL_SECONDS", "60")),
+        "schedule": env.float("OPS_SAMPLE_INTERVAL_SECONDS", 60.0),
         "options": {"queue": "maintenance", "expires": 60},
     },
     "retention-purge": {

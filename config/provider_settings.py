@@ -8,109 +8,102 @@ See docs/providers.md for each provider's error classification and the failover 
 
 from __future__ import annotations
 
-import os as _os
-
-
-def _str(name: str, default: str = "") -> str:
-    return _os.environ.get(name, default).strip()
-
-
-def _bool(name: str, default: bool = False) -> bool:
-    value = _os.environ.get(name)
-    return default if value is None else value.strip().lower() in {"1", "true", "yes", "on"}
-
-
-def _float(name: str, default: float) -> float:
-    value = _os.environ.get(name)
-    return float(value) if value not in (None, "") else default
-
-
-def _int(name: str, default: int) -> int:
-    value = _os.environ.get(name)
-    return int(value) if value not in (None, "") else default
-
+from core.env import env as _env
 
 # --- Email, shared by SES and SMTP ------------------------------------------------------------------
 # The From header of every email ("Notifier <no-reply@example.com>"); a message may override it with
 # meta["from_email"]. Required by both email providers.
-EMAIL_FROM = _str("EMAIL_FROM")
+EMAIL_FROM = _env.str("EMAIL_FROM")
 # Optional Reply-To for every email.
-EMAIL_REPLY_TO = _str("EMAIL_REPLY_TO")
+EMAIL_REPLY_TO = _env.str("EMAIL_REPLY_TO")
 
 # --- FCM (push), firebase-admin ---------------------------------------------------------------------
 # Path to the Firebase service-account JSON file (falls back to GOOGLE_APPLICATION_CREDENTIALS).
-FCM_CREDENTIALS_FILE = _str("FCM_CREDENTIALS_FILE") or _str("GOOGLE_APPLICATION_CREDENTIALS")
+FCM_CREDENTIALS_FILE = _env.str("FCM_CREDENTIALS_FILE") or _env.str("GOOGLE_APPLICATION_CREDENTIALS")
 # Project id; defaults to the project_id inside the service-account file.
-FCM_PROJECT_ID = _str("FCM_PROJECT_ID")
+FCM_PROJECT_ID = _env.str("FCM_PROJECT_ID")
 # Base URL of the FCM HTTP v1 API (a stand-in in tests); messages go to <base>/v1/projects/<id>/messages:send.
-FCM_ENDPOINT = _str("FCM_ENDPOINT", "https://fcm.googleapis.com")
+FCM_ENDPOINT = _env.str("FCM_ENDPOINT", "https://fcm.googleapis.com")
 # OAuth token endpoint; overrides the token_uri of the service-account file (a stand-in in tests).
-FCM_TOKEN_URI = _str("FCM_TOKEN_URI")
+FCM_TOKEN_URI = _env.str("FCM_TOKEN_URI")
 # Seconds before one FCM call is abandoned (connect and read).
-FCM_TIMEOUT_SECONDS = _float("FCM_TIMEOUT_SECONDS", 10.0)
+FCM_TIMEOUT_SECONDS = _env.float("FCM_TIMEOUT_SECONDS", 10.0)
 # Messages per send_each call (FCM's limit is 500).
-FCM_BATCH_SIZE = min(500, _int("FCM_BATCH_SIZE", 500))
+FCM_BATCH_SIZE = min(500, _env.int("FCM_BATCH_SIZE", 500))
 
 # --- AWS, shared by SES and SNS ---------------------------------------------------------------------
 # Region and credentials; empty credentials mean boto3's default chain (instance role, ~/.aws, AWS_* env).
-AWS_REGION = _str("AWS_REGION", _str("AWS_DEFAULT_REGION", "us-east-1"))
-AWS_ACCESS_KEY_ID = _str("AWS_ACCESS_KEY_ID")
-AWS_SECRET_ACCESS_KEY = _str("AWS_SECRET_ACCESS_KEY")
-AWS_SESSION_TOKEN = _str("AWS_SESSION_TOKEN")
+AWS_REGION = _env.str("AWS_REGION") or _env.str("AWS_DEFAULT_REGION", "us-east-1")
+AWS_ACCESS_KEY_ID = _env.str("AWS_ACCESS_KEY_ID")
+AWS_SECRET_ACCESS_KEY = _env.str("AWS_SECRET_ACCESS_KEY")
+AWS_SESSION_TOKEN = _env.str("AWS_SESSION_TOKEN")
 # Seconds to connect and to wait for an answer from SES/SNS.
-AWS_CONNECT_TIMEOUT_SECONDS = _float("AWS_CONNECT_TIMEOUT_SECONDS", 3.0)
-AWS_READ_TIMEOUT_SECONDS = _float("AWS_READ_TIMEOUT_SECONDS", 10.0)
+AWS_CONNECT_TIMEOUT_SECONDS = _env.float("AWS_CONNECT_TIMEOUT_SECONDS", 3.0)
+AWS_READ_TIMEOUT_SECONDS = _env.float("AWS_READ_TIMEOUT_SECONDS", 10.0)
 
 # --- SES v2 (email) ---------------------------------------------------------------------------------
 # Region (defaults to AWS_REGION) and endpoint override (moto's server in tests).
-SES_REGION = _str("SES_REGION") or AWS_REGION
-SES_ENDPOINT_URL = _str("SES_ENDPOINT_URL")
+SES_REGION = _env.str("SES_REGION") or AWS_REGION
+SES_ENDPOINT_URL = _env.str("SES_ENDPOINT_URL")
 # Configuration set that publishes bounce/complaint/delivery events to the SNS topic behind /callbacks/ses.
-SES_CONFIGURATION_SET = _str("SES_CONFIGURATION_SET")
+SES_CONFIGURATION_SET = _env.str("SES_CONFIGURATION_SET")
 
 # --- SMTP (email), Django's SMTP backend ------------------------------------------------------------
 # Host is required to use SMTP; STARTTLS with SMTP_USE_TLS, implicit TLS with SMTP_USE_SSL (not both).
-SMTP_HOST = _str("SMTP_HOST")
-SMTP_PORT = _int("SMTP_PORT", 587)
-SMTP_USERNAME = _str("SMTP_USERNAME")
-SMTP_PASSWORD = _str("SMTP_PASSWORD")
-SMTP_USE_TLS = _bool("SMTP_USE_TLS", default=False)
-SMTP_USE_SSL = _bool("SMTP_USE_SSL", default=False)
-SMTP_TIMEOUT_SECONDS = _float("SMTP_TIMEOUT_SECONDS", 10.0)
+SMTP_HOST = _env.str("SMTP_HOST")
+SMTP_PORT = _env.int("SMTP_PORT", 587)
+SMTP_USERNAME = _env.str("SMTP_USERNAME")
+SMTP_PASSWORD = _env.str("SMTP_PASSWORD")
+SMTP_USE_TLS = _env.bool("SMTP_USE_TLS", False)
+SMTP_USE_SSL = _env.bool("SMTP_USE_SSL", False)
+SMTP_TIMEOUT_SECONDS = _env.float("SMTP_TIMEOUT_SECONDS", 10.0)
 # Open SMTP connections kept per worker process (each carries one message at a time).
-SMTP_POOL_SIZE = _int("SMTP_POOL_SIZE", 4)
+SMTP_POOL_SIZE = _env.int("SMTP_POOL_SIZE", 4)
 # A pooled connection idle longer than this is checked with NOOP before use (servers drop idle clients).
-SMTP_IDLE_CHECK_SECONDS = _float("SMTP_IDLE_CHECK_SECONDS", 15.0)
+SMTP_IDLE_CHECK_SECONDS = _env.float("SMTP_IDLE_CHECK_SECONDS", 15.0)
 
 # --- Twilio (SMS) -----------------------------------------------------------------------------------
 # Account SID and auth token are required; an API key (SID + secret) may replace the auth token.
-TWILIO_ACCOUNT_SID = _str("TWILIO_ACCOUNT_SID")
-TWILIO_AUTH_TOKEN = _str("TWILIO_AUTH_TOKEN")
-TWILIO_API_KEY_SID = _str("TWILIO_API_KEY_SID")
-TWILIO_API_KEY_SECRET = _str("TWILIO_API_KEY_SECRET")
+TWILIO_ACCOUNT_SID = _env.str("TWILIO_ACCOUNT_SID")
+TWILIO_AUTH_TOKEN = _env.str("TWILIO_AUTH_TOKEN")
+TWILIO_API_KEY_SID = _env.str("TWILIO_API_KEY_SID")
+TWILIO_API_KEY_SECRET = _env.str("TWILIO_API_KEY_SECRET")
 # Sender: a Messaging Service SID (preferred: it handles number pools and STOP) or a From number (E.164).
-TWILIO_MESSAGING_SERVICE_SID = _str("TWILIO_MESSAGING_SERVICE_SID")
-TWILIO_FROM_NUMBER = _str("TWILIO_FROM_NUMBER")
+TWILIO_MESSAGING_SERVICE_SID = _env.str("TWILIO_MESSAGING_SERVICE_SID")
+TWILIO_FROM_NUMBER = _env.str("TWILIO_FROM_NUMBER")
 # Replaces https://api.twilio.com (a stand-in in tests); empty means Twilio itself.
-TWILIO_BASE_URL = _str("TWILIO_BASE_URL")
+TWILIO_BASE_URL = _env.str("TWILIO_BASE_URL")
 # Where Twilio posts status callbacks (this service's /callbacks/twilio, public URL); empty means none.
-TWILIO_STATUS_CALLBACK_URL = _str("TWILIO_STATUS_CALLBACK_URL")
-TWILIO_TIMEOUT_SECONDS = _float("TWILIO_TIMEOUT_SECONDS", 10.0)
+TWILIO_STATUS_CALLBACK_URL = _env.str("TWILIO_STATUS_CALLBACK_URL")
+TWILIO_TIMEOUT_SECONDS = _env.float("TWILIO_TIMEOUT_SECONDS", 10.0)
 
 # --- Amazon SNS (SMS, second provider) --------------------------------------------------------------
-SNS_REGION = _str("SNS_REGION") or AWS_REGION
-SNS_ENDPOINT_URL = _str("SNS_ENDPOINT_URL")
+SNS_REGION = _env.str("SNS_REGION") or AWS_REGION
+SNS_ENDPOINT_URL = _env.str("SNS_ENDPOINT_URL")
 # "Transactional" (OTPs, alerts: higher delivery priority) or "Promotional".
-SNS_SMS_TYPE = _str("SNS_SMS_TYPE", "Transactional")
+SNS_SMS_TYPE = _env.str("SNS_SMS_TYPE", "Transactional")
 # Optional alphanumeric sender id and origination number (country rules apply).
-SNS_SENDER_ID = _str("SNS_SENDER_ID")
-SNS_ORIGINATION_NUMBER = _str("SNS_ORIGINATION_NUMBER")
+SNS_SENDER_ID = _env.str("SNS_SENDER_ID")
+SNS_ORIGINATION_NUMBER = _env.str("SNS_ORIGINATION_NUMBER")
 
 # --- Webhooks ---------------------------------------------------------------------------------------
 # Default Standard Webhooks secret ("whsec_<base64>") for endpoints without their own secret.
-WEBHOOK_SIGNING_SECRET = _str("WEBHOOK_SIGNING_SECRET")
-WEBHOOK_CONNECT_TIMEOUT_SECONDS = _float("WEBHOOK_CONNECT_TIMEOUT_SECONDS", 3.0)
-WEBHOOK_READ_TIMEOUT_SECONDS = _float("WEBHOOK_READ_TIMEOUT_SECONDS", 10.0)
-WEBHOOK_USER_AGENT = _str("WEBHOOK_USER_AGENT", "Notifier-Webhooks/1.0")
+WEBHOOK_SIGNING_SECRET = _env.str("WEBHOOK_SIGNING_SECRET")
+WEBHOOK_CONNECT_TIMEOUT_SECONDS = _env.float("WEBHOOK_CONNECT_TIMEOUT_SECONDS", 3.0)
+WEBHOOK_READ_TIMEOUT_SECONDS = _env.float("WEBHOOK_READ_TIMEOUT_SECONDS", 10.0)
+WEBHOOK_USER_AGENT = _env.str("WEBHOOK_USER_AGENT", "Notifier-Webhooks/1.0")
 # Response bytes read from a receiver; the rest is discarded with its connection.
-WEBHOOK_MAX_RESPONSE_BYTES = _int("WEBHOOK_MAX_RESPONSE_BYTES", 65536)
+WEBHOOK_MAX_RESPONSE_BYTES = _env.int("WEBHOOK_MAX_RESPONSE_BYTES", 65536)
+
+# --- Provider callbacks (notifier/callbacks) ---------------------------------------------------------
+# SNS topic ARNs whose SES notifications /callbacks/ses accepts (comma-separated; empty: none).
+SES_CALLBACK_TOPIC_ARNS = _env.list("SES_CALLBACK_TOPIC_ARNS")
+# The replay window: a message whose Timestamp is older than this is rejected.
+SES_CALLBACK_MAX_AGE_SECONDS = _env.float("SES_CALLBACK_MAX_AGE_SECONDS", 3600.0)
+# Extra hosts ("host" or "host:port") trusted to serve SNS certificates and subscribe URLs (a stand-in in tests);
+# real SNS hosts are always trusted. Plain-http URLs only with SNS_CERT_URL_ALLOW_HTTP (tests only).
+SNS_CERT_URL_ALLOWED_HOSTS = _env.list("SNS_CERT_URL_ALLOWED_HOSTS")
+SNS_CERT_URL_ALLOW_HTTP = _env.bool("SNS_CERT_URL_ALLOW_HTTP", False)
+# Timeout for fetching a signing certificate or visiting a SubscribeURL, and how long a certificate is cached.
+SNS_HTTP_TIMEOUT_SECONDS = _env.float("SNS_HTTP_TIMEOUT_SECONDS", 5.0)
+SNS_CERT_CACHE_SECONDS = _env.float("SNS_CERT_CACHE_SECONDS", 24 * 3600.0)

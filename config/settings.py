@@ -6,80 +6,57 @@ RabbitMQ and Redis on 127.0.0.1 so that `make run` works on a laptop with no con
 
 from __future__ import annotations
 
-import json
-import os
 import tomllib
 from pathlib import Path
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from core.env import env
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 # The one version number: pyproject.toml's, also the OpenAPI schema's (CHANGELOG.md names each release).
 VERSION: str = tomllib.loads((BASE_DIR / "pyproject.toml").read_text())["project"]["version"]
 
 
-def env_bool(name: str, default: bool = False) -> bool:
-    """Read a boolean environment variable ("1", "true", "yes", "on" are true)."""
-    value = os.environ.get(name)
-    if value is None:
-        return default
-    return value.strip().lower() in {"1", "true", "yes", "on"}
-
-
-def env_int(name: str, default: int) -> int:
-    """Read an integer environment variable."""
-    value = os.environ.get(name)
-    return int(value) if value not in (None, "") else default
-
-
-def env_float(name: str, default: float) -> float:
-    """Read a float environment variable."""
-    value = os.environ.get(name)
-    return float(value) if value not in (None, "") else default
-
-
-def env_list(name: str, default: str = "") -> list[str]:
-    """Read a comma-separated environment variable as a list of stripped, non-empty strings."""
-    return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
-
-
 # Safe by default: production unless DEVELOPMENT=true says otherwise (`make run` and the test suite say so).
 # Development mode allows the built-in SECRET_KEY and plain-HTTP cookies; DEBUG is off unless set, in any mode.
-DEVELOPMENT = env_bool("DEVELOPMENT", default=False)
-DEBUG = env_bool("DEBUG", default=False)
+DEVELOPMENT = env.bool("DEVELOPMENT", False)
+DEBUG = env.bool("DEBUG", False)
 # The secret key signs admin sessions, unsubscribe links, preference links and inbox tokens: with a known
 # value they are forgeable, so outside development there is no start without one.
-_SECRET_KEY_FROM_ENV = bool(os.environ.get("SECRET_KEY"))
+_SECRET_KEY_FROM_ENV = env.str("SECRET_KEY")
 if not _SECRET_KEY_FROM_ENV and not DEVELOPMENT:
     raise ImproperlyConfigured(
         "SECRET_KEY is not set. Set it in the environment (50+ random characters), or DEVELOPMENT=true on a laptop."
     )
-SECRET_KEY = os.environ.get("SECRET_KEY") or "dev-only-insecure-secret-key-change-me"
-ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "127.0.0.1,localhost,[::1],testserver")
-PUBLIC_BASE_URL = os.environ.get("PUBLIC_BASE_URL", f"http://127.0.0.1:{os.environ.get('PORT', '8000')}")
+SECRET_KEY = _SECRET_KEY_FROM_ENV or "dev-only-insecure-secret-key-change-me"
+ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", "127.0.0.1,localhost,[::1],testserver")
+# PORT is the API port of `make run` (and of gunicorn.conf.py's default bind).
+PORT = env.int("PORT", 8000)
+PUBLIC_BASE_URL = env.str("PUBLIC_BASE_URL", f"http://127.0.0.1:{PORT}")
 # Preference-center links: the default lifetime (also of the links in emails and `{{ preferences_url }}`) and
 # the longest a caller may ask for.
-PREFERENCE_LINK_TTL_SECONDS = env_int("PREFERENCE_LINK_TTL_SECONDS", 30 * 86400)
-PREFERENCE_LINK_MAX_TTL_SECONDS = env_int("PREFERENCE_LINK_MAX_TTL_SECONDS", 90 * 86400)
+PREFERENCE_LINK_TTL_SECONDS = env.int("PREFERENCE_LINK_TTL_SECONDS", 30 * 86400)
+PREFERENCE_LINK_MAX_TTL_SECONDS = env.int("PREFERENCE_LINK_MAX_TTL_SECONDS", 90 * 86400)
 
 # --- Behind a TLS-terminating proxy (docs/operations.md, docs/security.md) ------------------------------
 # "HTTP_X_FORWARDED_PROTO,https": trust that header from the proxy to know a request came over HTTPS. Only set
 # it when the proxy always sets (or strips) the header.
-_proxy_ssl = env_list("SECURE_PROXY_SSL_HEADER")
+_proxy_ssl = env.list("SECURE_PROXY_SSL_HEADER")
 SECURE_PROXY_SSL_HEADER = (_proxy_ssl[0], _proxy_ssl[1]) if len(_proxy_ssl) == 2 else None
 # The admin's origin(s) as the browser sees them ("https://notifier.example.com"), for the CSRF origin check.
-CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS")
+CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS")
 # Cookies only over HTTPS, except in development (plain http://127.0.0.1).
-SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", default=not DEVELOPMENT)
-CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", default=not DEVELOPMENT)
+SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", not DEVELOPMENT)
+CSRF_COOKIE_SECURE = env.bool("CSRF_COOKIE_SECURE", not DEVELOPMENT)
 SESSION_COOKIE_HTTPONLY = True
-SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", default=False)
+SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", False)
 # Probes and scrapes inside the cluster speak plain HTTP to the process: never redirect them.
 SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
-SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0)
-SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", default=False)
-SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", default=False)
+SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
+SECURE_HSTS_PRELOAD = env.bool("SECURE_HSTS_PRELOAD", False)
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -135,24 +112,21 @@ TEMPLATES = [
 
 DATABASES = {
     "default": dj_database_url.parse(
-        os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/notifier"),
-        conn_max_age=env_int("DATABASE_CONN_MAX_AGE", 60),
+        env.str("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/notifier"),
+        conn_max_age=env.int("DATABASE_CONN_MAX_AGE", 60),
         conn_health_checks=True,
     )
 }
 # Fail fast instead of hanging when PostgreSQL is unreachable, so the API can answer 503.
-DATABASES["default"].setdefault("OPTIONS", {})["connect_timeout"] = env_int("DATABASE_CONNECT_TIMEOUT", 3)
+DATABASES["default"].setdefault("OPTIONS", {})["connect_timeout"] = env.int("DATABASE_CONNECT_TIMEOUT", 3)
 # The hot-path statements (notifier.db.bound_cursor: fan-out pages, claims, outcomes) bind on the server; after
 # this many runs on a connection psycopg prepares them, so PostgreSQL stops planning them again for every batch.
 # Django's own queries bind on the client and are never prepared. "off" turns it off (e.g. behind a pooler in
 # transaction mode that does not track prepared statements).
-_prepare_threshold = os.environ.get("DATABASE_PREPARE_THRESHOLD", "5").strip().lower()
-DATABASES["default"]["OPTIONS"]["prepare_threshold"] = (
-    None if _prepare_threshold in {"", "off", "none"} else int(_prepare_threshold)
-)
+DATABASES["default"]["OPTIONS"]["prepare_threshold"] = env.int_or_off("DATABASE_PREPARE_THRESHOLD", 5)
 # Parallel test runs (one per developer sandbox) each get their own test database, vhost and Redis prefix
 # by setting NOTIFIER_TEST_NS; see tests/conftest.py.
-TEST_NAMESPACE = os.environ.get("NOTIFIER_TEST_NS", "main")
+TEST_NAMESPACE = env.str("NOTIFIER_TEST_NS", "main")
 DATABASES["default"]["TEST"] = {"NAME": f"test_notifier_{TEST_NAMESPACE}"}
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
@@ -162,12 +136,12 @@ TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
 STATIC_URL = "static/"
-STATIC_ROOT = Path(os.environ.get("STATIC_ROOT", BASE_DIR / "var" / "static"))
+STATIC_ROOT = Path(env.str("STATIC_ROOT", str(BASE_DIR / "var" / "static")))
 # WhiteNoise serves from here (filled by collectstatic in `make run` and the image); it must exist.
 STATIC_ROOT.mkdir(parents=True, exist_ok=True)
 
 # Request bodies: the batch endpoint takes up to 1,000 items; anything above this limit is a 413.
-DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("MAX_REQUEST_BYTES", 5 * 1024 * 1024)
+DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("MAX_REQUEST_BYTES", 5 * 1024 * 1024)
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["notifier.auth.ApiKeyAuthentication"],
@@ -195,14 +169,14 @@ SPECTACULAR_SETTINGS = {
 }
 
 # --- Redis -------------------------------------------------------------------------------------------
-REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+REDIS_URL = env.str("REDIS_URL", "redis://127.0.0.1:6379/0")
 # Prefix for every Redis key this service writes, so several deployments (or test runs) can share a server.
-REDIS_KEY_PREFIX = os.environ.get("REDIS_KEY_PREFIX", "notifier:")
+REDIS_KEY_PREFIX = env.str("REDIS_KEY_PREFIX", "notifier:")
 # The Redis fast path forgets a dedup_key with the window (DEDUP_WINDOW_HOURS, config/ops_settings.py).
-DEDUP_TTL_SECONDS = env_int("DEDUP_TTL_SECONDS", env_int("DEDUP_WINDOW_HOURS", 72) * 3600)
+DEDUP_TTL_SECONDS = env.int("DEDUP_TTL_SECONDS", env.int("DEDUP_WINDOW_HOURS", 72) * 3600)
 
 # --- Celery on RabbitMQ ------------------------------------------------------------------------------
-CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672//")
+CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672//")
 CELERY_TASK_ALWAYS_EAGER = False
 # The settings that make the broker hand-off durable are in config/celery.py, next to the queue topology.
 
@@ -212,130 +186,125 @@ CHANNELS = ["push", "email", "sms", "inapp", "webhook"]
 # out, the default priority is also the highest), whether a recipient may switch it off, and whether quiet
 # hours hold it back. A send's category is its template's (notifier/policy.py). Override with
 # NOTIFIER_CATEGORIES as JSON of the same shape.
-NOTIFIER_CATEGORIES: dict[str, dict[str, object]] = {
-    "security": {"priority": "high", "max_priority": "high", "optional": False, "quiet_hours": False},
-    "transactional": {"priority": "high", "max_priority": "high", "optional": False, "quiet_hours": False},
-    "social": {"priority": "normal", "max_priority": "normal", "optional": True, "quiet_hours": True},
-    "marketing": {"priority": "low", "max_priority": "normal", "optional": True, "quiet_hours": True},
-}
-if os.environ.get("NOTIFIER_CATEGORIES"):
-    NOTIFIER_CATEGORIES = json.loads(os.environ["NOTIFIER_CATEGORIES"])
+NOTIFIER_CATEGORIES: dict[str, dict[str, object]] = env.json(
+    "NOTIFIER_CATEGORIES",
+    {
+        "security": {"priority": "high", "max_priority": "high", "optional": False, "quiet_hours": False},
+        "transactional": {"priority": "high", "max_priority": "high", "optional": False, "quiet_hours": False},
+        "social": {"priority": "normal", "max_priority": "normal", "optional": True, "quiet_hours": True},
+        "marketing": {"priority": "low", "max_priority": "normal", "optional": True, "quiet_hours": True},
+    },
+)
 
 # Deliveries: attempts before a delivery is dead-lettered, the backoff curve, and the lease after which a
 # delivery stuck in `sending` (its worker died mid-call) is reclaimed.
-DELIVERY_MAX_ATTEMPTS = env_int("DELIVERY_MAX_ATTEMPTS", 6)
-RETRY_BACKOFF_BASE_SECONDS = env_float("RETRY_BACKOFF_BASE_SECONDS", 2.0)
-RETRY_BACKOFF_MAX_SECONDS = env_float("RETRY_BACKOFF_MAX_SECONDS", 600.0)
-SENDING_LEASE_SECONDS = env_int("SENDING_LEASE_SECONDS", 300)
+DELIVERY_MAX_ATTEMPTS = env.int("DELIVERY_MAX_ATTEMPTS", 6)
+RETRY_BACKOFF_BASE_SECONDS = env.float("RETRY_BACKOFF_BASE_SECONDS", 2.0)
+RETRY_BACKOFF_MAX_SECONDS = env.float("RETRY_BACKOFF_MAX_SECONDS", 600.0)
+SENDING_LEASE_SECONDS = env.int("SENDING_LEASE_SECONDS", 300)
 # The outbox relay re-publishes deliveries still `queued` this long after their last publish.
-OUTBOX_REPUBLISH_AFTER_SECONDS = env_int("OUTBOX_REPUBLISH_AFTER_SECONDS", 60)
-OUTBOX_RELAY_INTERVAL_SECONDS = env_float("OUTBOX_RELAY_INTERVAL_SECONDS", 15.0)
+OUTBOX_REPUBLISH_AFTER_SECONDS = env.int("OUTBOX_REPUBLISH_AFTER_SECONDS", 60)
+OUTBOX_RELAY_INTERVAL_SECONDS = env.float("OUTBOX_RELAY_INTERVAL_SECONDS", 15.0)
 # A delivery published but still `queued` after this long is published again (its message was lost, or it
 # sits behind a very deep backlog, where the duplicate message is harmless: claims are idempotent).
-OUTBOX_STALE_AFTER_SECONDS = env_int("OUTBOX_STALE_AFTER_SECONDS", 1800)
-OUTBOX_RELAY_BATCH = env_int("OUTBOX_RELAY_BATCH", 5000)
+OUTBOX_STALE_AFTER_SECONDS = env.int("OUTBOX_STALE_AFTER_SECONDS", 1800)
+OUTBOX_RELAY_BATCH = env.int("OUTBOX_RELAY_BATCH", 5000)
 # Waits up to this long travel as delayed broker messages; longer ones (quiet hours, send_at) stay in the
 # database and the relay wakes them.
-BROKER_DELAY_MAX_SECONDS = env_int("BROKER_DELAY_MAX_SECONDS", 900)
+BROKER_DELAY_MAX_SECONDS = env.int("BROKER_DELAY_MAX_SECONDS", 900)
 # The API hands accepted deliveries to a per-process background publisher (no broker confirm in the request;
 # concurrent requests' ids share a message). Off: each request publishes after its own commit.
-PUBLISH_IN_BACKGROUND = env_bool("PUBLISH_IN_BACKGROUND", True)
+PUBLISH_IN_BACKGROUND = env.bool("PUBLISH_IN_BACKGROUND", True)
 # Deliveries per broker message on the fan-out path (one for a single transactional notification).
-SEND_BATCH_SIZE = env_int("SEND_BATCH_SIZE", 500)
+SEND_BATCH_SIZE = env.int("SEND_BATCH_SIZE", 500)
 # Provider calls made at once by one worker process for a batch.
-PROVIDER_CONCURRENCY = env_int("PROVIDER_CONCURRENCY", 16)
+PROVIDER_CONCURRENCY = env.int("PROVIDER_CONCURRENCY", 16)
 # The total time one provider call may take (connect, send and the whole answer, however slowly it drips);
 # past it the call is given up as ambiguous (retried on the same provider with the same idempotency key).
-PROVIDER_CALL_DEADLINE_SECONDS = env_float("PROVIDER_CALL_DEADLINE_SECONDS", 30.0)
+PROVIDER_CALL_DEADLINE_SECONDS = env.float("PROVIDER_CALL_DEADLINE_SECONDS", 30.0)
 # A running batch renews its lease (claimed_at) this often, so no batch is ever handed to a second worker
 # while its worker lives, however long it runs (docs/decisions.md has the arithmetic). 0: a third of the lease.
-SENDING_HEARTBEAT_SECONDS = env_float("SENDING_HEARTBEAT_SECONDS", 0.0)
+SENDING_HEARTBEAT_SECONDS = env.float("SENDING_HEARTBEAT_SECONDS", 0.0)
 # Answers written together at most; the pipeline also writes whatever arrived every FLUSH_INTERVAL.
-OUTCOME_FLUSH_MAX = env_int("OUTCOME_FLUSH_MAX", 0)  # 0: the provider's calls in flight
-OUTCOME_FLUSH_INTERVAL_SECONDS = env_float("OUTCOME_FLUSH_INTERVAL_SECONDS", 0.2)
+OUTCOME_FLUSH_MAX = env.int("OUTCOME_FLUSH_MAX", 0)  # 0: the provider's calls in flight
+OUTCOME_FLUSH_INTERVAL_SECONDS = env.float("OUTCOME_FLUSH_INTERVAL_SECONDS", 0.2)
 
 # The local hour (in each recipient's time zone) at which daily digests are sent.
-DIGEST_DAILY_LOCAL_HOUR = env_int("DIGEST_DAILY_LOCAL_HOUR", 8)
+DIGEST_DAILY_LOCAL_HOUR = env.int("DIGEST_DAILY_LOCAL_HOUR", 8)
 # An SMS longer than this many segments fails with reason too_long before any provider is called.
-SMS_MAX_SEGMENTS = env_int("SMS_MAX_SEGMENTS", 6)
+SMS_MAX_SEGMENTS = env.int("SMS_MAX_SEGMENTS", 6)
 
 # Providers per channel, in failover order. "sandbox" records instead of sending; it is the default for
 # every channel so the whole pipeline runs without any provider account.
 CHANNEL_PROVIDERS: dict[str, list[str]] = {
-    channel: env_list(f"{channel.upper()}_PROVIDERS", "inapp" if channel == "inapp" else "sandbox")
+    channel: env.list(f"{channel.upper()}_PROVIDERS", "inapp" if channel == "inapp" else "sandbox")
     for channel in CHANNELS
 }
+# Send tasks: a per-process ceiling on messages per second (e.g. "200/s"; empty: none; the real provider limit is
+# the shared Redis bucket), and the longest delay between retries of a send whose database is away.
+SEND_TASK_RATE_LIMIT = env.str("SEND_TASK_RATE_LIMIT") or None
+SEND_TASK_DB_RETRY_MAX_SECONDS = env.float("SEND_TASK_DB_RETRY_MAX_SECONDS", 30.0)
 # Test-only knob for the sandbox: "fail:N" (retriable N times), "permanent", "slow:MS", "throttle:N".
-SANDBOX_BEHAVIOUR = os.environ.get("SANDBOX_BEHAVIOUR", "")
+SANDBOX_BEHAVIOUR = env.str("SANDBOX_BEHAVIOUR")
 
 # Fan-out pages and pacing, and the backlog beyond which low-priority requests are shed (docs/fanout.md).
-FANOUT_PAGE_SIZE = env_int("FANOUT_PAGE_SIZE", 5000)
-FANOUT_RUN_SECONDS = env_float("FANOUT_RUN_SECONDS", 5.0)
-FANOUT_PACE_WINDOW_SECONDS = env_float("FANOUT_PACE_WINDOW_SECONDS", 10.0)
-FANOUT_STALL_SECONDS = env_int("FANOUT_STALL_SECONDS", 300)
+FANOUT_PAGE_SIZE = env.int("FANOUT_PAGE_SIZE", 5000)
+FANOUT_RUN_SECONDS = env.float("FANOUT_RUN_SECONDS", 5.0)
+FANOUT_PACE_WINDOW_SECONDS = env.float("FANOUT_PACE_WINDOW_SECONDS", 10.0)
+FANOUT_STALL_SECONDS = env.int("FANOUT_STALL_SECONDS", 300)
 # A topic of at least FANOUT_LANE_MIN_SUBSCRIBERS is split into FANOUT_LANES ranges fanned out at once; run the
 # fan-out worker with at least that concurrency. Campaigns (rate-capped) always use one lane.
-FANOUT_LANES = env_int("FANOUT_LANES", 2)
-FANOUT_LANE_MIN_SUBSCRIBERS = env_int("FANOUT_LANE_MIN_SUBSCRIBERS", 50_000)
-BACKPRESSURE_LOW_QUEUE_DEPTH = env_int("BACKPRESSURE_LOW_QUEUE_DEPTH", 50_000)
-BACKPRESSURE_CACHE_SECONDS = env_float("BACKPRESSURE_CACHE_SECONDS", 1.0)
-BACKPRESSURE_RETRY_AFTER_SECONDS = env_float("BACKPRESSURE_RETRY_AFTER_SECONDS", 30.0)
+FANOUT_LANES = env.int("FANOUT_LANES", 2)
+FANOUT_LANE_MIN_SUBSCRIBERS = env.int("FANOUT_LANE_MIN_SUBSCRIBERS", 50_000)
+BACKPRESSURE_LOW_QUEUE_DEPTH = env.int("BACKPRESSURE_LOW_QUEUE_DEPTH", 50_000)
+BACKPRESSURE_CACHE_SECONDS = env.float("BACKPRESSURE_CACHE_SECONDS", 1.0)
+BACKPRESSURE_RETRY_AFTER_SECONDS = env.float("BACKPRESSURE_RETRY_AFTER_SECONDS", 30.0)
 
 # Shared provider limits and circuit breakers (JSON per provider; see docs/resilience.md).
-PROVIDER_RATE_LIMITS: dict[str, dict[str, object]] = json.loads(os.environ.get("PROVIDER_RATE_LIMITS") or "{}")
-PROVIDER_CIRCUIT_BREAKERS: dict[str, dict[str, object]] = json.loads(
-    os.environ.get("PROVIDER_CIRCUIT_BREAKERS") or "{}"
-)
-RESILIENCE_ASSUMED_WORKERS = env_int("RESILIENCE_ASSUMED_WORKERS", 4)
+PROVIDER_RATE_LIMITS: dict[str, dict[str, object]] = env.json("PROVIDER_RATE_LIMITS", {})
+PROVIDER_CIRCUIT_BREAKERS: dict[str, dict[str, object]] = env.json("PROVIDER_CIRCUIT_BREAKERS", {})
+RESILIENCE_ASSUMED_WORKERS = env.int("RESILIENCE_ASSUMED_WORKERS", 4)
 
 # Requests per API client across every API process unless the client has its own rate_limit (docs/security.md).
-API_CLIENT_RATE_LIMIT = os.environ.get("API_CLIENT_RATE_LIMIT", "200/s")
+API_CLIENT_RATE_LIMIT = env.str("API_CLIENT_RATE_LIMIT", "200/s")
 
 # Template budgets (templates_app/budget.py): per rendering of one channel, for sends and previews alike.
-TEMPLATE_MAX_PART_CHARS = env_int("TEMPLATE_MAX_PART_CHARS", 100_000)
-TEMPLATE_MAX_RENDER_CHARS = env_int("TEMPLATE_MAX_RENDER_CHARS", 1_000_000)
-TEMPLATE_MAX_LOOP_ITERATIONS = env_int("TEMPLATE_MAX_LOOP_ITERATIONS", 10_000)
-TEMPLATE_MAX_RENDER_SECONDS = env_float("TEMPLATE_MAX_RENDER_SECONDS", 1.0)
-TEMPLATE_MAX_WIDTH = env_int("TEMPLATE_MAX_WIDTH", 1_000)
+TEMPLATE_MAX_PART_CHARS = env.int("TEMPLATE_MAX_PART_CHARS", 100_000)
+TEMPLATE_MAX_RENDER_CHARS = env.int("TEMPLATE_MAX_RENDER_CHARS", 1_000_000)
+TEMPLATE_MAX_LOOP_ITERATIONS = env.int("TEMPLATE_MAX_LOOP_ITERATIONS", 10_000)
+TEMPLATE_MAX_RENDER_SECONDS = env.float("TEMPLATE_MAX_RENDER_SECONDS", 1.0)
+TEMPLATE_MAX_WIDTH = env.int("TEMPLATE_MAX_WIDTH", 1_000)
+
+# Where tracked links and the open pixel point (empty: PUBLIC_BASE_URL).
+TRACKING_BASE_URL = env.str("TRACKING_BASE_URL")
 
 # Webhooks reach only public addresses unless this is on (local development and tests only).
-WEBHOOK_ALLOW_PRIVATE_TARGETS = env_bool("WEBHOOK_ALLOW_PRIVATE_TARGETS", default=False)
+WEBHOOK_ALLOW_PRIVATE_TARGETS = env.bool("WEBHOOK_ALLOW_PRIVATE_TARGETS", False)
 
 # Status events to calling services (docs/reach.md): the retry curve of a failing endpoint, how long an event
 # is retried before it is given up, and how long one sender run keeps a worker before yielding it.
-EVENT_RETRY_BASE_SECONDS = env_float("EVENT_RETRY_BASE_SECONDS", 5.0)
-EVENT_RETRY_MAX_SECONDS = env_float("EVENT_RETRY_MAX_SECONDS", 3600.0)
-EVENT_RETRY_WINDOW_SECONDS = env_int("EVENT_RETRY_WINDOW_SECONDS", 24 * 3600)
-EVENT_SENDER_RUN_SECONDS = env_float("EVENT_SENDER_RUN_SECONDS", 10.0)
-EVENT_SENDER_LEASE_SECONDS = env_float("EVENT_SENDER_LEASE_SECONDS", 120.0)
+EVENT_RETRY_BASE_SECONDS = env.float("EVENT_RETRY_BASE_SECONDS", 5.0)
+EVENT_RETRY_MAX_SECONDS = env.float("EVENT_RETRY_MAX_SECONDS", 3600.0)
+EVENT_RETRY_WINDOW_SECONDS = env.int("EVENT_RETRY_WINDOW_SECONDS", 24 * 3600)
+EVENT_SENDER_RUN_SECONDS = env.float("EVENT_SENDER_RUN_SECONDS", 10.0)
+EVENT_SENDER_LEASE_SECONDS = env.float("EVENT_SENDER_LEASE_SECONDS", 120.0)
 EVENT_MAX_BATCH = 500
 
 # The inbox in a browser (docs/reach.md): origins allowed to call /inbox/v1/, inbox token lifetimes, the
 # stream's heartbeat, and how far back a resumed stream replays (covers items committed out of order).
-INBOX_ALLOWED_ORIGINS = env_list("INBOX_ALLOWED_ORIGINS", "")
-INBOX_TOKEN_DEFAULT_TTL_SECONDS = env_int("INBOX_TOKEN_DEFAULT_TTL_SECONDS", 3600)
-INBOX_TOKEN_MAX_TTL_SECONDS = env_int("INBOX_TOKEN_MAX_TTL_SECONDS", 24 * 3600)
-INBOX_HEARTBEAT_SECONDS = env_float("INBOX_HEARTBEAT_SECONDS", 15.0)
-INBOX_RESUME_MARGIN_SECONDS = env_float("INBOX_RESUME_MARGIN_SECONDS", 30.0)
+INBOX_ALLOWED_ORIGINS = env.list("INBOX_ALLOWED_ORIGINS", "")
+INBOX_TOKEN_DEFAULT_TTL_SECONDS = env.int("INBOX_TOKEN_DEFAULT_TTL_SECONDS", 3600)
+INBOX_TOKEN_MAX_TTL_SECONDS = env.int("INBOX_TOKEN_MAX_TTL_SECONDS", 24 * 3600)
+INBOX_HEARTBEAT_SECONDS = env.float("INBOX_HEARTBEAT_SECONDS", 15.0)
+INBOX_RESUME_MARGIN_SECONDS = env.float("INBOX_RESUME_MARGIN_SECONDS", 30.0)
 # Where the browser reaches the inbox (the stream server); the demo page points its widget there.
-INBOX_PUBLIC_URL = os.environ.get("INBOX_PUBLIC_URL", f"http://127.0.0.1:{os.environ.get('STREAM_PORT', '8010')}")
+STREAM_PORT = env.int("STREAM_PORT", 8010)
+INBOX_PUBLIC_URL = env.str("INBOX_PUBLIC_URL", f"http://127.0.0.1:{STREAM_PORT}")
 # Database connections of one stream server process for its reads (its LISTEN connection is one more).
-INBOX_STREAM_DB_POOL = env_int("INBOX_STREAM_DB_POOL", 4)
+INBOX_STREAM_DB_POOL = env.int("INBOX_STREAM_DB_POOL", 4)
 # The demo page (/inbox/demo/) mints tokens for anyone who opens it: on with DEBUG, or explicitly.
-INBOX_DEMO_ENABLED = env_bool("INBOX_DEMO_ENABLED", default=False)
-INBOX_DEMO_USER_ID = os.environ.get("INBOX_DEMO_USER_ID", "u-42")
-
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
-    "loggers": {
-        "django.db.backends": {"level": "WARNING"},
-        "amqp": {"level": "WARNING"},
-        "kombu": {"level": "WARNING"},
-    },
-}
+INBOX_DEMO_ENABLED = env.bool("INBOX_DEMO_ENABLED", False)
+INBOX_DEMO_USER_ID = env.str("INBOX_DEMO_USER_ID", "u-42")
 
 # Provider credentials and endpoints (one group per provider) and operations settings (logging, metrics,
 # tracing, retention) live in their own modules to keep this file readable.

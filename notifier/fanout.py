@@ -34,7 +34,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -64,11 +63,9 @@ S = Delivery.Status
 
 
 def _setting(name: str, default: float) -> float:
-    """Read a tunable from Django settings, else the environment, else `default`."""
+    """Read a tunable from Django settings (config/settings.py reads it from the environment), else `default`."""
     value = getattr(settings, name, None)
-    if value is None:
-        value = os.environ.get(name) or default
-    return float(value)
+    return float(default if value is None else value)
 
 
 def page_size() -> int:

@@ -24,6 +24,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.registry import Collector
 
+from core.env import env
+
 logger = logging.getLogger(__name__)
 
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
@@ -341,7 +343,8 @@ class _Proxy(Collector):
 
 def multiprocess_dir() -> str:
     """Return the multiprocess directory in use, or "" in single-process mode."""
-    path = os.environ.get("PROMETHEUS_MULTIPROC_DIR", "")
+    # The environment's, not Django's setting: prometheus_client reads the variable itself at import.
+    path = env.str("PROMETHEUS_MULTIPROC_DIR")
     return path if path and os.path.isdir(path) else ""
 
 

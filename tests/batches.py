@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import uuid
 
-from notifier.models import ApiClient, Delivery, Notification
+from notifier.models import ApiClient, Delivery
 from notifier.outbox import publish
 from preferences.models import Recipient
 from templates_app.models import TemplateVersion
 from templates_app.services import template_put
+from tests.factories import make_api_client, make_notification
 
 WEBHOOK_CONTENT = {"en": {"webhook": {"body": {"event": "notice", "ref": "{{ ref }}"}}}}
 
@@ -31,11 +32,11 @@ def make_batch(
     """Write one notification with `n` queued deliveries (one recipient each) to `address`; return their ids."""
     tag = uuid.uuid4().hex[:10]
     if client is None:
-        client = ApiClient.objects.create(name=f"svc-{tag}", key_prefix=tag[:8], key_hash=uuid.uuid4().hex * 2)
+        client = make_api_client(name=f"svc-{tag}", key_prefix=tag[:8], key_hash=uuid.uuid4().hex * 2)
     version = TemplateVersion.objects.filter(template__key=template_key).order_by("-version").first()
     assert version is not None, "create the template first"
     recipients = Recipient.objects.bulk_create([Recipient(user_id=f"{tag}-{i}") for i in range(n)])
-    notification = Notification.objects.create(
+    notification = make_notification(
         client=client,
         category="transactional",
         template_key=template_key,

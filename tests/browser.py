@@ -1,11 +1,13 @@
-"""Headless Chromium for the admin's browser tests (Selenium, Debian's chromium and chromedriver)."""
+"""Headless Chromium for the browser tests (Selenium, Debian's chromium and chromedriver), and the admin's helpers."""
 
 from __future__ import annotations
 
 import io
 import os
-from collections.abc import Iterator
+import shutil
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.core.management import call_command
@@ -16,25 +18,51 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support import expected_conditions as ec
 from selenium.webdriver.support.ui import WebDriverWait
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 SCREENSHOTS = Path(__file__).resolve().parent.parent / "docs" / "admin"
 PASSWORD = "pw-browser-123456"
 
 
-@pytest.fixture
-def browser() -> Iterator[WebDriver]:
-    """Start a headless Chromium for one test; skip when it is not installed."""
+def open_chromium(*, javascript: bool = True, lang: str | None = None, window_size: str | None = None) -> WebDriver:
+    """Start a headless Chromium (without JavaScript if asked); skip the test when it is not installed."""
     if not Path(CHROMIUM).exists() or not Path(CHROMEDRIVER).exists():
         pytest.skip("chromium and chromedriver are not installed")
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1100"):
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
         options.add_argument(arg)
+    if lang:
+        options.add_argument(f"--lang={lang}")
+    if window_size:
+        options.add_argument(f"--window-size={window_size}")
+    if not javascript:
+        options.add_experimental_option("prefs", {"profile.managed_default_content_settings.javascript": 2})
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
     driver.implicitly_wait(0)
-    yield driver
-    driver.quit()
+    driver.set_page_load_timeout(30)
+    return driver
+
+
+@pytest.fixture
+def browser_factory() -> Iterator[Callable[..., WebDriver]]:
+    """Return `open_chromium` for a test that needs several browsers (or options); all are quit afterwards."""
+    drivers: list[WebDriver] = []
+
+    def _open(**options: Any) -> WebDriver:
+        driver = open_chromium(**options)
+        drivers.append(driver)
+        return driver
+
+    yield _open
+    for driver in drivers:
+        driver.quit()
+
+
+@pytest.fixture
+def browser(browser_factory: Callable[..., WebDriver]) -> WebDriver:
+    """Start a headless Chromium for one test, sized for the admin's screenshots."""
+    return browser_factory(window_size="1400,1100")
 
 
 def staff_user(name: str, role: str, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -92,50 +92,50 @@ def _clean_redis() -> Iterator[None]:
     yield
 
 
-class WorkerProcess:
-    """A real `celery worker` subprocess against this namespace's broker and test database."""
+class ServerProcess:
+    """A real process of this project (Celery worker or beat, gunicorn, uvicorn) started by a test.
 
-    def __init__(self, queues: list[str], env: dict[str, str], concurrency: int, pool: str) -> None:
-        self.log_path = ROOT / "var" / f"test-worker-{NS}-{os.getpid()}-{time.monotonic_ns()}.log"
+    The one place tests start them: `python -m <args>` in the repository, on this namespace's broker, test
+    database and Redis prefix (`env` adds or overrides variables), logging to var/, in a session of its own
+    so that stopping it stops its children too.
+    """
+
+    def __init__(self, kind: str, args: list[str], env: dict[str, str] | None = None) -> None:
+        self.kind = kind
+        self.log_path = ROOT / "var" / f"test-{kind}-{NS}-{os.getpid()}-{time.monotonic_ns()}.log"
         self.log_path.parent.mkdir(exist_ok=True)
         full_env = {
             **os.environ,
             "CELERY_BROKER_URL": BROKER_URL,
             "DATABASE_URL": test_database_url(),
             "REDIS_KEY_PREFIX": REDIS_PREFIX,
-            "OUTBOX_RELAY_INTERVAL_SECONDS": "3600",
             "PYTHONUNBUFFERED": "1",
-            **env,
+            **(env or {}),
         }
         self._log = self.log_path.open("w")
         self.proc = subprocess.Popen(
-            [
-                sys.executable, "-m", "celery", "-A", "config", "worker", "-Q", ",".join(queues),
-                "--pool", pool, "--concurrency", str(concurrency), "--loglevel", "INFO",
-                "--without-gossip", "--without-mingle", "--without-heartbeat",
-                "-n", f"test-{NS}-{time.monotonic_ns()}@%h",
-            ],
+            [sys.executable, "-m", *args],
             cwd=ROOT, env=full_env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
 
-    def wait_ready(self, timeout: float = 60) -> None:
-        """Block until the worker logs that it is ready to consume."""
+    def wait_ready(self, ready: str | Callable[[], bool] = "ready.", timeout: float = 60) -> None:
+        """Block until the process logs `ready` (or `ready()` is true); fail if it exits first."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"worker exited early:\n{self.log_path.read_text()[-4000:]}")
-            if "ready." in self.log_path.read_text():
+                raise RuntimeError(f"{self.kind} exited early:\n{self.log()[-4000:]}")
+            if (ready in self.log()) if isinstance(ready, str) else ready():
                 return
             time.sleep(0.2)
-        raise TimeoutError(f"worker not ready:\n{self.log_path.read_text()[-4000:]}")
+        raise TimeoutError(f"{self.kind} not ready:\n{self.log()[-4000:]}")
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
-        """Send `sig` to the worker's whole process group (the main process and its children)."""
+        """Send `sig` to the process's whole group (the main process and its children)."""
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, sig)
 
     def stop(self) -> None:
-        """Stop the worker warmly, then coldly if it does not exit."""
+        """Stop the process warmly, then coldly if it does not exit."""
         if self.proc.poll() is None:
             self.kill(signal.SIGTERM)
             try:
@@ -143,20 +143,37 @@ class WorkerProcess:
             except subprocess.TimeoutExpired:
                 self.kill(signal.SIGKILL)
                 self.proc.wait(timeout=10)
-        self._log.close()
+        if not self._log.closed:
+            self._log.close()
 
     def log(self) -> str:
-        """Return what the worker has logged so far."""
+        """Return what the process has logged so far."""
         return self.log_path.read_text()
 
 
+# A Celery worker is a ServerProcess; the name stays for the tests that annotate with it.
+WorkerProcess = ServerProcess
 ALL_SEND_QUEUES = [f"{c}.{p}" for c in ("push", "email", "sms", "inapp", "webhook") for p in ("high", "low")]
 
 
 @pytest.fixture
-def start_worker() -> Iterator[Callable[..., WorkerProcess]]:
-    """Start real Celery workers for a test; all of them are stopped afterwards."""
-    started: list[WorkerProcess] = []
+def start_process() -> Iterator[Callable[..., ServerProcess]]:
+    """Start real processes of this project for a test (see ServerProcess); all are stopped afterwards."""
+    started: list[ServerProcess] = []
+
+    def _start(kind: str, args: list[str], env: dict[str, str] | None = None) -> ServerProcess:
+        process = ServerProcess(kind, args, env)
+        started.append(process)
+        return process
+
+    yield _start
+    for process in started:
+        process.stop()
+
+
+@pytest.fixture
+def start_worker(start_process: Callable[..., ServerProcess]) -> Callable[..., ServerProcess]:
+    """Start real Celery workers for a test (queues purged first); all of them are stopped afterwards."""
     purge_all_queues()
 
     def _start(
@@ -165,16 +182,19 @@ def start_worker() -> Iterator[Callable[..., WorkerProcess]]:
         concurrency: int = 2,
         pool: str = "prefork",
         wait: bool = True,
-    ) -> WorkerProcess:
-        worker = WorkerProcess(queues or [*ALL_SEND_QUEUES, "fanout", "maintenance"], env or {}, concurrency, pool)
-        started.append(worker)
+    ) -> ServerProcess:
+        args = [
+            "celery", "-A", "config", "worker", "-Q", ",".join(queues or [*ALL_SEND_QUEUES, "fanout", "maintenance"]),
+            "--pool", pool, "--concurrency", str(concurrency), "--loglevel", "INFO",
+            "--without-gossip", "--without-mingle", "--without-heartbeat",
+            "-n", f"test-{NS}-{time.monotonic_ns()}@%h",
+        ]  # fmt: skip
+        worker = start_process("worker", args, {"OUTBOX_RELAY_INTERVAL_SECONDS": "3600", **(env or {})})
         if wait:
             worker.wait_ready()
         return worker
 
-    yield _start
-    for worker in started:
-        worker.stop()
+    return _start
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 30, interval: float = 0.2) -> Any:
@@ -188,11 +208,18 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 30, interval: float 
     raise AssertionError(f"condition not met within {timeout}s")
 
 
+def bearer_client(raw_key: str) -> Any:
+    """Return a DRF test client that sends `raw_key` as its Bearer API key."""
+    from rest_framework.test import APIClient
+
+    http = APIClient()
+    http.credentials(HTTP_AUTHORIZATION=f"Bearer {raw_key}")
+    return http
+
+
 @pytest.fixture
 def api_client_factory(db: None) -> Callable[..., tuple[Any, Any]]:
     """Return a factory of (ApiClient, authenticated DRF test client) pairs (every scope unless told)."""
-    from rest_framework.test import APIClient
-
     from notifier.scopes import SCOPES
     from notifier.services import api_client_create
 
@@ -208,14 +235,37 @@ def api_client_factory(db: None) -> Callable[..., tuple[Any, Any]]:
             allowed_categories=categories or [],
             scopes=list(SCOPES) if scopes is None else scopes,
         )
-        http = APIClient()
-        http.credentials(HTTP_AUTHORIZATION=f"Bearer {raw_key}")
-        return client, http
+        return client, bearer_client(raw_key)
 
     return _make
 
 
 @pytest.fixture
-def api(api_client_factory: Callable[..., tuple[Any, Any]]) -> Any:
-    """Return a DRF test client authenticated as a fresh API client with every category and scope."""
-    return api_client_factory()[1]
+def service_and_api(api_client_factory: Callable[..., tuple[Any, Any]]) -> tuple[Any, Any]:
+    """Return a fresh API client with every category and scope, and a DRF test client authenticated as it."""
+    return api_client_factory()
+
+
+@pytest.fixture
+def service(service_and_api: tuple[Any, Any]) -> Any:
+    """Return the API client row (notifier.models.ApiClient) that `api` is authenticated as."""
+    return service_and_api[0]
+
+
+@pytest.fixture
+def api(service_and_api: tuple[Any, Any]) -> Any:
+    """Return a DRF test client authenticated as `service` (every category and scope)."""
+    return service_and_api[1]
+
+
+@pytest.fixture
+def staff(request: pytest.FixtureRequest, db: None) -> Any:
+    """Return Django's test client logged in as a superuser, named by the module's `staff_user` marker ("staff")."""
+    from django.test import Client
+
+    from tests.factories import make_staff_user
+
+    marker = request.node.get_closest_marker("staff_user")
+    client = Client()
+    client.force_login(make_staff_user(marker.args[0] if marker else "staff", superuser=True))
+    return client

@@ -12,6 +12,7 @@ from rest_framework.test import APIClient
 from notifier.models import Delivery, Notification
 from notifier.redis import get_redis
 from templates_app.services import template_put
+from tests.conftest import bearer_client
 
 CONTENT = {"en": {"email": {"subject": "Hi {{ name }}", "text": "Hello {{ name }}"}, "sms": {"text": "Hi {{ name }}"}}}
 
@@ -35,8 +36,7 @@ def test_requires_an_api_key(db: None) -> None:
     response = APIClient().post("/api/v1/notifications", body(), format="json")
     assert response.status_code == 401
     assert response.json()["error"]["code"] == "unauthenticated"
-    bad = APIClient()
-    bad.credentials(HTTP_AUTHORIZATION="Bearer ntf_nope")
+    bad = bearer_client("ntf_nope")
     assert bad.post("/api/v1/notifications", body(), format="json").status_code == 401
 
 
@@ -119,8 +119,7 @@ def test_fifty_concurrent_requests_with_one_key_create_one_notification(api_clie
     barrier = threading.Barrier(50)
 
     def call() -> None:
-        http = APIClient()
-        http.credentials(HTTP_AUTHORIZATION=f"Bearer {raw_key}")
+        http = bearer_client(raw_key)
         barrier.wait()
         response = http.post("/api/v1/notifications", body(dedup_key="race"), format="json")
         results.append((response.status_code, response.json()["id"]))

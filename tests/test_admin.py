@@ -5,13 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import User
 
-from notifier.models import Delivery, FanoutLane
+from notifier.models import Delivery
 from notifier.services import api_client_create, notification_accept
-from preferences.models import Topic
 from preferences.services import recipient_upsert
 from templates_app.services import template_put
+from tests.factories import make_fanout_lane, make_staff_user, make_topic
 
 
 @pytest.mark.django_db
@@ -26,8 +25,7 @@ def test_delivery_page_shows_events_and_links_the_template_version(client: Any) 
         data={"recipient": {"user_id": "u-a"}, "category": "transactional", "template": "hello"},
     ).deliveries[0]
     Delivery.objects.filter(pk=delivery.pk).update(template_version=version)
-    User.objects.create_superuser("support", "support@example.com", "pw")
-    client.login(username="support", password="pw")
+    client.force_login(make_staff_user("support", superuser=True))
     page = client.get(f"/admin/notifier/delivery/{delivery.pk}/change/")
     assert page.status_code == 200
     html = page.content.decode()
@@ -50,15 +48,14 @@ def test_a_topic_notification_page_shows_its_fanout_lanes(client: Any) -> None:
         default_locale="en",
         content={"en": {"email": {"subject": "Hi", "text": "Hi"}}},
     )
-    Topic.objects.create(key="all", name="all")
+    make_topic(key="all", name="all")
     api_client, _ = api_client_create(name="admin-lanes")
     notification = notification_accept(
         client=api_client, data={"topic": "all", "category": "marketing", "template": "news"}
     ).notification
-    FanoutLane.objects.create(notification=notification, lane=0, cursor=41, upper=90210, processed=41)
-    FanoutLane.objects.create(notification=notification, lane=1, cursor=90210, upper=None, processed=0)
-    User.objects.create_superuser("support", "support@example.com", "pw")
-    client.login(username="support", password="pw")
+    make_fanout_lane(notification=notification, lane=0, cursor=41, upper=90210, processed=41)
+    make_fanout_lane(notification=notification, lane=1, cursor=90210, upper=None, processed=0)
+    client.force_login(make_staff_user("support", superuser=True))
 
     page = client.get(f"/admin/notifier/notification/{notification.pk}/change/")
 

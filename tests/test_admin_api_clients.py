@@ -8,22 +8,14 @@ import re
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import User
-from rest_framework.test import APIClient
 
 from notifier.auth import hash_key
 from notifier.models import ApiClient
+from tests.conftest import bearer_client
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.staff_user("ops")]
 ADD = "/admin/notifier/apiclient/add/"
 SECRET = "whsec_" + base64.b64encode(b"k" * 32).decode()
-
-
-@pytest.fixture
-def staff(client: Any) -> Any:
-    User.objects.create_superuser("ops", "ops@example.com", "pw")
-    client.login(username="ops", password="pw")
-    return client
 
 
 def form(**extra: Any) -> dict[str, Any]:
@@ -46,8 +38,7 @@ def test_adding_a_client_creates_a_key_and_shows_it_once(staff: Any) -> None:
     page = staff.get(f"/admin/notifier/apiclient/{client.pk}/change/").content.decode()
     assert key not in page and client.key_prefix in page
     # The key works, with the scopes ticked.
-    http = APIClient()
-    http.credentials(HTTP_AUTHORIZATION=f"Bearer {key}")
+    http = bearer_client(key)
     assert http.get("/api/v1/recipients/nobody").status_code == 404
     assert http.get("/api/v1/suppressions").json()["error"]["code"] == "scope_missing"
 
@@ -69,8 +60,7 @@ def test_rotate_action_shows_the_new_key_once_and_the_old_stops_working(staff: A
     assert new != old
     client.refresh_from_db()
     assert client.key_hash == hash_key(new)
-    http = APIClient()
-    http.credentials(HTTP_AUTHORIZATION=f"Bearer {old}")
+    http = bearer_client(old)
     assert http.get("/api/v1/recipients/nobody").status_code == 401
 
 

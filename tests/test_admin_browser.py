@@ -25,6 +25,7 @@ from templates_app.services import template_put
 from templates_app.sms import sms_info
 from tests.browser import login, screenshot, staff_user, wait
 from tests.conftest import wait_for
+from tests.factories import make_staff_user, make_topic
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -242,7 +243,6 @@ def test_a_marketer_creates_test_sends_schedules_and_pauses_a_campaign(
     live_server: Any, browser: WebDriver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from notifier.models import Campaign
-    from preferences.models import Topic
     from preferences.services import topic_subscribe
 
     monkeypatch.setenv("STAFF_USER_PASSWORD", "pw-browser-123456")
@@ -252,7 +252,7 @@ def test_a_marketer_creates_test_sends_schedules_and_pauses_a_campaign(
         "de": {"email": {"subject": "Frühlingsangebot {{ percent }}%", "text": "{{ percent }}% Rabatt"}},
     }
     template_put(key="spring", category="marketing", default_locale="en", content=promo)
-    topic = Topic.objects.create(key="newsletter", name="Newsletter")
+    topic = make_topic(key="newsletter", name="Newsletter")
     recipient_upsert(user_id="sub-1", email="sub1@example.com", locale="de")
     recipient_upsert(user_id="sub-2", email="sub2@example.com", locale="en")
     topic_subscribe(topic=topic, user_ids=["sub-1", "sub-2"])
@@ -355,7 +355,7 @@ def test_operations_charts(live_server: Any, browser: WebDriver) -> None:
     from notifier.models import DeliveryEvent
     from tests.factories import make_delivery
 
-    User.objects.create_superuser("ops", "ops@example.com", "pw-browser-123456")
+    make_staff_user("ops", password="pw-browser-123456", superuser=True)
     now = timezone.now()
     # A day of traffic: a daily wave of sends per channel, some failures and a provider outage.
     rows = []

@@ -16,9 +16,9 @@ from django.utils import timezone
 from audit.models import AuditEntry
 from notifier.models import Campaign, Delivery
 from notifier.services import api_client_create
-from preferences.models import Topic
 from preferences.services import recipient_upsert, topic_subscribe
 from templates_app.services import template_put
+from tests.factories import make_topic
 
 pytestmark = pytest.mark.django_db
 
@@ -39,7 +39,7 @@ def _marketer(monkeypatch: pytest.MonkeyPatch, name: str = "max", role: str = "m
 def _setup() -> dict[str, Any]:
     template_put(key="spring", category="marketing", default_locale="en", content=PROMO)
     template_put(key="otp", category="security", default_locale="en", content={"en": {"sms": {"text": "{{ c }}"}}})
-    topic = Topic.objects.create(key="newsletter", name="Newsletter")
+    topic = make_topic(key="newsletter", name="Newsletter")
     for i, locale in enumerate(["de", "en", "en"]):
         recipient_upsert(user_id=f"sub-{i}", email=f"sub{i}@example.com", locale=locale)
     topic_subscribe(topic=topic, user_ids=["sub-0", "sub-1", "sub-2"])

@@ -6,16 +6,15 @@ import re
 from datetime import timedelta
 
 import pytest
-from django.contrib.auth.models import User
 from django.test import Client
 from django.utils import timezone
 
 from notifier.charts import bar_chart, line_chart, state_strip
 from notifier.dashboard import BUCKET_MINUTES, bucket_starts, outcome_series, provider_error_series, provider_errors
-from notifier.models import DeadLetter, DeliveryEvent
+from notifier.models import DeadLetter
 from notifier.opsseries import breaker_series, number_series, ops_sample, ops_samples, total_series
 from tests.conftest import purge_all_queues, queue_depth, wait_for
-from tests.factories import make_delivery
+from tests.factories import make_delivery, make_delivery_event, make_staff_user
 
 pytestmark = pytest.mark.django_db
 
@@ -25,9 +24,9 @@ def test_outcome_series_counts_per_channel_status_and_bucket() -> None:
     email = make_delivery(channel="email", status="sent", provider="ses")
     sms = make_delivery(channel="sms", status="failed", provider="twilio")
     for _ in range(10):
-        DeliveryEvent.objects.create(delivery=email, status="sent", at=now - timedelta(minutes=1))
-    DeliveryEvent.objects.create(delivery=sms, status="failed", at=now - timedelta(hours=3))
-    DeliveryEvent.objects.create(delivery=sms, status="failed", at=now - timedelta(hours=30))  # outside the window
+        make_delivery_event(delivery=email, status="sent", at=now - timedelta(minutes=1))
+    make_delivery_event(delivery=sms, status="failed", at=now - timedelta(hours=3))
+    make_delivery_event(delivery=sms, status="failed", at=now - timedelta(hours=30))  # outside the window
     labels, series = outcome_series(now - timedelta(hours=24), now)
     assert len(labels) == 24 * 60 // BUCKET_MINUTES + 1
     assert sum(series["email"]["sent"]) == 10 / BUCKET_MINUTES
@@ -54,8 +53,8 @@ def test_charts_are_svg_with_escaped_labels_and_scaled_points() -> None:
 
 def test_the_dashboard_page_draws_its_charts(client: Client) -> None:
     delivery = make_delivery(channel="push", status="sent")
-    DeliveryEvent.objects.create(delivery=delivery, status="sent", at=timezone.now())
-    client.force_login(User.objects.create_superuser("ops", "ops@example.com", "x"))
+    make_delivery_event(delivery=delivery, status="sent", at=timezone.now())
+    client.force_login(make_staff_user("ops", superuser=True))
     html = client.get("/admin/notifier/dashboard/").content.decode()
     assert html.count('class="channel-chart"') >= 5
     assert "push: deliveries per minute, last 24 hours" in html
@@ -65,7 +64,7 @@ def test_the_dashboard_page_draws_its_charts(client: Client) -> None:
 
 
 def test_verbose_names_in_the_admin_index(client: Client) -> None:
-    client.force_login(User.objects.create_superuser("ops", "ops@example.com", "x"))
+    client.force_login(make_staff_user("ops", superuser=True))
     html = client.get("/admin/").content.decode()
     assert "Deliveries" in html and "Deliverys" not in html
     assert ">Templates<" in html and "Templates_App" not in html and "Templates_app" not in html

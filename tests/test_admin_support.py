@@ -6,7 +6,6 @@ from datetime import UTC
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import User
 from django.db import connection
 from django.test import Client
 from django.urls import reverse
@@ -14,24 +13,16 @@ from django.utils import timezone
 
 from audit.models import AuditEntry
 from notifier.events import record_events
-from notifier.models import ApiClient, Delivery, Notification
+from notifier.models import Delivery, Notification
 from notifier.partitions import partition_name
 from notifier.selectors import delivery_search, notifications_by_dedup_key
 from notifier.services import api_client_create, notification_accept
 from preferences.models import Suppression
 from preferences.services import recipient_upsert, suppression_add
 from templates_app.services import template_put
-from tests.factories import make_delivery
+from tests.factories import make_api_client, make_delivery
 
-pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def staff() -> Client:
-    User.objects.create_superuser("support", "support@example.com", "pw-123456")
-    client = Client()
-    assert client.login(username="support", password="pw-123456")
-    return client
+pytestmark = [pytest.mark.django_db, pytest.mark.staff_user("support")]
 
 
 def _accept(user_id: str, dedup_key: str | None = None, **recipient: Any) -> Notification:
@@ -89,7 +80,7 @@ PARTITION_INDEXES = {
 def test_search_is_served_by_indexes() -> None:
     """On 200,000 deliveries, each kind of term is an index lookup, never a sequential scan."""
     with connection.cursor() as c:
-        client_id = ApiClient.objects.create(name="x", key_prefix="x", key_hash="x" * 64).pk
+        client_id = make_api_client(name="x", key_prefix="x", key_hash="x" * 64).pk
         c.execute(
             "INSERT INTO preferences_recipient (user_id, email, phone, locale, timezone, webhook_url, opted_out,"
             " channel_prefs, category_prefs, created_at, updated_at)"

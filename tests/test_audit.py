@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from django.contrib.auth import get_user_model
 
 from audit.models import AuditEntry
 from audit.services import Actor, audit_record, diff
 from notifier.services import api_client_create
+from tests.factories import make_staff_user
 
 pytestmark = pytest.mark.django_db
 
@@ -29,7 +29,7 @@ def test_entry_masks_personal_data_and_names_the_client() -> None:
 
 
 def test_staff_user_and_explicit_actor() -> None:
-    user = get_user_model().objects.create_user("support-1", password="x", is_staff=True)
+    user = make_staff_user("support-1", password="x")
     assert audit_record(actor=user, action="suppression.delete", target_type="suppression").actor_type == "staff"
     entry = audit_record(actor=Actor("recipient", "u-1", "u-1"), action="preferences.update", target_type="recipient")
     assert (entry.actor_type, entry.actor_name) == ("recipient", "u-1")

@@ -7,17 +7,17 @@ import json
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import User
 from django.urls import reverse
 
 from audit.models import AuditEntry
 from notifier.models import ApiClient
-from preferences.models import Device, Recipient, Suppression
+from preferences.models import Device
 from templates_app.services import template_put
+from tests.factories import make_recipient, make_suppression
 from tests.test_templates_admin import CONTENT as ADMIN_CONTENT
 from tests.test_templates_admin import _form as template_form
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.staff_user("ops")]
 TOKEN = "fcm-token-aaaaaaaaaaaaaaaaaaaaaaaaaaaa1111"
 
 
@@ -25,20 +25,8 @@ def entries(action: str) -> list[AuditEntry]:
     return list(AuditEntry.objects.filter(action=action).order_by("id"))
 
 
-@pytest.fixture
-def service(api_client_factory: Any) -> tuple[ApiClient, Any]:
-    return api_client_factory(name="billing")
-
-
-@pytest.fixture
-def staff(client: Any) -> Any:
-    User.objects.create_superuser("ops", "ops@example.com", "pw")
-    client.login(username="ops", password="pw")
-    return client
-
-
-def test_recipient_contact_data_changes_over_the_api(service: tuple[ApiClient, Any]) -> None:
-    row, api = service
+def test_recipient_contact_data_changes_over_the_api(api_client_factory: Any) -> None:
+    row, api = api_client_factory(name="billing")
     api.put("/api/v1/recipients/u-1", {"email": "old@example.com", "locale": "en"}, format="json")
     api.put("/api/v1/recipients/u-1", {"email": "new@example.com", "locale": "en"}, format="json")
     api.put("/api/v1/recipients/u-1", {"locale": "en"}, format="json")  # no change: no entry
@@ -51,8 +39,8 @@ def test_recipient_contact_data_changes_over_the_api(service: tuple[ApiClient, A
     assert "old@example.com" not in stored and "new@example.com" not in stored
 
 
-def test_devices_and_a_token_moving_to_another_user(service: tuple[ApiClient, Any]) -> None:
-    _, api = service
+def test_devices_and_a_token_moving_to_another_user(api_client_factory: Any) -> None:
+    _, api = api_client_factory(name="billing")
     for user in ("u-1", "u-2"):
         api.put(f"/api/v1/recipients/{user}", {"locale": "en"}, format="json")
     api.post("/api/v1/recipients/u-1/devices", {"platform": "fcm", "token": TOKEN}, format="json")
@@ -66,8 +54,8 @@ def test_devices_and_a_token_moving_to_another_user(service: tuple[ApiClient, An
     assert removed.target_id == "u-2" and TOKEN not in json.dumps(removed.changes)
 
 
-def test_preferences_and_erasure(service: tuple[ApiClient, Any]) -> None:
-    _, api = service
+def test_preferences_and_erasure(api_client_factory: Any) -> None:
+    _, api = api_client_factory(name="billing")
     api.put("/api/v1/recipients/u-1", {"email": "a@example.com", "phone": "+4915112345678"}, format="json")
     body = {"opted_out": True, "channels": {}, "categories": {}, "quiet_hours": None}
     assert api.put("/api/v1/recipients/u-1/preferences", body, format="json").status_code == 200
@@ -79,8 +67,8 @@ def test_preferences_and_erasure(service: tuple[ApiClient, Any]) -> None:
     assert "a@example.com" not in json.dumps(erased.changes) and "+4915112345678" not in json.dumps(erased.changes)
 
 
-def test_suppressions_over_the_api(service: tuple[ApiClient, Any]) -> None:
-    _, api = service
+def test_suppressions_over_the_api(api_client_factory: Any) -> None:
+    _, api = api_client_factory(name="billing")
     created = api.post("/api/v1/suppressions", {"channel": "email", "address": "x@example.com"}, format="json")
     api.post("/api/v1/suppressions", {"channel": "email", "address": "x@example.com"}, format="json")  # exists
     api.delete(f"/api/v1/suppressions/{created.json()['id']}")
@@ -91,8 +79,8 @@ def test_suppressions_over_the_api(service: tuple[ApiClient, Any]) -> None:
     assert removed.changes["channel"] == ["email", None]
 
 
-def test_templates_over_the_api(service: tuple[ApiClient, Any]) -> None:
-    _, api = service
+def test_templates_over_the_api(api_client_factory: Any) -> None:
+    _, api = api_client_factory(name="billing")
     content = {"en": {"sms": {"text": "Hi"}}}
     api.put("/api/v1/templates/otp", {"category": "security", "content": content}, format="json")
     api.put("/api/v1/templates/otp", {"category": "security", "content": content, "publish": False}, format="json")
@@ -120,7 +108,7 @@ def test_api_clients_and_keys_in_the_admin(staff: Any) -> None:
 
 
 def test_recipients_devices_and_suppressions_in_the_admin(staff: Any) -> None:
-    recipient = Recipient.objects.create(user_id="u-9", email="before@example.com")
+    recipient = make_recipient(user_id="u-9", email="before@example.com")
     url = f"/admin/preferences/recipient/{recipient.pk}/change/"
     data = {
         "user_id": "u-9", "email": "after@example.com", "phone": "", "locale": "", "timezone": "",
@@ -136,7 +124,7 @@ def test_recipients_devices_and_suppressions_in_the_admin(staff: Any) -> None:
     assert device.target_id == "u-9" and TOKEN not in json.dumps(device.changes)
     assert Device.objects.filter(recipient=recipient).count() == 1
 
-    suppression = Suppression.objects.create(channel="sms", address="+4915112345678", source="manual")
+    suppression = make_suppression(channel="sms", address="+4915112345678", source="manual")
     staff.post(f"/admin/preferences/suppression/{suppression.pk}/delete/", {"post": "yes"})
     [deleted] = entries("suppression.delete")
     assert deleted.target_id == str(suppression.pk) and deleted.actor_name == "ops"

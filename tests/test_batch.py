@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 
 from notifier.models import Delivery, Notification
-from preferences.models import Topic
 from templates_app.services import template_put
 from tests.conftest import purge_all_queues
+from tests.factories import make_topic
 
 CONTENT = {"en": {"email": {"subject": "Hi {{ name }}", "text": "Hello {{ name }}"}, "sms": {"text": "Hi {{ name }}"}}}
 URL = "/api/v1/notifications/batch"
@@ -41,7 +41,7 @@ def outcome(result: dict[str, Any]) -> str:
 
 
 def test_mixed_items_get_one_result_each_in_order(api: Any) -> None:
-    Topic.objects.create(key="all-users", name="All")
+    make_topic(key="all-users", name="All")
     items = [
         item("u-1"),
         item("u-2", category="nope"),

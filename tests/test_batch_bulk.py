@@ -17,6 +17,7 @@ from preferences.models import Recipient
 from preferences.services import suppression_add
 from templates_app.services import template_put
 from tests.conftest import purge_all_queues, queue_depth
+from tests.factories import make_recipient
 
 CONTENT = {"en": {"email": {"subject": "Hi {{ name }}", "text": "Hello {{ name }}"}}}
 URL = "/api/v1/notifications/batch"
@@ -51,7 +52,7 @@ def test_a_batch_of_1000_is_written_with_one_statement_per_table_and_published_o
     api: Any, django_capture_on_commit_callbacks: Any
 ) -> None:
     for i in range(1000):
-        Recipient.objects.create(user_id=f"u-{i}", email=f"u{i}@example.com")
+        make_recipient(user_id=f"u-{i}", email=f"u{i}@example.com")
     Recipient.objects.filter(user_id="u-7").update(opted_out=True)
     suppression_add(channel="email", address="u8@example.com", source="manual", reason="test")
     # Earlier single requests with dedup keys.

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -23,7 +20,7 @@ from notifier import fanout
 from notifier.campaigns.services import campaign_create, campaign_fanout_finished, campaign_run
 from notifier.models import Campaign, Delivery, Notification
 from notifier.tasks import run_campaign
-from tests.conftest import BROKER_URL, REDIS_PREFIX, ROOT, purge_all_queues, test_database_url, wait_for
+from tests.conftest import purge_all_queues, wait_for
 from tests.test_fanout import make_template, make_topic
 
 # Until the lead includes notifier.campaigns.urls under /api/v1/, this module serves them itself.
@@ -274,48 +271,18 @@ def test_progress_counts_the_deliveries_of_every_run(api: Any) -> None:
     assert detail["runs"][0]["recipients_total"] == 10
 
 
-class BeatProcess:
-    """A real `celery beat` subprocess with the database scheduler, on this namespace's DB and vhost."""
-
-    def __init__(self, name: str) -> None:
-        self.log_path = ROOT / "var" / f"test-beat-{os.getpid()}-{name}-{time.monotonic_ns()}.log"
-        self.log_path.parent.mkdir(exist_ok=True)
-        self._log = self.log_path.open("w")
-        env = {
-            **os.environ,
-            "CELERY_BROKER_URL": BROKER_URL,
-            "DATABASE_URL": test_database_url(),
-            "REDIS_KEY_PREFIX": REDIS_PREFIX,
-            "PYTHONUNBUFFERED": "1",
-        }
-        self.proc = subprocess.Popen(
-            [
-                sys.executable, "-m", "celery", "-A", "config", "beat", "--loglevel", "INFO",
-                "-S", "django_celery_beat.schedulers:DatabaseScheduler", "--max-interval", "1",
-                "--pidfile", "",
-            ],
-            cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
-        self._log.close()
+BEAT = ["celery", "-A", "config", "beat", "--loglevel", "INFO", "-S", "django_celery_beat.schedulers:DatabaseScheduler",
+        "--max-interval", "1", "--pidfile", ""]  # fmt: skip
 
 
 @pytest.mark.django_db(transaction=True)
-def test_two_real_beat_processes_send_a_clocked_campaign_once(api: Any, start_worker: Any) -> None:
+def test_two_real_beat_processes_send_a_clocked_campaign_once(api: Any, start_worker: Any, start_process: Any) -> None:
     make_template()
     make_topic("fans", 30)
     start_worker(
         queues=["maintenance", "fanout", "email.low"],
     )
-    beats = [BeatProcess("a"), BeatProcess("b")]
+    beats = [start_process("beat", BEAT), start_process("beat", BEAT)]
     try:
         campaign = campaign_create(
             client=api_user(api), name="Beat", template="spring_sale", topic="fans", payload={"pct": 5},

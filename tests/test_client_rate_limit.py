@@ -4,14 +4,10 @@ API process through Redis (two real gunicorn processes), per process while Redis
 from __future__ import annotations
 
 import json
-import os
-import signal
 import socket
-import subprocess
-import sys
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -23,7 +19,8 @@ from notifier import throttle
 from notifier.models import ApiClient
 from notifier.scopes import SCOPES
 from notifier.services import api_client_create
-from tests.conftest import REDIS_PREFIX, ROOT, test_database_url, wait_for
+from tests.conftest import wait_for
+from tests.factories import make_staff_user
 
 URL = "/api/v1/notifications"
 
@@ -84,10 +81,8 @@ def test_create_api_client_rate_limit(capsys: pytest.CaptureFixture[str]) -> Non
 
 @pytest.mark.django_db
 def test_the_admin_validates_the_rate(client: Any) -> None:
-    from django.contrib.auth.models import User
 
-    User.objects.create_superuser("ops", "ops@example.com", "pw")
-    client.login(username="ops", password="pw")
+    client.force_login(make_staff_user("ops", superuser=True))
     form = {"name": "svc", "scopes": ["send"], "is_active": "on"}
     bad = client.post("/admin/notifier/apiclient/add/", {**form, "rate_limit": "lots"})
     assert bad.status_code == 200 and "not a rate" in bad.content.decode()
@@ -102,17 +97,12 @@ def _free_port() -> int:
 
 
 @pytest.fixture
-def two_api_processes() -> Iterator[list[str]]:
+def two_api_processes(start_process: Callable[..., Any]) -> list[str]:
     """Two real gunicorn processes (one worker each) on loopback ports, on the test database and Redis prefix."""
-    env = {**os.environ, "DATABASE_URL": test_database_url(), "REDIS_KEY_PREFIX": REDIS_PREFIX, "LOG_LEVEL": "WARNING"}
-    procs, urls = [], []
+    urls = []
     for port in (8102, _free_port()):
-        log = (ROOT / "var" / f"test-api-{port}.log").open("w")
-        command = [sys.executable, "-m", "gunicorn", "config.wsgi:application", "-b", f"127.0.0.1:{port}", "-w", "1"]
-        proc = subprocess.Popen(
-            command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        procs.append(proc)
+        args = ["gunicorn", "config.wsgi:application", "-b", f"127.0.0.1:{port}", "-w", "1"]
+        start_process("api", args, {"LOG_LEVEL": "WARNING"})
         urls.append(f"http://127.0.0.1:{port}")
 
     def up(url: str) -> bool:
@@ -121,15 +111,9 @@ def two_api_processes() -> Iterator[list[str]]:
         except OSError:
             return False
 
-    try:
-        for url in urls:
-            wait_for(lambda url=url: up(url), timeout=60)
-        yield urls
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-                proc.wait(timeout=20)
+    for url in urls:
+        wait_for(lambda url=url: up(url), timeout=60)
+    return urls
 
 
 @pytest.mark.django_db(transaction=True)

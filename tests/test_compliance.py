@@ -9,6 +9,7 @@ import pytest
 from preferences.compliance import Verdict, evaluate, quiet_hours_end, suppressed_addresses
 from preferences.models import Device, Recipient, Suppression
 from preferences.services import recipient_upsert, suppression_add
+from tests.factories import make_device, make_suppression
 
 UTC = dt.UTC
 NOON = dt.datetime(2025, 6, 1, 12, 0, tzinfo=UTC)
@@ -160,8 +161,8 @@ def test_invalid_or_missing_timezone_falls_back_to_utc() -> None:
 @pytest.mark.django_db
 def test_suppressed_addresses_in_one_query(django_assert_num_queries: object) -> None:
     for i in range(5):
-        Suppression.objects.create(channel="email", address=f"x{i}@example.com")
-    Suppression.objects.create(channel="sms", address="+15550000001")
+        make_suppression(channel="email", address=f"x{i}@example.com")
+    make_suppression(channel="sms", address="+15550000001")
     pairs = [("email", f"x{i}@example.com") for i in range(10)] + [
         ("sms", "+15550000001"),
         ("sms", "x0@example.com"),
@@ -178,8 +179,8 @@ def test_suppressed_addresses_in_one_query(django_assert_num_queries: object) ->
 @pytest.mark.django_db
 def test_suppression_add_is_idempotent_and_deactivates_push_token() -> None:
     r, _ = recipient_upsert(user_id="u-push")
-    Device.objects.create(recipient=r, token="tok-1")
-    Device.objects.create(recipient=r, token="tok-2")
+    make_device(recipient=r, token="tok-1")
+    make_device(recipient=r, token="tok-2")
     first = suppression_add(channel="push", address="tok-1", source="invalid", reason="unregistered")
     again = suppression_add(channel="push", address="tok-1", source="manual")
     assert first.pk == again.pk and again.source == "invalid"

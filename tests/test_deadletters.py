@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 from django.contrib.admin.sites import AdminSite
-from django.contrib.auth.models import User
 from django.contrib.messages.storage.fallback import FallbackStorage
 from django.core.management import CommandError, call_command
 from django.test import RequestFactory
@@ -23,11 +22,12 @@ from notifier.deadletters.services import (
     dead_letter_replay,
     dead_letters_replay,
 )
-from notifier.models import ApiClient, DeadLetter, Delivery, DeliveryEvent, Notification
+from notifier.models import ApiClient, DeadLetter, Delivery, DeliveryEvent
 from notifier.outbox import publish_delivery_ids
 from notifier.scopes import SCOPES
-from preferences.models import Recipient
+from tests import factories
 from tests.conftest import purge_all_queues, queue_depth, wait_for
+from tests.factories import make_api_client, make_delivery, make_notification, make_recipient, make_staff_user
 from tests.test_pipeline import make_template, put_recipient, send
 
 # Until notifier.urls includes them, the tests mount the dead-letter routes in front of the project's own.
@@ -42,14 +42,12 @@ def make_dead_letter(
     """Create a notification, a delivery in `status` that exhausted its attempts, and its dead letter."""
     n = next(_seq)
     if client is None:
-        client = ApiClient.objects.create(
-            name=f"dl-client-{n}", key_prefix=f"p{n}", key_hash=f"{n:064d}", scopes=list(SCOPES)
-        )
-    recipient = Recipient.objects.create(user_id=f"dl-user-{n}", email=f"u{n}@example.com")
-    notification = Notification.objects.create(
+        client = make_api_client(name=f"dl-client-{n}", key_prefix=f"p{n}", key_hash=f"{n:064d}", scopes=list(SCOPES))
+    recipient = make_recipient(user_id=f"dl-user-{n}", email=f"u{n}@example.com")
+    notification = make_notification(
         client=client, category="transactional", template_key="t", channels=[channel], priority=priority
     )
-    delivery = Delivery.objects.create(
+    delivery = make_delivery(
         notification=notification,
         recipient=recipient,
         channel=channel,
@@ -61,7 +59,7 @@ def make_dead_letter(
         last_error="[500] upstream error",
         provider="sandbox",
     )
-    return DeadLetter.objects.create(
+    return factories.make_dead_letter(
         delivery=delivery, channel=channel, queue=f"dead.{channel}", reason="attempts_exhausted", attempts=6
     )
 
@@ -254,7 +252,7 @@ def test_api_requires_a_key() -> None:
 
 def _admin_request() -> Any:
     request = RequestFactory().post("/admin/notifier/deadletter/")
-    request.user = User.objects.create_superuser("oncall", "oncall@example.com", "pw")
+    request.user = make_staff_user("oncall", superuser=True)
     request.session = {}
     request._messages = FallbackStorage(request)
     return request

@@ -16,9 +16,11 @@ from config.celery import app as celery_app
 from notifier import fanout
 from notifier.models import ApiClient, Delivery, DeliveryEvent, FanoutLane, Notification
 from notifier.services import api_client_create, notification_accept, notification_cancel
-from preferences.models import Device, Recipient, Suppression, Topic
+from preferences.models import Recipient, Topic
 from templates_app.services import template_put
+from tests import factories
 from tests.conftest import purge_all_queues, queue_depth, wait_for
+from tests.factories import make_device, make_suppression
 
 CONTENT = {
     "en": {
@@ -35,7 +37,7 @@ def make_template(key: str = "spring_sale", category: str = "marketing") -> None
 
 def make_topic(key: str, n: int, *, prefix: str = "t") -> Topic:
     """Create a topic with `n` subscribers (with email and phone) in two set-based statements."""
-    topic = Topic.objects.create(key=key, name=key)
+    topic = factories.make_topic(key=key, name=key)
     with connection.cursor() as cursor:
         cursor.execute(
             "INSERT INTO preferences_recipient (user_id, email, phone, locale, timezone, webhook_url, opted_out, "
@@ -101,10 +103,10 @@ def test_fanout_writes_each_target_once_with_compliance_and_publishes_every_queu
     opted_out, no_email, suppressed, two_devices = recipients[0], recipients[1], recipients[2], recipients[3]
     Recipient.objects.filter(pk=opted_out.pk).update(opted_out=True)
     Recipient.objects.filter(pk=no_email.pk).update(email="")
-    Suppression.objects.create(channel="email", address=suppressed.email, reason="bounce", source="bounce")
-    Device.objects.create(recipient=two_devices, token="tok-a")
-    Device.objects.create(recipient=two_devices, token="tok-b")
-    Device.objects.create(recipient=two_devices, token="tok-dead", active=False)
+    make_suppression(channel="email", address=suppressed.email, reason="bounce", source="bounce")
+    make_device(recipient=two_devices, token="tok-a")
+    make_device(recipient=two_devices, token="tok-b")
+    make_device(recipient=two_devices, token="tok-dead", active=False)
     client = make_client()
 
     notification = accept_topic(client, topic.key, ["email", "push"])

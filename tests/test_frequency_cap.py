@@ -9,14 +9,13 @@ from typing import Any
 
 import pytest
 from django.db import close_old_connections, connections
-from rest_framework.test import APIClient
 
 from channels_app.services import deliver
 from notifier.models import Delivery
 from notifier.redis import get_redis
 from preferences.services import recipient_upsert, topic_subscribe, topic_upsert
 from templates_app.services import template_put
-from tests.conftest import wait_for
+from tests.conftest import bearer_client, wait_for
 from tests.redis_server import free_port
 
 CONTENT = {"en": {"email": {"subject": "News", "text": "Hello"}, "inapp": {"title": "News", "body": "Hello"}}}
@@ -54,8 +53,7 @@ def _post_concurrently(api_key: str, n: int, template: str = "news") -> list[dic
     lock = threading.Lock()
 
     def one() -> None:
-        http = APIClient()
-        http.credentials(HTTP_AUTHORIZATION=f"Bearer {api_key}")
+        http = bearer_client(api_key)
         body = {"recipient": {"user_id": "fc-1"}, "template": template, "category": "social"}
         body["channels"] = ["email", "inapp"]
         try:

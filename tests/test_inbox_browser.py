@@ -7,29 +7,23 @@ namespace's database and broker; the widget test drives Debian's headless Chromi
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import socket
-import subprocess
-import sys
 import threading
-import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-from django.conf import settings
 from rest_framework.test import APIClient
 
 from notifier.inbox.tokens import inbox_token_mint
 from notifier.models import Delivery
 from notifier.services import notification_accept
-from preferences.models import Recipient
 from preferences.services import recipient_upsert
 from templates_app.services import template_put
 from tests import factories
-from tests.conftest import BROKER_URL, REDIS_PREFIX, ROOT, test_database_url, wait_for
+from tests.conftest import bearer_client, wait_for
+from tests.factories import make_recipient
 
 CONTENT = {"en": {"inapp": {"title": "Order {{ order }}", "body": "Order {{ order }} shipped"}}}
 
@@ -48,8 +42,7 @@ def test_inbox_token_reads_and_marks_only_its_own_users_inbox(api: APIClient) ->
     resp = api.post(f"/api/v1/recipients/{mine.recipient.user_id}/inbox-token", {"ttl_seconds": 600}, format="json")
     assert resp.status_code == 200
     token = resp.json()["token"]
-    browser = APIClient()
-    browser.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+    browser = bearer_client(token)
     listed = browser.get("/inbox/v1/messages").json()
     assert [i["id"] for i in listed["items"]] == [mine.pk] and listed["unread_count"] == 1
     # Another user's item is not there for this token, and cannot be marked read.
@@ -68,7 +61,7 @@ def test_inbox_endpoints_refuse_api_keys_tampered_and_expired_tokens(api: APICli
     assert api.get("/inbox/v1/messages").status_code == 401  # an API key is not an inbox token
     good, _ = inbox_token_mint(recipient=d.recipient, ttl_seconds=60)
     expired, _ = inbox_token_mint(recipient=d.recipient, ttl_seconds=-1)
-    other = Recipient.objects.create(user_id="someone-else")
+    other = make_recipient(user_id="someone-else")
     theirs, _ = inbox_token_mint(recipient=other, ttl_seconds=60)
     tampered = theirs.split(":")[0] + ":" + good.split(":", 1)[1]  # their claims, my signature
     for token in (expired, tampered, "garbage"):
@@ -112,58 +105,33 @@ def _free_port() -> int:
 
 
 class StreamServer:
-    """uvicorn serving config.asgi on a free loopback port, against this namespace's database and broker."""
+    """uvicorn serving config.asgi on a free loopback port (a ServerProcess), and its URL."""
 
-    def __init__(self, env: dict[str, str]) -> None:
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = ROOT / "var" / f"test-stream-{settings.TEST_NAMESPACE}-{time.monotonic_ns()}.log"
-        self._log = self.log_path.open("w")
-        full_env = {
-            **os.environ,
-            "DATABASE_URL": test_database_url(),
-            "CELERY_BROKER_URL": BROKER_URL,
-            "REDIS_KEY_PREFIX": REDIS_PREFIX,
-            "PYTHONUNBUFFERED": "1",
-            **env,
-        }
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1",
-             "--port", str(self.port), "--no-access-log"],
-            cwd=ROOT, env=full_env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
-        wait_for(self._healthy, 60)
+    def __init__(self, process: Any, port: int) -> None:
+        self.process, self.port, self.url = process, port, f"http://127.0.0.1:{port}"
+        self.proc, self.log_path = process.proc, process.log_path
+        process.wait_ready(self._healthy)
 
     def _healthy(self) -> bool:
-        if self.proc.poll() is not None:
-            raise RuntimeError(self.log_path.read_text()[-3000:])
         try:
             return urllib.request.urlopen(f"{self.url}/healthz", timeout=2).status == 200
         except OSError:
             return False
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, 15)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, 9)
-        self._log.close()
+        self.process.stop()
 
 
 @pytest.fixture
-def stream_server() -> Iterator[Callable[..., StreamServer]]:
-    started: list[StreamServer] = []
+def stream_server(start_process: Callable[..., Any]) -> Callable[..., StreamServer]:
+    """Start the inbox stream server (stopped with the test's other processes)."""
 
     def _start(env: dict[str, str] | None = None) -> StreamServer:
-        server = StreamServer(env or {})
-        started.append(server)
-        return server
+        port = _free_port()
+        args = ["uvicorn", "config.asgi:application", "--host", "127.0.0.1", "--port", str(port), "--no-access-log"]
+        return StreamServer(start_process("stream", args, env), port)
 
-    yield _start
-    for server in started:
-        server.stop()
+    return _start
 
 
 class SseReader:
@@ -264,8 +232,7 @@ def test_stream_pushes_messages_and_counts_and_resumes_without_gaps(
     wait_for(lambda: fresh.of("unread"), 10)
     assert fresh.of("message") == []
     # Reading (here over the API) is pushed as a new count to every open stream of that user.
-    browser = APIClient()
-    browser.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+    browser = bearer_client(token)
     assert browser.post("/inbox/v1/messages/read-all").json()["marked_read"] == 3
     wait_for(lambda: fresh.of("unread")[-1] == {"unread_count": 0}, 10)
     wait_for(lambda: again.of("unread")[-1] == {"unread_count": 0}, 10)
@@ -277,24 +244,6 @@ def test_stream_pushes_messages_and_counts_and_resumes_without_gaps(
 
 
 # --- the widget in a real headless Chromium -----------------------------------------------------------
-
-CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
-
-
-@pytest.fixture
-def browser() -> Iterator[Any]:
-    if not (shutil.which(CHROMIUM) and shutil.which(CHROMEDRIVER)):
-        pytest.skip("Chromium and chromedriver are not installed")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
-        options.add_argument(arg)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    yield driver
-    driver.quit()
 
 
 def _shadow(driver: Any, script: str) -> Any:

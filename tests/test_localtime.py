@@ -15,6 +15,7 @@ from preferences.digest import digest_flush
 from preferences.models import Recipient
 from preferences.services import recipient_upsert, topic_subscribe, topic_upsert
 from templates_app.services import template_put
+from tests.factories import make_delivery, make_notification
 
 CONTENT = {"en": {"inapp": {"title": "Hi", "body": "Good morning"}}}
 
@@ -121,11 +122,11 @@ def test_daily_digest_goes_at_each_recipients_local_hour(django_capture_on_commi
     client, _ = api_client_create(name="digest-svc")
     for user_id in ("tokyo", "nyc"):
         recipient = Recipient.objects.get(user_id=user_id)
-        n = Notification.objects.create(
+        n = make_notification(
             client=client, category="social", template_key="hello", channels=["inapp"], priority="low",
             recipient=recipient, user_id=user_id,
         )  # fmt: skip
-        Delivery.objects.create(
+        make_delivery(
             notification=n, recipient=recipient, channel="inapp", priority="low", address=user_id,
             status="deferred", reason="digest:daily_digest",
         )  # fmt: skip

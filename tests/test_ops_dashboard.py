@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import pytest
 from django.contrib import admin
-from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import path
 from django.utils import timezone
 
 from notifier.dashboard import dashboard_view
-from notifier.models import DeadLetter, DeliveryEvent
+from tests.factories import make_dead_letter, make_delivery_event, make_staff_user
 from tests.test_ops_retention import make_delivery
 
 # The exact wiring config/urls.py needs: before admin.site.urls, wrapped in admin_view.
@@ -35,12 +34,12 @@ def test_dashboard_shows_outcomes_queues_dead_letters_and_breakers() -> None:
     """A staff user sees per-channel counts of the last hour, queue depths, pending dead letters, breakers."""
     sent = make_delivery(channel="sms", status="sent")
     failed = make_delivery(channel="sms", status="failed")
-    DeliveryEvent.objects.create(delivery=sent, status="sent", at=timezone.now())
-    DeliveryEvent.objects.create(delivery=failed, status="failed", at=timezone.now())
+    make_delivery_event(delivery=sent, status="sent", at=timezone.now())
+    make_delivery_event(delivery=failed, status="failed", at=timezone.now())
     # An event older than the window is not counted.
-    DeliveryEvent.objects.create(delivery=failed, status="failed", at=timezone.now() - timezone.timedelta(hours=2))
-    DeadLetter.objects.create(delivery=failed, channel="sms", queue="sms.high", reason="exhausted")
-    staff = User.objects.create_user("ops", password="x", is_staff=True, is_superuser=True)
+    make_delivery_event(delivery=failed, status="failed", at=timezone.now() - timezone.timedelta(hours=2))
+    make_dead_letter(delivery=failed, channel="sms", queue="sms.high", reason="exhausted")
+    staff = make_staff_user("ops", password="x", is_superuser=True)
     client = Client()
     client.force_login(staff)
 

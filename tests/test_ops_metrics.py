@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from config.celery import app as celery_app
 from notifier import metrics
 from tests.conftest import purge_all_queues, queue_depth
+from tests.factories import make_dead_letter
 
 
 def scrape() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -106,8 +107,8 @@ def test_pending_dead_letters_are_counted_per_channel() -> None:
 
     d1 = make_delivery(channel="sms", status="failed")
     d2 = make_delivery(channel="sms", status="failed")
-    DeadLetter.objects.create(delivery=d1, channel="sms", queue="sms.high", reason="exhausted")
-    DeadLetter.objects.create(
+    make_dead_letter(delivery=d1, channel="sms", queue="sms.high", reason="exhausted")
+    make_dead_letter(
         delivery=d2, channel="sms", queue="sms.high", reason="exhausted", status=DeadLetter.Status.REPLAYED
     )
     samples = scrape()

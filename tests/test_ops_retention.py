@@ -10,7 +10,15 @@ from django.utils import timezone
 
 from notifier.models import DeadLetter, Delivery, DeliveryEvent, Notification
 from notifier.retention import purge_old_deliveries, retention_purge
-from tests.factories import make_delivery
+from tests.factories import (
+    make_api_client,
+    make_dead_letter,
+    make_delivery,
+    make_delivery_event,
+    make_event_attempt,
+    make_event_endpoint,
+    make_status_event,
+)
 
 
 def backdate(model: Any, ids: list[Any], days: int) -> None:
@@ -25,7 +33,7 @@ def backdate(model: Any, ids: list[Any], days: int) -> None:
 def add_events(delivery: Delivery, *statuses: str) -> None:
     """Append events to a delivery's history."""
     for status in statuses:
-        DeliveryEvent.objects.create(delivery=delivery, status=status, at=timezone.now())
+        make_delivery_event(delivery=delivery, status=status, at=timezone.now())
 
 
 @pytest.mark.django_db
@@ -36,7 +44,7 @@ def test_purge_removes_old_finished_deliveries_and_keeps_the_rest() -> None:
         add_events(d, "queued", "sending", d.status)
     old_waiting = make_delivery(status="scheduled")  # due far in the future: kept whatever its age
     old_dead = make_delivery(status="failed")  # an operator still has to look at it
-    DeadLetter.objects.create(delivery=old_dead, channel="email", queue="email.high", reason="exhausted")
+    make_dead_letter(delivery=old_dead, channel="email", queue="email.high", reason="exhausted")
     recent = make_delivery(status="sent")
     add_events(recent, "queued", "sent")
     backdate(Delivery, [d.id for d in [*old_sent, old_waiting, old_dead]], days=40)
@@ -111,22 +119,20 @@ def test_old_status_events_go_once_sent_or_given_up_and_pending_ones_stay() -> N
     """Status events owed to calling services: sent or given-up old ones and old attempts go; pending stay."""
     from datetime import timedelta
 
-    from notifier.models import ApiClient, EventAttempt, EventEndpoint, StatusEvent
+    from notifier.models import EventAttempt, StatusEvent
 
-    client = ApiClient.objects.create(name="svc-ret", key_prefix="r", key_hash="r" * 64)
-    endpoint = EventEndpoint.objects.create(client=client, url="https://e.example.com", secret="whsec_eA==")
+    client = make_api_client(name="svc-ret", key_prefix="r", key_hash="r" * 64)
+    endpoint = make_event_endpoint(client=client, url="https://e.example.com", secret="whsec_eA==")
     old, new = timezone.now() - timedelta(days=40), timezone.now()
 
     def event(state: str, at: Any) -> StatusEvent:
-        return StatusEvent.objects.create(
-            endpoint=endpoint, delivery_id=1, type="delivery.sent", data={}, at=at, state=state
-        )
+        return make_status_event(endpoint=endpoint, delivery_id=1, type="delivery.sent", data={}, at=at, state=state)
 
     gone = [event("delivered", old), event("given_up", old)]
     kept = [event("pending", old), event("delivered", new)]
     attempt = {"first_event_id": 1, "last_event_id": 1, "events": 1, "ok": True}
-    EventAttempt.objects.create(endpoint=endpoint, at=old, **attempt)
-    recent_attempt = EventAttempt.objects.create(endpoint=endpoint, at=new, **attempt)
+    make_event_attempt(endpoint=endpoint, at=old, **attempt)
+    recent_attempt = make_event_attempt(endpoint=endpoint, at=new, **attempt)
 
     result = retention_purge(older_than_days=30, batch=1)
 

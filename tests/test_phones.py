@@ -8,6 +8,7 @@ import pytest
 
 from preferences.models import Recipient
 from preferences.phones import InvalidPhoneNumber, phone_normalize
+from tests.factories import make_recipient, make_staff_user
 
 pytestmark = pytest.mark.django_db
 
@@ -48,11 +49,9 @@ def test_phone_normalize_reasons() -> None:
 
 
 def test_the_admin_checks_and_normalises_too(client: Any) -> None:
-    from django.contrib.auth.models import User
 
-    User.objects.create_superuser("ops", "ops@example.com", "pw")
-    client.login(username="ops", password="pw")
-    recipient = Recipient.objects.create(user_id="u-4")
+    client.force_login(make_staff_user("ops", superuser=True))
+    recipient = make_recipient(user_id="u-4")
     url = f"/admin/preferences/recipient/{recipient.pk}/change/"
     base = {"user_id": "u-4", "locale": "en", "timezone": "", "devices-TOTAL_FORMS": "0", "devices-INITIAL_FORMS": "0"}
     bad = client.post(url, {**base, "phone": "+99912345678"})

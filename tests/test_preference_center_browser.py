@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -11,35 +10,7 @@ import pytest
 from audit.models import AuditEntry
 from preferences.services import preference_token, recipient_upsert
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
-
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
-
-
-@pytest.fixture
-def browser() -> Iterator[Callable[..., Any]]:
-    """Return a factory of headless Chromium sessions (with or without JavaScript); all are quit afterwards."""
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    drivers: list[Any] = []
-
-    def _open(*, javascript: bool = True) -> Any:
-        options = webdriver.ChromeOptions()
-        options.binary_location = CHROMIUM
-        for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--lang=en-GB"):
-            options.add_argument(arg)
-        if not javascript:
-            options.add_experimental_option("prefs", {"profile.managed_default_content_settings.javascript": 2})
-        driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
-        driver.set_page_load_timeout(30)
-        drivers.append(driver)
-        return driver
-
-    yield _open
-    for driver in drivers:
-        driver.quit()
 
 
 def _link(api: Any, user_id: str) -> str:
@@ -59,7 +30,7 @@ def _type_time(field: Any, value: str) -> None:
 
 @pytest.mark.parametrize("javascript", [True, False], ids=["js", "no-js"])
 def test_change_a_category_and_quiet_hours_then_the_api_shows_it(
-    browser: Callable[..., Any], live_server: Any, settings: Any, api: Any, javascript: bool
+    browser_factory: Callable[..., Any], live_server: Any, settings: Any, api: Any, javascript: bool
 ) -> None:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions
@@ -67,7 +38,7 @@ def test_change_a_category_and_quiet_hours_then_the_api_shows_it(
 
     settings.PUBLIC_BASE_URL = live_server.url
     recipient_upsert(user_id="u-web", email="web@example.com", locale="en-US")
-    driver = browser(javascript=javascript)
+    driver = browser_factory(javascript=javascript, lang="en-GB")
     # Prove the session really runs (or does not run) scripts.
     driver.get("data:text/html,<title>off</title><script>document.title='on'</script>")
     assert driver.title == ("on" if javascript else "off")
@@ -104,7 +75,7 @@ def test_change_a_category_and_quiet_hours_then_the_api_shows_it(
 
 
 def test_a_german_recipient_gets_a_german_page_in_keyboard_order(
-    browser: Callable[..., Any], live_server: Any, settings: Any, api: Any
+    browser_factory: Callable[..., Any], live_server: Any, settings: Any, api: Any
 ) -> None:
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
@@ -112,7 +83,7 @@ def test_a_german_recipient_gets_a_german_page_in_keyboard_order(
 
     settings.PUBLIC_BASE_URL = live_server.url
     recipient_upsert(user_id="u-de", locale="de-DE")
-    driver = browser()
+    driver = browser_factory(lang="en-GB")
     driver.get(_link(api, "u-de"))
     assert driver.find_element(By.TAG_NAME, "html").get_attribute("lang") == "de"
     assert driver.find_element(By.TAG_NAME, "h1").text == "Benachrichtigungseinstellungen"
@@ -149,13 +120,13 @@ def _contrast(foreground: str, background: str) -> float:
 
 
 def test_text_and_controls_meet_wcag_aa_contrast(
-    browser: Callable[..., Any], live_server: Any, settings: Any, api: Any
+    browser_factory: Callable[..., Any], live_server: Any, settings: Any, api: Any
 ) -> None:
     from selenium.webdriver.common.by import By
 
     settings.PUBLIC_BASE_URL = live_server.url
     recipient_upsert(user_id="u-contrast")
-    driver = browser()
+    driver = browser_factory(lang="en-GB")
     driver.get(_link(api, "u-contrast"))
     page_background = driver.find_element(By.TAG_NAME, "body").value_of_css_property("background-color")
     checked = 0
@@ -171,13 +142,13 @@ def test_text_and_controls_meet_wcag_aa_contrast(
 
 
 def test_expired_and_tampered_links_show_a_4xx_page(
-    browser: Callable[..., Any], live_server: Any, settings: Any, api: Any
+    browser_factory: Callable[..., Any], live_server: Any, settings: Any, api: Any
 ) -> None:
     from selenium.webdriver.common.by import By
 
     settings.PUBLIC_BASE_URL = live_server.url
     recipient_upsert(user_id="u-old")
-    driver = browser()
+    driver = browser_factory(lang="en-GB")
     url = _link(api, "u-old")
     driver.get(url[:-3] + "xyz")
     assert driver.find_element(By.TAG_NAME, "h1").text == "This link is not valid"

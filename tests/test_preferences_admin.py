@@ -8,8 +8,8 @@ import pytest
 from django.contrib import admin
 from django.urls import path
 
-from preferences.models import Device, Recipient, Suppression, Topic
 from preferences.services import topic_subscribe
+from tests.factories import make_device, make_recipient, make_suppression, make_topic
 
 urlpatterns = [path("admin/", admin.site.urls)]
 
@@ -17,11 +17,11 @@ pytestmark = [pytest.mark.django_db, pytest.mark.urls(__name__)]
 
 
 def test_admin_pages(admin_client: Any) -> None:
-    r = Recipient.objects.create(user_id="u-adm", email="secret@example.com", phone="+4915112345678")
-    Device.objects.create(recipient=r, token="tok-adm")
-    topic = Topic.objects.create(key="news", name="News")
+    r = make_recipient(user_id="u-adm", email="secret@example.com", phone="+4915112345678")
+    make_device(recipient=r, token="tok-adm")
+    topic = make_topic(key="news", name="News")
     topic_subscribe(topic=topic, user_ids=["u-adm", "u-2"])
-    Suppression.objects.create(channel="email", address="gone@example.com", source="bounce")
+    make_suppression(channel="email", address="gone@example.com", source="bounce")
 
     listing = admin_client.get("/admin/preferences/recipient/", {"q": "u-adm"})
     assert listing.status_code == 200 and b"u-adm" in listing.content

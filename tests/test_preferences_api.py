@@ -9,10 +9,16 @@ from django.urls import include, path
 from rest_framework.test import APIClient
 
 from channels_app.models import SandboxMessage
-from notifier.auth import generate_key, hash_key
-from notifier.models import ApiClient, Delivery, DeliveryEvent, Notification
-from notifier.scopes import SCOPES
-from preferences.models import Device, Recipient, Subscription, Suppression, Topic
+from notifier.models import ApiClient
+from preferences.models import Device, Recipient, Subscription, Suppression
+from tests.factories import (
+    make_delivery,
+    make_delivery_event,
+    make_notification,
+    make_sandbox_message,
+    make_subscription,
+    make_topic,
+)
 
 # Until the lead mounts preferences.urls under /api/v1/, these tests route through this module.
 urlpatterns = [
@@ -21,21 +27,6 @@ urlpatterns = [
 ]
 
 pytestmark = [pytest.mark.django_db, pytest.mark.urls(__name__)]
-
-
-@pytest.fixture
-def client_row() -> ApiClient:
-    raw, prefix = generate_key()
-    row = ApiClient.objects.create(name="svc-pref", key_prefix=prefix, key_hash=hash_key(raw), scopes=list(SCOPES))
-    row.raw_key = raw  # type: ignore[attr-defined]
-    return row
-
-
-@pytest.fixture
-def http(client_row: ApiClient) -> APIClient:
-    c = APIClient()
-    c.credentials(HTTP_AUTHORIZATION=f"Bearer {client_row.raw_key}")  # type: ignore[attr-defined]
-    return c
 
 
 def _fields(response: Any) -> dict[str, Any]:
@@ -48,19 +39,19 @@ def test_requires_api_key() -> None:
     assert APIClient().get("/api/v1/recipients/u-1").status_code == 401
 
 
-def test_recipient_put_creates_then_updates(http: APIClient) -> None:
+def test_recipient_put_creates_then_updates(api: APIClient) -> None:
     body = {"email": "a@example.com", "phone": "+4915112345678", "locale": "de-DE", "timezone": "Europe/Berlin"}
-    r = http.put("/api/v1/recipients/u-1", body, format="json")
+    r = api.put("/api/v1/recipients/u-1", body, format="json")
     assert r.status_code == 201, r.content
     assert r.json()["email"] == "a@example.com" and r.json()["timezone"] == "Europe/Berlin"
-    r = http.put("/api/v1/recipients/u-1", {"webhook_url": "https://hooks.example.com/x"}, format="json")
+    r = api.put("/api/v1/recipients/u-1", {"webhook_url": "https://hooks.example.com/x"}, format="json")
     assert r.status_code == 200
-    got = http.get("/api/v1/recipients/u-1").json()
+    got = api.get("/api/v1/recipients/u-1").json()
     assert got["email"] == "a@example.com"  # fields left out are kept
     assert got["webhook_url"] == "https://hooks.example.com/x"
     assert got["preferences"]["opted_out"] is False
-    assert http.get("/api/v1/recipients/nobody").status_code == 404
-    assert http.get("/api/v1/recipients/nobody").json()["error"]["code"] == "not_found"
+    assert api.get("/api/v1/recipients/nobody").status_code == 404
+    assert api.get("/api/v1/recipients/nobody").json()["error"]["code"] == "not_found"
 
 
 @pytest.mark.parametrize(
@@ -76,35 +67,35 @@ def test_recipient_put_creates_then_updates(http: APIClient) -> None:
         ("webhook_url", "nope"),
     ],
 )
-def test_recipient_validation_names_the_field(http: APIClient, field: str, value: str) -> None:
-    r = http.put("/api/v1/recipients/u-bad", {field: value}, format="json")
+def test_recipient_validation_names_the_field(api: APIClient, field: str, value: str) -> None:
+    r = api.put("/api/v1/recipients/u-bad", {field: value}, format="json")
     assert r.status_code == 400
     assert field in _fields(r)
     assert not Recipient.objects.filter(user_id="u-bad").exists()
 
 
-def test_devices_register_idempotently_and_delete(http: APIClient) -> None:
-    http.put("/api/v1/recipients/u-d", {}, format="json")
+def test_devices_register_idempotently_and_delete(api: APIClient) -> None:
+    api.put("/api/v1/recipients/u-d", {}, format="json")
     for _ in range(2):
-        r = http.post("/api/v1/recipients/u-d/devices", {"platform": "fcm", "token": "tok:abc"}, format="json")
+        r = api.post("/api/v1/recipients/u-d/devices", {"platform": "fcm", "token": "tok:abc"}, format="json")
         assert r.status_code == 201
     assert Device.objects.filter(token="tok:abc").count() == 1
-    assert http.get("/api/v1/recipients/u-d").json()["devices"] == [{"platform": "fcm", "token": "tok:abc"}]
-    assert "token" in _fields(http.post("/api/v1/recipients/u-d/devices", {"platform": "fcm"}, format="json"))
+    assert api.get("/api/v1/recipients/u-d").json()["devices"] == [{"platform": "fcm", "token": "tok:abc"}]
+    assert "token" in _fields(api.post("/api/v1/recipients/u-d/devices", {"platform": "fcm"}, format="json"))
     assert "platform" in _fields(
-        http.post("/api/v1/recipients/u-d/devices", {"platform": "carrier-pigeon", "token": "t"}, format="json")
+        api.post("/api/v1/recipients/u-d/devices", {"platform": "carrier-pigeon", "token": "t"}, format="json")
     )
-    assert http.post("/api/v1/recipients/nobody/devices", {"token": "t"}, format="json").status_code == 404
-    assert http.delete("/api/v1/recipients/u-d/devices/tok:abc").status_code == 204
-    assert http.delete("/api/v1/recipients/u-d/devices/tok:abc").status_code == 404
+    assert api.post("/api/v1/recipients/nobody/devices", {"token": "t"}, format="json").status_code == 404
+    assert api.delete("/api/v1/recipients/u-d/devices/tok:abc").status_code == 204
+    assert api.delete("/api/v1/recipients/u-d/devices/tok:abc").status_code == 404
     assert not Device.objects.exists()
 
 
-def test_suppressed_token_stays_inactive_when_registered_again(http: APIClient) -> None:
-    http.put("/api/v1/recipients/u-d", {}, format="json")
-    http.post("/api/v1/recipients/u-d/devices", {"token": "dead"}, format="json")
-    http.post("/api/v1/suppressions", {"channel": "push", "address": "dead"}, format="json")
-    r = http.post("/api/v1/recipients/u-d/devices", {"token": "dead"}, format="json")
+def test_suppressed_token_stays_inactive_when_registered_again(api: APIClient) -> None:
+    api.put("/api/v1/recipients/u-d", {}, format="json")
+    api.post("/api/v1/recipients/u-d/devices", {"token": "dead"}, format="json")
+    api.post("/api/v1/suppressions", {"channel": "push", "address": "dead"}, format="json")
+    r = api.post("/api/v1/recipients/u-d/devices", {"token": "dead"}, format="json")
     assert r.status_code == 201 and r.json()["active"] is False
 
 
@@ -116,18 +107,18 @@ PREFS = {
 }
 
 
-def test_preferences_round_trip(http: APIClient) -> None:
-    http.put("/api/v1/recipients/u-p", {}, format="json")
-    empty = http.get("/api/v1/recipients/u-p/preferences").json()
+def test_preferences_round_trip(api: APIClient) -> None:
+    api.put("/api/v1/recipients/u-p", {}, format="json")
+    empty = api.get("/api/v1/recipients/u-p/preferences").json()
     assert empty == {"opted_out": False, "channels": {}, "categories": {}, "quiet_hours": None}
-    r = http.put("/api/v1/recipients/u-p/preferences", PREFS, format="json")
+    r = api.put("/api/v1/recipients/u-p/preferences", PREFS, format="json")
     assert r.status_code == 200, r.content
     assert r.json() == PREFS
-    assert http.get("/api/v1/recipients/u-p/preferences").json() == PREFS
+    assert api.get("/api/v1/recipients/u-p/preferences").json() == PREFS
     recipient = Recipient.objects.get(user_id="u-p")
     assert recipient.quiet_start.hour == 22 and recipient.category_prefs["marketing"]["frequency"] == "daily_digest"
     # PUT replaces: quiet hours and categories left out are cleared.
-    r = http.put("/api/v1/recipients/u-p/preferences", {"opted_out": True}, format="json")
+    r = api.put("/api/v1/recipients/u-p/preferences", {"opted_out": True}, format="json")
     assert r.json() == {"opted_out": True, "channels": {}, "categories": {}, "quiet_hours": None}
 
 
@@ -149,81 +140,81 @@ def test_preferences_round_trip(http: APIClient) -> None:
         ({"opted_out": "perhaps"}, "opted_out"),
     ],
 )
-def test_preferences_validation(http: APIClient, body: dict[str, Any], field: str) -> None:
-    http.put("/api/v1/recipients/u-p", {}, format="json")
-    r = http.put("/api/v1/recipients/u-p/preferences", body, format="json")
+def test_preferences_validation(api: APIClient, body: dict[str, Any], field: str) -> None:
+    api.put("/api/v1/recipients/u-p", {}, format="json")
+    r = api.put("/api/v1/recipients/u-p/preferences", body, format="json")
     assert r.status_code == 400, r.content
     assert any(key.startswith(field) for key in _fields(r)), _fields(r)
 
 
-def test_preferences_of_unknown_recipient_404(http: APIClient) -> None:
-    assert http.get("/api/v1/recipients/ghost/preferences").status_code == 404
-    assert http.put("/api/v1/recipients/ghost/preferences", PREFS, format="json").status_code == 404
+def test_preferences_of_unknown_recipient_404(api: APIClient) -> None:
+    assert api.get("/api/v1/recipients/ghost/preferences").status_code == 404
+    assert api.put("/api/v1/recipients/ghost/preferences", PREFS, format="json").status_code == 404
 
 
-def test_suppressions_add_list_page_and_delete(http: APIClient) -> None:
-    r = http.post(
+def test_suppressions_add_list_page_and_delete(api: APIClient) -> None:
+    r = api.post(
         "/api/v1/suppressions", {"channel": "email", "address": "x@example.com", "reason": "asked"}, format="json"
     )
     assert r.status_code == 201
     sid = r.json()["id"]
     assert r.json()["source"] == "manual"
-    again = http.post("/api/v1/suppressions", {"channel": "email", "address": "x@example.com"}, format="json")
+    again = api.post("/api/v1/suppressions", {"channel": "email", "address": "x@example.com"}, format="json")
     assert again.status_code == 200 and again.json()["id"] == sid
     for i in range(5):
-        http.post("/api/v1/suppressions", {"channel": "sms", "address": f"+1555000000{i}"}, format="json")
-    assert "channel" in _fields(http.post("/api/v1/suppressions", {"channel": "fax", "address": "1"}, format="json"))
-    assert "address" in _fields(http.post("/api/v1/suppressions", {"channel": "sms"}, format="json"))
+        api.post("/api/v1/suppressions", {"channel": "sms", "address": f"+1555000000{i}"}, format="json")
+    assert "channel" in _fields(api.post("/api/v1/suppressions", {"channel": "fax", "address": "1"}, format="json"))
+    assert "address" in _fields(api.post("/api/v1/suppressions", {"channel": "sms"}, format="json"))
 
-    only = http.get("/api/v1/suppressions", {"channel": "email", "address": "x@example.com"}).json()
+    only = api.get("/api/v1/suppressions", {"channel": "email", "address": "x@example.com"}).json()
     assert [s["id"] for s in only["results"]] == [sid] and only["next_cursor"] is None
     seen: list[int] = []
     cursor: str | None = None
     while True:
         params = {"channel": "sms", "limit": 2, **({"cursor": cursor} if cursor else {})}
-        page = http.get("/api/v1/suppressions", params).json()
+        page = api.get("/api/v1/suppressions", params).json()
         seen += [s["id"] for s in page["results"]]
         cursor = page["next_cursor"]
         if cursor is None:
             break
     assert len(seen) == 5 and seen == sorted(seen) and len(set(seen)) == 5
-    assert http.get("/api/v1/suppressions", {"cursor": "!!"}).status_code == 400
-    assert http.get("/api/v1/suppressions", {"limit": 0}).status_code == 400
+    assert api.get("/api/v1/suppressions", {"cursor": "!!"}).status_code == 400
+    assert api.get("/api/v1/suppressions", {"limit": 0}).status_code == 400
 
-    assert http.delete(f"/api/v1/suppressions/{sid}").status_code == 204
-    assert http.delete(f"/api/v1/suppressions/{sid}").status_code == 404
+    assert api.delete(f"/api/v1/suppressions/{sid}").status_code == 204
+    assert api.delete(f"/api/v1/suppressions/{sid}").status_code == 404
     assert not Suppression.objects.filter(pk=sid).exists()
 
 
-def test_erasure_wipes_personal_data_and_keeps_rows(http: APIClient, client_row: ApiClient) -> None:
-    http.put(
+def test_erasure_wipes_personal_data_and_keeps_rows(api: APIClient, service: ApiClient) -> None:
+    api.put(
         "/api/v1/recipients/u-e",
         {"email": "e@example.com", "phone": "+4915112345678", "webhook_url": "https://h.example.com/"},
         format="json",
     )
-    http.put("/api/v1/recipients/u-e/preferences", PREFS, format="json")
-    http.post("/api/v1/recipients/u-e/devices", {"token": "tok-e"}, format="json")
+    api.put("/api/v1/recipients/u-e/preferences", PREFS, format="json")
+    api.post("/api/v1/recipients/u-e/devices", {"token": "tok-e"}, format="json")
     recipient = Recipient.objects.get(user_id="u-e")
-    topic = Topic.objects.create(key="news")
-    Subscription.objects.create(topic=topic, recipient=recipient)
+    topic = make_topic(key="news")
+    make_subscription(topic=topic, recipient=recipient)
     other, _ = Recipient.objects.get_or_create(user_id="u-other")
-    n = Notification.objects.create(
-        client=client_row, category="transactional", template_key="t", recipient=recipient, priority="high"
+    n = make_notification(
+        client=service, category="transactional", template_key="t", recipient=recipient, priority="high"
     )
-    mine = Delivery.objects.create(
+    mine = make_delivery(
         notification=n, recipient=recipient, channel="email", priority="high", address="e@example.com",
         status="sent", content={"subject": "Hello Erin"},
     )  # fmt: skip
-    theirs = Delivery.objects.create(
+    theirs = make_delivery(
         notification=n, recipient=other, channel="email", priority="high", address="o@example.com", status="sent"
     )
-    SandboxMessage.objects.create(delivery_id=mine.pk, channel="email", address="e@example.com", content={"s": 1})
-    SandboxMessage.objects.create(delivery_id=theirs.pk, channel="email", address="o@example.com", content={"s": 2})
-    DeliveryEvent.objects.create(delivery=mine, status="sent", at=mine.created_at)
+    make_sandbox_message(delivery_id=mine.pk, channel="email", address="e@example.com", content={"s": 1})
+    make_sandbox_message(delivery_id=theirs.pk, channel="email", address="o@example.com", content={"s": 2})
+    make_delivery_event(delivery=mine, status="sent", at=mine.created_at)
 
-    assert http.delete("/api/v1/recipients/u-e").status_code == 204
-    assert http.get("/api/v1/recipients/u-e").status_code == 404
-    assert http.delete("/api/v1/recipients/u-e").status_code == 404
+    assert api.delete("/api/v1/recipients/u-e").status_code == 204
+    assert api.get("/api/v1/recipients/u-e").status_code == 404
+    assert api.delete("/api/v1/recipients/u-e").status_code == 404
 
     recipient.refresh_from_db()
     assert recipient.erased_at is not None
@@ -242,6 +233,6 @@ def test_erasure_wipes_personal_data_and_keeps_rows(http: APIClient, client_row:
     assert SandboxMessage.objects.get(delivery_id=theirs.pk).address == "o@example.com"
 
     # Upserting again revives the recipient with only the new data.
-    assert http.put("/api/v1/recipients/u-e", {"locale": "en"}, format="json").status_code == 200
-    got = http.get("/api/v1/recipients/u-e").json()
+    assert api.put("/api/v1/recipients/u-e", {"locale": "en"}, format="json").status_code == 200
+    got = api.get("/api/v1/recipients/u-e").json()
     assert got["email"] == "" and got["locale"] == "en"

@@ -9,22 +9,16 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from notifier.auth import generate_key, hash_key
 from notifier.models import ApiClient, Delivery, DeliveryEvent, Notification
 from preferences.digest import digest_flush, is_digest
 from preferences.models import Recipient
+from tests.factories import make_delivery, make_notification, make_recipient
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def client_row() -> ApiClient:
-    raw, prefix = generate_key()
-    return ApiClient.objects.create(name="svc-digest", key_prefix=prefix, key_hash=hash_key(raw))
-
-
-@pytest.fixture
-def park(client_row: ApiClient) -> Callable[..., Delivery]:
+def park(service: ApiClient) -> Callable[..., Delivery]:
     """Create a delivery the way the pipeline parks a digest one: deferred, reason digest:<freq>, no not_before."""
     counter = {"n": 0}
 
@@ -32,8 +26,8 @@ def park(client_row: ApiClient) -> Callable[..., Delivery]:
         recipient: Recipient, channel: str = "email", frequency: str = "daily_digest", category: str = "marketing"
     ) -> Delivery:
         counter["n"] += 1
-        n = Notification.objects.create(
-            client=client_row,
+        n = make_notification(
+            client=service,
             category=category,
             template_key=f"promo_{counter['n'] % 3}",
             payload={"n": counter["n"]},
@@ -42,7 +36,7 @@ def park(client_row: ApiClient) -> Callable[..., Delivery]:
             priority="low",
             channels=[channel],
         )
-        return Delivery.objects.create(
+        return make_delivery(
             notification=n,
             recipient=recipient,
             channel=channel,
@@ -65,8 +59,8 @@ def test_many_deferred_deliveries_become_one_digest(
     park: Callable[..., Delivery], django_capture_on_commit_callbacks: Callable[..., Any]
 ) -> None:
     pytest.importorskip("notifier.outbox")
-    alice = Recipient.objects.create(user_id="alice", email="alice@example.com")
-    bob = Recipient.objects.create(user_id="bob", email="bob@example.com")
+    alice = make_recipient(user_id="alice", email="alice@example.com")
+    bob = make_recipient(user_id="bob", email="bob@example.com")
     alice_mail = [park(alice) for _ in range(50)]
     alice_inbox = [park(alice, channel="inapp") for _ in range(3)]
     bob_mail = [park(bob) for _ in range(2)]
@@ -113,7 +107,7 @@ def test_flush_respects_cutoff_and_separates_categories(
     park: Callable[..., Delivery], django_capture_on_commit_callbacks: Callable[..., Any]
 ) -> None:
     pytest.importorskip("notifier.outbox")
-    carol = Recipient.objects.create(user_id="carol", email="carol@example.com")
+    carol = make_recipient(user_id="carol", email="carol@example.com")
     park(carol)
     park(carol, category="social")
     late = park(carol)
@@ -130,7 +124,7 @@ def test_flush_digests_task_and_bad_frequency(
     pytest.importorskip("notifier.outbox")
     from preferences.tasks import flush_digests
 
-    dave = Recipient.objects.create(user_id="dave", email="dave@example.com")
+    dave = make_recipient(user_id="dave", email="dave@example.com")
     for _ in range(4):
         park(dave, frequency="hourly_digest")
     with django_capture_on_commit_callbacks(execute=True):
@@ -144,7 +138,7 @@ def test_digest_settings_template_key(
 ) -> None:
     pytest.importorskip("notifier.outbox")
     settings.DIGEST_TEMPLATE_KEY = "weekly_roundup"
-    erin = Recipient.objects.create(user_id="erin", email="erin@example.com")
+    erin = make_recipient(user_id="erin", email="erin@example.com")
     park(erin)
     assert _flush(django_capture_on_commit_callbacks, frequency="daily") == 1
     assert Notification.objects.filter(template_key="weekly_roundup", recipient=erin).count() == 1

@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -32,60 +30,10 @@ from preferences.services import recipient_upsert
 from templates_app.services import template_put
 from tests.conftest import wait_for
 from tests.redis_server import RedisServer
-from tests.stubs.http import RecordedRequest, StubResponse
-from tests.stubs.webhook import WebhookReceiver
+from tests.stubs.webhook import TimedReceiver
 
 CONTENT = {"en": {"webhook": {"body": {"event": "notice", "ref": "{{ ref }}"}}}}
 TEMPLATES = {"tx": "transactional", "sec": "security", "mkt": "marketing"}
-
-
-@dataclass(frozen=True)
-class Hit:
-    """One request the receiver saw: wall-clock arrival time, delivery id and the status it answered."""
-
-    at: float
-    delivery_id: int
-    status: int
-
-
-class TimedReceiver(WebhookReceiver):
-    """A webhook receiver that timestamps every request and can be switched to 429 or 503 while a flag is set."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.hits: list[Hit] = []
-        self.throttling = threading.Event()
-        self.down = threading.Event()
-        self.retry_after = "1"
-        self.add_rule(self._throttled, match=lambda _: self.throttling.is_set())
-        self.add_rule(StubResponse(503, b'{"error":"down"}'), match=lambda _: self.down.is_set())
-
-    def _throttled(self, request: RecordedRequest) -> StubResponse:
-        return StubResponse(429, b'{"error":"slow down"}', {"Retry-After": self.retry_after})
-
-    def _dispatch(self, request: RecordedRequest) -> StubResponse:
-        arrived = time.time()
-        response = super()._dispatch(request)
-        webhook_id = request.header("webhook-id") or "dlv_0"
-        with self._lock:
-            self.hits.append(Hit(arrived, int(webhook_id.removeprefix("dlv_")), response.status))
-        return response
-
-    def snapshot(self) -> list[Hit]:
-        """Return a copy of the hits so far, in arrival order."""
-        with self._lock:
-            return sorted(self.hits, key=lambda h: h.at)
-
-    def ok_per_delivery(self) -> Counter[int]:
-        """Return how many 2xx answers each delivery id got."""
-        return Counter(h.delivery_id for h in self.snapshot() if 200 <= h.status < 300)
-
-
-@pytest.fixture
-def receiver() -> Iterator[TimedReceiver]:
-    """Start a timestamping webhook receiver on 127.0.0.1."""
-    with TimedReceiver() as server:
-        yield server  # type: ignore[misc]
 
 
 def _worker_env(webhook_env: dict[str, str], *, limits: dict[str, Any] | None = None, **extra: str) -> dict[str, str]:

@@ -14,6 +14,7 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from notifier.errors import ApiError
 from notifier.models import ApiClient
 from notifier.scopes import SCOPES, parse_scopes, view_scope
+from tests.factories import make_api_client
 
 METHODS = ("get", "post", "put", "patch", "delete")
 SAMPLE = {"int": "1", "uuid": str(uuid.uuid4()), "slug": "k", "str": "x", "path": "x"}
@@ -112,6 +113,6 @@ def test_create_api_client_scopes(capsys: pytest.CaptureFixture[str]) -> None:
 @pytest.mark.django_db
 def test_demo_key_has_every_scope(tmp_path: Any, settings: Any) -> None:
     settings.BASE_DIR = tmp_path
-    ApiClient.objects.create(name="demo", key_prefix="old", key_hash="0" * 64)  # from before scopes: send only
+    make_api_client(name="demo", key_prefix="old", key_hash="0" * 64)  # from before scopes: send only
     call_command("bootstrap_demo")
     assert ApiClient.objects.get(name="demo").scopes == list(SCOPES)

@@ -17,20 +17,13 @@ from django.conf import settings
 from django.utils import timezone
 
 from channels_app.services import deliver
-from notifier.models import ApiClient, DeadLetter, Delivery, DeliveryEvent
+from notifier.models import DeadLetter, Delivery, DeliveryEvent
 from notifier.outbox import relay
 from templates_app.services import template_put
 from tests.batches import make_batch, publish_as_one, webhook_template
 from tests.conftest import wait_for
-from tests.factories import make_delivery
-from tests.test_resilience_e2e import TimedReceiver
-
-
-@pytest.fixture
-def receiver() -> Any:
-    """Start a webhook receiver that records which delivery each request carried."""
-    with TimedReceiver() as server:
-        yield server
+from tests.factories import make_api_client, make_delivery
+from tests.stubs.webhook import TimedReceiver
 
 
 def _statuses(ids: list[int]) -> Counter[str]:
@@ -46,7 +39,7 @@ def test_one_poison_delivery_fails_alone_in_a_batch_of_500(
     url = f"{receiver.url}/hooks"
     ids = make_batch(n=499, address=url)
     tag = uuid.uuid4().hex[:8]
-    bad_client = ApiClient.objects.create(
+    bad_client = make_api_client(
         name=f"bad-{tag}", key_prefix=tag, key_hash=uuid.uuid4().hex * 2, webhook_secret="whsec_not*base64!"
     )
     [poison] = make_batch(n=1, address=url, client=bad_client)

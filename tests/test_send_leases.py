@@ -24,16 +24,9 @@ from tests.batches import make_batch, publish_as_one, webhook_template
 from tests.conftest import wait_for
 from tests.stubs.config import WEBHOOK_SECRET
 from tests.stubs.http import StubResponse
-from tests.test_resilience_e2e import TimedReceiver
+from tests.stubs.webhook import TimedReceiver
 
 NO_LIMIT = json.dumps({"webhook": {"rate": 100000, "burst": 100000}})
-
-
-@pytest.fixture
-def receiver() -> Any:
-    """Start a webhook receiver that records which delivery each request carried."""
-    with TimedReceiver() as server:
-        yield server
 
 
 def _statuses(ids: list[int]) -> Counter[str]:

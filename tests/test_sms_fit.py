@@ -6,7 +6,6 @@ import json
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import reverse
 
@@ -18,6 +17,7 @@ from notifier.models import Delivery
 from preferences.services import recipient_upsert
 from templates_app.services import template_put
 from tests.conftest import wait_for
+from tests.factories import make_staff_user
 
 CONTENT = {"en": {"sms": {"text": "{{ text }}"}}}
 
@@ -103,9 +103,8 @@ def test_preview_shows_encoding_segments_and_warns(api: Any, settings: Any) -> N
     over = preview("a" * 400)
     assert over["segments"] == 3 and "too_long" in over["warning"]
 
-    User.objects.create_superuser("support", "support@example.com", "pw-123456")
     staff = Client()
-    assert staff.login(username="support", password="pw-123456")
+    staff.force_login(make_staff_user("support", superuser=True))
     from templates_app.models import TemplateVersion
 
     version = TemplateVersion.objects.get(template__key="say")

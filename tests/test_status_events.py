@@ -21,7 +21,8 @@ from notifier.services import api_client_create, notification_accept
 from preferences.services import recipient_upsert, suppression_add
 from templates_app.services import template_put
 from tests import factories
-from tests.conftest import ALL_SEND_QUEUES, wait_for
+from tests.conftest import ALL_SEND_QUEUES, bearer_client, wait_for
+from tests.factories import make_event_attempt, make_staff_user
 from tests.stubs.webhook import WebhookReceiver
 from tests.test_callbacks_ses import _stub_server, notification, post, ses_event, signing, stub  # noqa: F401
 
@@ -37,8 +38,7 @@ FAST = {"EVENT_RETRY_BASE_SECONDS": "0.3", "EVENT_RETRY_MAX_SECONDS": "1", "WEBH
 
 def _http(client_name: str) -> tuple[ApiClient, APIClient]:
     client, key = api_client_create(name=client_name)
-    http = APIClient()
-    http.credentials(HTTP_AUTHORIZATION=f"Bearer {key}")
+    http = bearer_client(key)
     return client, http
 
 
@@ -264,7 +264,6 @@ def test_events_are_recorded_in_one_statement_per_batch_only_for_subscribed_clie
 
 @pytest.mark.django_db
 def test_admin_shows_endpoints_and_their_attempts_but_never_the_secret(client: Any) -> None:
-    from django.contrib.auth.models import User
     from django.utils import timezone
 
     from notifier.statusevents.services import event_endpoint_put
@@ -273,12 +272,11 @@ def test_admin_shows_endpoints_and_their_attempts_but_never_the_secret(client: A
     endpoint, secret = event_endpoint_put(
         client=api_client, url="https://hooks.example.com/e", statuses=["sent"], max_batch=1
     )
-    EventAttempt.objects.create(
+    make_event_attempt(
         endpoint=endpoint, first_event_id=7, last_event_id=7, events=1, ok=False, status_code=503,
         error="HTTP 503", at=timezone.now(),
     )  # fmt: skip
-    User.objects.create_superuser("ops", "ops@example.com", "pw")
-    client.login(username="ops", password="pw")
+    client.force_login(make_staff_user("ops", superuser=True))
     page = client.get(f"/admin/notifier/eventendpoint/{endpoint.pk}/change/")
     assert page.status_code == 200
     html = page.content.decode()

@@ -7,12 +7,12 @@ import json
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import User
 from django.urls import reverse
 
 from notifier.models import Delivery
 from templates_app.services import template_put
 from tests.conftest import wait_for
+from tests.factories import make_staff_user
 
 # Refused at save: what breaks the budget is in the template itself.
 STATIC_BOMBS = {
@@ -107,8 +107,7 @@ def test_previewing_a_draft_needs_the_templates_scope(api: Any, api_client_facto
 
 @pytest.mark.django_db
 def test_the_admin_preview_is_bounded_too(client: Any) -> None:
-    User.objects.create_superuser("staff", "staff@example.com", "pw")
-    client.login(username="staff", password="pw")
+    client.force_login(make_staff_user("staff", superuser=True))
     version = template_put(
         key="bomb", category="transactional", default_locale="en",
         content={"en": {"inapp": {"title": "t", "body": DYNAMIC_BOMBS["namespace_doubling"]}}},

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from django.contrib import admin
-from django.contrib.auth.models import Permission, User
+from django.contrib.auth.models import Permission
 from django.test import Client
 from django.urls import path, reverse
 
@@ -16,9 +16,10 @@ from audit.models import AuditEntry
 from templates_app.admin_editor import field_name, part_to_text
 from templates_app.models import Template, TemplateVersion
 from templates_app.services import template_put
+from tests.factories import make_staff_user
 
 urlpatterns = [path("admin/", admin.site.urls)]
-pytestmark = [pytest.mark.django_db, pytest.mark.urls(__name__)]
+pytestmark = [pytest.mark.django_db, pytest.mark.urls(__name__), pytest.mark.staff_user("support")]
 
 CONTENT: dict[str, Any] = {
     "en": {
@@ -27,14 +28,6 @@ CONTENT: dict[str, Any] = {
     },
     "pt": {"sms": {"text": "Pedido {{ order_id }}"}},
 }
-
-
-@pytest.fixture
-def staff() -> Client:
-    User.objects.create_superuser("support", "support@example.com", "pw-123456")
-    client = Client()
-    assert client.login(username="support", password="pw-123456")
-    return client
 
 
 def blocks(content: dict[str, Any]) -> dict[str, str]:
@@ -247,7 +240,7 @@ def test_publish_after_confirmation_and_roll_back_with_the_action(staff: Client)
 def test_viewer_can_preview_but_not_publish() -> None:
     v1 = template_put(key="t", category="transactional", default_locale="en", content=CONTENT)
     v2 = template_put(key="t", category="transactional", default_locale="en", content=CONTENT, publish=False)
-    viewer = User.objects.create_user("viewer", password="pw-123456", is_staff=True)
+    viewer = make_staff_user("viewer")
     viewer.user_permissions.add(*Permission.objects.filter(codename__in=["view_template", "view_templateversion"]))
     client = Client()
     assert client.login(username="viewer", password="pw-123456")
@@ -258,7 +251,7 @@ def test_viewer_can_preview_but_not_publish() -> None:
 
 def test_editor_without_publish_permission_saves_drafts_only() -> None:
     v1 = template_put(key="t", category="transactional", default_locale="en", content=CONTENT)
-    editor = User.objects.create_user("editor", password="pw-123456", is_staff=True)
+    editor = make_staff_user("editor")
     editor.user_permissions.add(
         *Permission.objects.filter(codename__in=["view_template", "change_template", "view_templateversion"])
     )

@@ -6,73 +6,62 @@ import pytest
 from django.urls import include, path
 from rest_framework.test import APIClient
 
-from notifier.auth import generate_key, hash_key
-from notifier.models import ApiClient
-from notifier.scopes import SCOPES
 from preferences.models import Recipient, Subscription
+from tests.factories import make_recipient
 
 urlpatterns = [path("api/v1/", include("preferences.urls"))]
 
 pytestmark = [pytest.mark.django_db, pytest.mark.urls(__name__)]
 
 
-@pytest.fixture
-def http() -> APIClient:
-    raw, prefix = generate_key()
-    ApiClient.objects.create(name="svc-topics", key_prefix=prefix, key_hash=hash_key(raw), scopes=list(SCOPES))
-    c = APIClient()
-    c.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
-    return c
-
-
-def test_topic_put_get(http: APIClient) -> None:
-    r = http.put("/api/v1/topics/all-users", {"name": "All users"}, format="json")
+def test_topic_put_get(api: APIClient) -> None:
+    r = api.put("/api/v1/topics/all-users", {"name": "All users"}, format="json")
     assert r.status_code == 201
     assert r.json()["key"] == "all-users" and r.json()["subscribers"] == 0
-    r = http.put("/api/v1/topics/all-users", {"name": "Everyone"}, format="json")
+    r = api.put("/api/v1/topics/all-users", {"name": "Everyone"}, format="json")
     assert r.status_code == 200 and r.json()["name"] == "Everyone"
-    assert http.get("/api/v1/topics/all-users").json()["name"] == "Everyone"
-    assert http.get("/api/v1/topics/nope").status_code == 404
-    assert http.put("/api/v1/topics/" + "k" * 129, {"name": "x"}, format="json").status_code == 400
-    assert "name" in http.put("/api/v1/topics/t", {"name": "x" * 300}, format="json").json()["error"]["fields"]
+    assert api.get("/api/v1/topics/all-users").json()["name"] == "Everyone"
+    assert api.get("/api/v1/topics/nope").status_code == 404
+    assert api.put("/api/v1/topics/" + "k" * 129, {"name": "x"}, format="json").status_code == 400
+    assert "name" in api.put("/api/v1/topics/t", {"name": "x" * 300}, format="json").json()["error"]["fields"]
 
 
-def test_bulk_subscribe_ten_thousand(http: APIClient, django_assert_max_num_queries: object) -> None:
-    http.put("/api/v1/topics/big", {"name": "Big"}, format="json")
-    Recipient.objects.create(user_id="u-00005", email="keep@example.com")  # an existing recipient is reused
+def test_bulk_subscribe_ten_thousand(api: APIClient, django_assert_max_num_queries: object) -> None:
+    api.put("/api/v1/topics/big", {"name": "Big"}, format="json")
+    make_recipient(user_id="u-00005", email="keep@example.com")  # an existing recipient is reused
     user_ids = [f"u-{i:05d}" for i in range(10_000)]
     # A bounded number of round trips, not one per user id.
     with django_assert_max_num_queries(30):  # type: ignore[operator]
-        r = http.post("/api/v1/topics/big/subscribers", {"user_ids": user_ids}, format="json")
+        r = api.post("/api/v1/topics/big/subscribers", {"user_ids": user_ids}, format="json")
     assert r.status_code == 200, r.content
     assert r.json() == {"added": 10_000, "total": 10_000}
     assert Recipient.objects.filter(user_id__startswith="u-").count() == 10_000
     assert Recipient.objects.get(user_id="u-00005").email == "keep@example.com"
-    assert http.get("/api/v1/topics/big").json()["subscribers"] == 10_000
+    assert api.get("/api/v1/topics/big").json()["subscribers"] == 10_000
 
     # Again, with some new ids and duplicates in the list: only the new ones count.
-    r = http.post("/api/v1/topics/big/subscribers", {"user_ids": [*user_ids[:10], "new-1", "new-1"]}, format="json")
+    r = api.post("/api/v1/topics/big/subscribers", {"user_ids": [*user_ids[:10], "new-1", "new-1"]}, format="json")
     assert r.json() == {"added": 1, "total": 10_001}
 
 
-def test_bulk_subscribe_limits_and_errors(http: APIClient) -> None:
-    http.put("/api/v1/topics/t", {"name": "T"}, format="json")
+def test_bulk_subscribe_limits_and_errors(api: APIClient) -> None:
+    api.put("/api/v1/topics/t", {"name": "T"}, format="json")
     too_many = [f"u{i}" for i in range(10_001)]
-    r = http.post("/api/v1/topics/t/subscribers", {"user_ids": too_many}, format="json")
+    r = api.post("/api/v1/topics/t/subscribers", {"user_ids": too_many}, format="json")
     assert r.status_code == 400 and "user_ids" in r.json()["error"]["fields"]
     assert not Recipient.objects.exists()
     for body in ({}, {"user_ids": []}, {"user_ids": "u1"}, {"user_ids": ["x" * 256]}, {"user_ids": [None]}):
-        r = http.post("/api/v1/topics/t/subscribers", body, format="json")
+        r = api.post("/api/v1/topics/t/subscribers", body, format="json")
         assert r.status_code == 400, body
         assert any(k.startswith("user_ids") for k in r.json()["error"]["fields"]), body
-    assert http.post("/api/v1/topics/missing/subscribers", {"user_ids": ["a"]}, format="json").status_code == 404
+    assert api.post("/api/v1/topics/missing/subscribers", {"user_ids": ["a"]}, format="json").status_code == 404
 
 
-def test_unsubscribe_one(http: APIClient) -> None:
-    http.put("/api/v1/topics/t", {"name": "T"}, format="json")
-    http.post("/api/v1/topics/t/subscribers", {"user_ids": ["a", "b"]}, format="json")
-    assert http.delete("/api/v1/topics/t/subscribers/a").status_code == 204
+def test_unsubscribe_one(api: APIClient) -> None:
+    api.put("/api/v1/topics/t", {"name": "T"}, format="json")
+    api.post("/api/v1/topics/t/subscribers", {"user_ids": ["a", "b"]}, format="json")
+    assert api.delete("/api/v1/topics/t/subscribers/a").status_code == 204
     assert list(Subscription.objects.values_list("recipient__user_id", flat=True)) == ["b"]
-    assert http.delete("/api/v1/topics/t/subscribers/a").status_code == 204  # idempotent
-    assert http.delete("/api/v1/topics/missing/subscribers/a").status_code == 404
-    assert http.get("/api/v1/topics/t").json()["subscribers"] == 1
+    assert api.delete("/api/v1/topics/t/subscribers/a").status_code == 204  # idempotent
+    assert api.delete("/api/v1/topics/missing/subscribers/a").status_code == 404
+    assert api.get("/api/v1/topics/t").json()["subscribers"] == 1

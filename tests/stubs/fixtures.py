@@ -19,13 +19,20 @@ from tests.stubs.config import EMAIL_FROM, SMS_FROM, WEBHOOK_SECRET
 from tests.stubs.fcm import FcmStub
 from tests.stubs.smtp import SmtpStub
 from tests.stubs.twilio import TwilioStub
-from tests.stubs.webhook import WebhookReceiver
+from tests.stubs.webhook import TimedReceiver, WebhookReceiver
 
 
 @pytest.fixture
 def webhook_receiver() -> Iterator[WebhookReceiver]:
     """A webhook receiver on 127.0.0.1."""
     with WebhookReceiver() as server:
+        yield server
+
+
+@pytest.fixture
+def receiver() -> Iterator[TimedReceiver]:
+    """A webhook receiver on 127.0.0.1 that timestamps each request and records which delivery it carried."""
+    with TimedReceiver() as server:
         yield server
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import secrets
 from typing import Any
 
@@ -11,6 +10,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 
 from audit.services import SYSTEM, audit_record
+from core.env import env
 from notifier.roles import ROLES
 from notifier.services import staff_roles_sync
 
@@ -36,7 +36,7 @@ class Command(BaseCommand):
             raise CommandError(f"A user named '{name}' exists already.")
         staff_roles_sync()
         group = Group.objects.get(name=role)
-        password = os.environ.get(PASSWORD_ENV) or ""
+        password = env.str(PASSWORD_ENV)
         generated = not password
         if generated:
             password = secrets.token_urlsafe(12)
