@@ -58,17 +58,21 @@ def _psql(sql: str, db: str = "postgres") -> None:
     subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-d", db, "-qc", sql], check=True, capture_output=True)
 
 
-def prepare() -> None:
-    """Create the bench database and vhost from scratch, migrate, and set up Django in this process."""
+def prepare(*, broker: bool = True) -> None:
+    """Create the bench database and vhost from scratch, migrate, and set up Django in this process.
+
+    `broker=False` leaves RabbitMQ alone (a benchmark that publishes nothing need not churn a vhost).
+    """
     os.environ.update(ENV)
-    try:
-        subprocess.run(["rabbitmqctl", "-q", "delete_vhost", VHOST], capture_output=True, check=False, timeout=60)
-        subprocess.run(["rabbitmqctl", "-q", "add_vhost", VHOST], capture_output=True, check=True, timeout=60)
-        permissions = ["rabbitmqctl", "-q", "set_permissions", "-p", VHOST, "guest", ".*", ".*", ".*"]
-        subprocess.run(permissions, capture_output=True, check=True, timeout=60)
-    except (subprocess.TimeoutExpired, subprocess.CalledProcessError):
-        # A broken broker need not stop the benchmarks that do not use it (inbox_streams.py --direct).
-        log("rabbitmqctl failed or did not answer within 60 s: the broker is unavailable")
+    if broker:
+        try:
+            subprocess.run(["rabbitmqctl", "-q", "delete_vhost", VHOST], capture_output=True, check=False, timeout=60)
+            subprocess.run(["rabbitmqctl", "-q", "add_vhost", VHOST], capture_output=True, check=True, timeout=60)
+            permissions = ["rabbitmqctl", "-q", "set_permissions", "-p", VHOST, "guest", ".*", ".*", ".*"]
+            subprocess.run(permissions, capture_output=True, check=True, timeout=60)
+        except (subprocess.TimeoutExpired, subprocess.CalledProcessError):
+            # A broken broker need not stop the benchmarks that do not use it (inbox_streams.py --direct).
+            log("rabbitmqctl failed or did not answer within 60 s: the broker is unavailable")
     _psql(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
     _psql(f"CREATE DATABASE {DB_NAME}")
     log("migrating the bench database")
@@ -79,8 +83,8 @@ def prepare() -> None:
     django.setup()
 
 
-def cleanup(keep: bool) -> None:
-    """Drop the bench database and vhost (unless keep)."""
+def cleanup(keep: bool, *, broker: bool = True) -> None:
+    """Drop the bench database and vhost (unless keep; the vhost only if `prepare` made one)."""
     from django.db import connections
 
     connections.close_all()
@@ -88,6 +92,8 @@ def cleanup(keep: bool) -> None:
         log(f"kept database {DB_NAME} and vhost {VHOST}")
         return
     _psql(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
+    if not broker:
+        return
     try:
         subprocess.run(["rabbitmqctl", "-q", "delete_vhost", VHOST], capture_output=True, check=False, timeout=60)
     except subprocess.TimeoutExpired:
