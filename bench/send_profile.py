@@ -17,7 +17,6 @@ import os
 import pstats
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -25,58 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 # A database of its own beside the other benchmarks of this namespace (they may run at the same time).
 os.environ["BENCH_NS"] = os.environ.get("BENCH_NS", "") + "_profile"
 
-from bench._common import cleanup, log, make_template, make_topic, parser, prepare
-
-_stats: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
-
-
-def _label(sql: str) -> str:
-    words = " ".join(sql.split())
-    for marker in ("notifier_", "channels_app_", "preferences_", "templates_app_"):
-        at = words.find(marker)
-        if at >= 0:
-            table = words[at:].split()[0].strip('"(),')
-            break
-    else:
-        table = ""
-    head = words.split(None, 1)[0].upper() if words else "?"
-    if "pg_notify" in words:
-        head += " (reach)"
-    return f"{head} {table}"[:70]
-
-
-def _count(sql: str, seconds: float) -> None:
-    entry = _stats[_label(sql)]
-    entry[0] += 1
-    entry[1] += seconds
-
-
-def _instrument() -> None:
-    """Count every statement: the raw cursor of the hot paths and Django's own (ORM) ones."""
-    from django.db import connection
-
-    from notifier import db
-
-    original = db._LoggedCursor.execute
-
-    def execute(self: Any, sql: str, params: Any = None, **kwargs: Any) -> Any:
-        started = time.perf_counter()
-        try:
-            return original(self, sql, params, **kwargs)
-        finally:
-            _count(sql, time.perf_counter() - started)
-
-    db._LoggedCursor.execute = execute  # type: ignore[method-assign]
-
-    def wrapper(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
-        started = time.perf_counter()
-        try:
-            return execute(sql, params, many, context)
-        finally:
-            _count(sql, time.perf_counter() - started)
-
-    connection.ensure_connection()
-    connection.execute_wrappers.insert(0, wrapper)
+from bench._common import StatementCounter, cleanup, log, make_template, make_topic, parser, prepare
 
 
 def _deliveries(n: int) -> list[int]:
@@ -135,11 +83,11 @@ def run(args: Any) -> None:
     ids = _deliveries(args.batch * (args.batches + 1))
     batches = [ids[i : i + args.batch] for i in range(0, len(ids), args.batch)]
     deliver(batches[0])  # warm-up: template, connection, caches
-    _instrument()
+    statements = StatementCounter().install()
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_backend_pid()")
         backend = psutil.Process(cursor.fetchone()[0])
-    _stats.clear()
+    statements.clear()
     profiler = cProfile.Profile()
     py0, pg0, wall0 = time.process_time(), sum(backend.cpu_times()[:2]), time.perf_counter()
     sent = 0
@@ -158,11 +106,7 @@ def run(args: Any) -> None:
     print(f"worker CPU (this process)  {(py1 - py0) * 1000 * per_k:7.0f} ms per 1,000 deliveries")
     print(f"PostgreSQL backend CPU     {(pg1 - pg0) * 1000 * per_k:7.0f} ms per 1,000 deliveries")
     print(f"statements per batch of {args.batch}, wall ms per 1,000 deliveries (client side, includes the server):")
-    total_count = sum(c for c, _ in _stats.values())
-    total_ms = sum(s for _, s in _stats.values()) * 1000
-    for label, (count, seconds) in sorted(_stats.items(), key=lambda kv: -kv[1][1]):
-        print(f"  {count / args.batches:7.1f}  {seconds * 1000 * per_k:7.1f} ms  {label}")
-    print(f"  {total_count / args.batches:7.1f}  {total_ms * per_k:7.1f} ms  (all statements)")
+    statements.report(per=args.batches, ms_scale=per_k)
     if args.cprofile:
         out = io.StringIO()
         pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(args.cprofile)
