@@ -95,6 +95,9 @@ class Outcomes:
         self.clock = clock or DbClock()
         # Admitted breaker slots per provider for this batch (channels_app.guards hands them out).
         self.breaker_slots: dict[str, list[float]] = {}
+        # Whether status changes may concern anyone listening (an in-app delivery, a client with an event
+        # endpoint): decided once per batch by the pipeline; when not, no status-event statement per write.
+        self.reach = True
         self._reset()
 
     def _reset(self) -> None:
@@ -345,7 +348,7 @@ class Outcomes:
     ) -> None:
         with transaction.atomic():
             self._write_rows(updates, at)
-            record_events(events, at=at)
+            record_events(events, at=at, reach=self.reach)
             # In the same transaction as the failure: once a delivery reads failed, its address is suppressed.
             for channel, address, code in suppress:
                 suppression_add(channel=channel, address=address, source="invalid", reason=f"provider error {code}")

@@ -26,7 +26,7 @@ from channels_app.outcomes import BatchReport, DbClock, Outcomes, backoff_second
 from channels_app.providers import registry
 from channels_app.providers.base import OutboundMessage, RetriableError, SendResult
 from channels_app.sms_fit import sms_fit
-from notifier import frequency
+from notifier import config_cache, frequency
 from notifier.db import RowLoader, bound_cursor, int_array
 from notifier.models import Campaign, Delivery, Notification
 from notifier.tracking.services import decorate as tracking_decorate
@@ -246,6 +246,10 @@ def _deliver_claimed(claimed: Claim, out: Outcomes) -> None:
     )
     for delivery in deliveries:
         delivery.notification = notifications[delivery.notification_id]
+    # Status events and inbox notifications only where someone listens: decided once for the batch.
+    out.reach = any(d.channel == "inapp" for d in deliveries) or any(
+        config_cache.has_event_endpoint(client_id) for client_id in {n.client_id for n in notifications.values()}
+    )
     live = []
     for delivery in deliveries:
         if delivery.pk in claimed.reclaimed and delivery.attempts > settings.DELIVERY_MAX_ATTEMPTS:

@@ -1,16 +1,22 @@
 """Per-process caches of what every accept reads and seldom changes: API clients by key, template versions.
 
+(And, for the send pipeline, whether a client has an event endpoint: a batch whose clients have none and
+whose deliveries are not in-app writes no status-event statement.)
+
 An accept read its client (authentication) and its template's published version from the database each time:
 two queries, about a quarter of its CPU. Both are kept here, per process, and invalidated by a generation
-number in Redis: every save or delete of an ApiClient, Template or TemplateVersion (any process, admin or API)
-bumps it after commit, and a lookup first reads it (one Redis GET, far cheaper than a query) and drops the
-process's entries when it moved. A key revoked or rotated, or a template published, is therefore seen by the
-next request of every process, not after a TTL: a post_save signal with a TTL alone would leave a revoked key
-working in the other processes for the TTL. Writes that bypass model signals (`QuerySet.update`) must call
-`config_changed()` themselves; the only one on these models updates `last_used_at`, which no lookup depends on.
+number in Redis: every save or delete of an ApiClient, EventEndpoint, Template or TemplateVersion (any
+process, admin or API) bumps it after commit, and a lookup first reads it (one Redis GET, far cheaper than a
+query) and drops the process's entries when it moved. A key revoked or rotated, or a template published, is
+therefore seen by the next request of every process, not after a TTL: a post_save signal with a TTL alone
+would leave a revoked key working in the other processes for the TTL. Writes that bypass model signals
+(`QuerySet.update`) must call `config_changed()` themselves if a cached answer depends on them; those on
+these models today touch `last_used_at`, endpoint backoff and secrets, which no cached answer depends on (an
+endpoint deleted with a raw delete leaves "has an endpoint" true until the next change: harmless, the status
+event statement then finds none).
 
 Redis unreachable: no caching at all (every lookup goes to the database, as before), never a stale answer.
-Entries live at most CONFIG_CACHE_MAX_SECONDS anyway (a safety net for a bump lost with Redis' data).
+Entries live at most MAX_SECONDS (60 s) anyway (a safety net for a bump lost with Redis' data).
 """
 
 from __future__ import annotations
@@ -120,6 +126,16 @@ def template_version(spec: str, resolve: Callable[[str], T]) -> T:
     return value
 
 
+def has_event_endpoint(client_id: int) -> bool:
+    """Return whether the client has an active event endpoint (status events are written for it)."""
+    from notifier.models import EventEndpoint
+
+    found = cached(
+        "endpoint", str(client_id), lambda: EventEndpoint.objects.filter(client_id=client_id, is_active=True).exists()
+    )
+    return bool(found)
+
+
 def _on_change(sender: Any, **_kwargs: Any) -> None:
     config_changed()
 
@@ -128,10 +144,10 @@ def connect() -> None:
     """Invalidate on every save and delete of the cached models (from NotifierConfig.ready)."""
     from django.db.models.signals import post_delete, post_save
 
-    from notifier.models import ApiClient
+    from notifier.models import ApiClient, EventEndpoint
     from templates_app.models import Template, TemplateVersion
 
-    for model in (ApiClient, Template, TemplateVersion):
+    for model in (ApiClient, EventEndpoint, Template, TemplateVersion):
         label = model._meta.label_lower
         post_save.connect(_on_change, sender=model, weak=False, dispatch_uid=f"config_cache.save.{label}")
         post_delete.connect(_on_change, sender=model, weak=False, dispatch_uid=f"config_cache.delete.{label}")
