@@ -260,10 +260,23 @@ def mean(values: list[float]) -> float:
     return statistics.fmean(values) if values else float("nan")
 
 
+def free_port() -> int:
+    """Return a TCP port on 127.0.0.1 that nothing listens on right now."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 class ApiServer:
     """The real HTTP API under gunicorn on a loopback port, on the bench database and vhost."""
 
-    def __init__(self, port: int = 18765, workers: int = 2, threads: int = 4) -> None:
+    def __init__(self, port: int = 0, workers: int = 2, threads: int = 4) -> None:
+        # Port 0: a free one. Eight people benchmark on this box; a fixed port had a second run's gunicorn fail to
+        # bind while its clients talked to the first run's server (another database), and never finish.
+        port = port or free_port()
+        self.port = port
         self.url = f"http://127.0.0.1:{port}"
         self.log_path = ROOT / "var" / f"bench-api-{os.getpid()}.log"
         self._log = self.log_path.open("w")
@@ -279,6 +292,8 @@ class ApiServer:
         import urllib.request
 
         def up() -> bool:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the API server exited:\n{self.log_path.read_text()[-3000:]}")
             try:
                 urllib.request.urlopen(f"{self.url}/healthz", timeout=1)
                 return True
