@@ -273,8 +273,8 @@ class ApiServer:
     """The real HTTP API under gunicorn on a loopback port, on the bench database and vhost."""
 
     def __init__(self, port: int = 0, workers: int = 2, threads: int = 4) -> None:
-        # Port 0: a free one. Eight people benchmark on this box; a fixed port had a second run's gunicorn fail to
-        # bind while its clients talked to the first run's server (another database), and never finish.
+        # Port 0: a free one. Eight people benchmark on this box: with one fixed port, two overlapping runs meet, and
+        # the second's clients talk to the first's server (another database).
         port = port or free_port()
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
