@@ -264,10 +264,23 @@ def mean(values: list[float]) -> float:
     return statistics.fmean(values) if values else float("nan")
 
 
+def free_port() -> int:
+    """Return a TCP port on 127.0.0.1 that nothing listens on right now."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 class ApiServer:
     """The real HTTP API under gunicorn on a loopback port, on the bench database and vhost."""
 
-    def __init__(self, port: int = 18765, workers: int = 2, threads: int = 4) -> None:
+    def __init__(self, port: int = 0, workers: int = 2, threads: int = 4) -> None:
+        # Port 0: a free one. Eight people benchmark on this box: with one fixed port, two overlapping runs meet, and
+        # the second's clients talk to the first's server (another database).
+        port = port or free_port()
+        self.port = port
         self.url = f"http://127.0.0.1:{port}"
         self.log_path = ROOT / "var" / f"bench-api-{os.getpid()}.log"
         self._log = self.log_path.open("w")
@@ -283,6 +296,8 @@ class ApiServer:
         import urllib.request
 
         def up() -> bool:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the API server exited:\n{self.log_path.read_text()[-3000:]}")
             try:
                 urllib.request.urlopen(f"{self.url}/healthz", timeout=1)
                 return True
@@ -311,3 +326,72 @@ def api_key() -> str:
     client.rate_limit = "1000000/s"  # a benchmark measures the pipeline, not the per-client API limit
     client.save(update_fields=["rate_limit"])
     return raw_key
+
+
+class StatementCounter:
+    """Count every statement this process runs (the hot paths' raw cursor and Django's own), with wall time."""
+
+    def __init__(self) -> None:
+        self.stats: dict[str, list[float]] = {}
+
+    @staticmethod
+    def label(sql: str) -> str:
+        """Name a statement by its first word and the first table it names."""
+        words = " ".join(sql.split())
+        table = ""
+        for marker in ("notifier_", "channels_app_", "preferences_", "templates_app_", "audit_"):
+            at = words.find(marker)
+            if at >= 0:
+                table = words[at:].split()[0].strip('"(),')
+                break
+        head = words.split(None, 1)[0].upper() if words else "?"
+        if "pg_notify" in words:
+            head += " (reach)"
+        return f"{head} {table}"[:70]
+
+    def count(self, sql: str, seconds: float) -> None:
+        """Add one statement."""
+        entry = self.stats.setdefault(self.label(sql), [0, 0.0])
+        entry[0] += 1
+        entry[1] += seconds
+
+    def clear(self) -> None:
+        """Forget what was counted."""
+        self.stats.clear()
+
+    def install(self) -> StatementCounter:
+        """Wrap notifier.db's cursor and add a Django execute wrapper to the default connection."""
+        from django.db import connection
+
+        from notifier import db
+
+        original = db._LoggedCursor.execute
+        counter = self
+
+        def execute(self: Any, sql: str, params: Any = None, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return original(self, sql, params, **kwargs)
+            finally:
+                counter.count(sql, time.perf_counter() - started)
+
+        db._LoggedCursor.execute = execute  # type: ignore[method-assign]
+
+        def wrapper(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return execute(sql, params, many, context)
+            finally:
+                counter.count(sql, time.perf_counter() - started)
+
+        connection.ensure_connection()
+        connection.execute_wrappers.insert(0, wrapper)
+        return self
+
+    def report(self, *, per: float, ms_scale: float) -> None:
+        """Print statements per unit (`per` units counted) and their wall ms times `ms_scale`."""
+        total_count = sum(c for c, _ in self.stats.values())
+        total_s = sum(s for _, s in self.stats.values())
+        for label, (count, seconds) in sorted(self.stats.items(), key=lambda kv: -kv[1][1]):
+            print(f"  {count / per:7.1f}  {seconds * 1000 * ms_scale:7.1f} ms  {label}")
+        print(f"  {total_count / per:7.1f}  {total_s * 1000 * ms_scale:7.1f} ms  (all statements)")

@@ -95,6 +95,9 @@ class Outcomes:
         self.clock = clock or DbClock()
         # Admitted breaker slots per provider for this batch (channels_app.guards hands them out).
         self.breaker_slots: dict[str, list[float]] = {}
+        # Whether status changes may concern anyone listening (an in-app delivery, a client with an event
+        # endpoint): decided once per batch by the pipeline; when not, no status-event statement per write.
+        self.reach = True
         self._reset()
 
     def _reset(self) -> None:
@@ -297,8 +300,8 @@ class Outcomes:
         ("sms_segments", "integer"),
     )
 
-    def _write_rows(self, updates: list[tuple[Delivery, dict[str, Any]]], at: datetime) -> None:
-        """Apply every outcome to its row with a single UPDATE … FROM json_array_elements(…), whatever the count.
+    def _update_statement(self, updates: list[tuple[Delivery, dict[str, Any]]], at: datetime) -> tuple[str, list[Any]]:
+        """Return the UPDATE … FROM json_array_elements(…) that applies every outcome to its row ("" for none).
 
         Outcomes differ per row (a provider message id each), so grouping rows by identical values would be
         one statement per delivery; one JSON parameter of per-row values keeps it one round trip.
@@ -309,7 +312,7 @@ class Outcomes:
                 setattr(delivery, name, value)
             rows[delivery.pk] = delivery
         if not rows:
-            return
+            return "", []
         deliveries = list(rows.values())
         # A column with one value across the group (status, provider, sent_at, …) travels as one parameter;
         # only the columns that differ per row (the provider's message id) travel in the rows.
@@ -335,8 +338,35 @@ class Outcomes:
             " AND d.id BETWEEN %s AND %s"
         )
         ids = [d.pk for d in deliveries]
+        return sql, [*params, at, json_rows(zip(ids, *varying, strict=True)), min(ids), max(ids)]
+
+    def _write_rows(self, updates: list[tuple[Delivery, dict[str, Any]]], at: datetime) -> None:
+        """Apply every outcome to its row with a single statement, whatever the count."""
+        sql, params = self._update_statement(updates, at)
+        if sql:
+            with bound_cursor() as cursor:
+                cursor.execute(sql, params)
+
+    def _write_in_one_statement(
+        self, updates: list[tuple[Delivery, dict[str, Any]]], events: list[tuple[int, str, str]], at: datetime
+    ) -> None:
+        """Write the rows and their events as one statement: one round trip and one commit, no transaction block.
+
+        Only for a group with no status events to write (they read the rows' new values, which a statement's
+        other parts do not see), no dead letter and no suppression (the common case of a campaign's batch).
+        """
+        update, params = self._update_statement(updates, at)
+        parts = [f"u AS ({update} RETURNING d.id)"] if update else []
+        if events:
+            parts.append(
+                "ev AS (INSERT INTO notifier_deliveryevent (delivery_id, status, detail, at)"
+                " SELECT (e->>0)::bigint, e->>1, e->>2, %s FROM json_array_elements(%s::json) AS e)"
+            )
+            params += [at, json_rows((i, status, detail[:1024]) for i, status, detail in events)]
+        if not parts:
+            return
         with bound_cursor() as cursor:
-            cursor.execute(sql, [*params, at, json_rows(zip(ids, *varying, strict=True)), min(ids), max(ids)])
+            cursor.execute(f"WITH {', '.join(parts)} SELECT 1", params)
 
     def _write(
         self,
@@ -346,9 +376,12 @@ class Outcomes:
         suppress: list[tuple[str, str, str]],
         at: datetime,
     ) -> None:
+        if not self.reach and not dead and not suppress:
+            self._write_in_one_statement(updates, events, at)
+            return
         with transaction.atomic():
             self._write_rows(updates, at)
-            record_events(events, at=at)
+            record_events(events, at=at, reach=self.reach)
             # In the same transaction as the failure: once a delivery reads failed, its address is suppressed.
             for channel, address, code in suppress:
                 suppression_add(channel=channel, address=address, source="invalid", reason=f"provider error {code}")

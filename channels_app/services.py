@@ -26,7 +26,7 @@ from channels_app.outcomes import BatchReport, DbClock, Outcomes, backoff_second
 from channels_app.providers import registry
 from channels_app.providers.base import OutboundMessage, RetriableError, SendResult
 from channels_app.sms_fit import sms_fit
-from notifier import frequency
+from notifier import config_cache, frequency
 from notifier.db import RowLoader, bound_cursor, int_array
 from notifier.models import Campaign, Delivery, Notification
 from notifier.tracking.services import decorate as tracking_decorate
@@ -251,6 +251,10 @@ def _deliver_claimed(claimed: Claim, out: Outcomes) -> None:
     )
     for delivery in deliveries:
         delivery.notification = notifications[delivery.notification_id]
+    # Status events and inbox notifications only where someone listens: decided once for the batch.
+    out.reach = any(d.channel == "inapp" for d in deliveries) or any(
+        config_cache.has_event_endpoint(client_id) for client_id in {n.client_id for n in notifications.values()}
+    )
     live = []
     for delivery in deliveries:
         if delivery.pk in claimed.reclaimed and delivery.attempts > settings.DELIVERY_MAX_ATTEMPTS:
@@ -413,21 +417,26 @@ def _send_channel(channel: str, items: list[tuple[Delivery, OutboundMessage]], o
 def _send_group(name: str, group: list[tuple[Delivery, OutboundMessage]], out: Outcomes) -> None:
     """Send one provider's part of a batch and write the answers as they arrive.
 
-    Answers are written in small groups, at most the provider's calls in flight (or OUTCOME_FLUSH_MAX) and at
-    least every OUTCOME_FLUSH_INTERVAL_SECONDS. A window of that size is taken before each call and given back
-    once its answer is written, so calls in flight plus answers not yet written never exceed it: a worker
-    killed mid-batch repeats at most that many, always to the same provider with the same idempotency key.
+    Answers are written in groups: whatever arrived since the last write, once it is at least half the window
+    or OUTCOME_FLUSH_INTERVAL_SECONDS have passed. The window (the provider's calls in flight, or
+    OUTCOME_FLUSH_MAX) is taken before each call and given back once its answer is written, so calls in flight
+    plus answers not yet written never exceed it: a worker killed mid-batch repeats at most that many, always
+    to the same provider with the same idempotency key. A provider with a batch API answers a chunk in one call;
+    the chunk is one group. A fast provider therefore costs a few writes per batch, a slow one a write per
+    interval, and neither waits for the other's pace.
     """
     provider = registry.get_provider(name)
     limit = settings.OUTCOME_FLUSH_MAX or provider.max_concurrency
     window = threading.Semaphore(limit)
     interval = settings.OUTCOME_FLUSH_INTERVAL_SECONDS
+    # Below this a write waits for more answers (or the interval): the calls still in flight fill the rest.
+    least = max(1, limit // 2)
     answered: list[Any] = []
     done: list[int] = []
     last_flush = time.monotonic()
     for index, outcome in guards.timed_stream(provider, [m for _, m in group], window):
-        if outcome is None:  # a tick: nothing arrived for a while; write what arrived before it
-            if answered and time.monotonic() - last_flush >= interval:
+        if outcome is None:  # every answer that had arrived is in `answered`
+            if answered and (len(answered) >= least or time.monotonic() - last_flush >= interval):
                 _flush_answers(name, answered, done, out, window)
                 answered, done, last_flush = [], [], time.monotonic()
             continue
@@ -440,9 +449,6 @@ def _send_group(name: str, group: list[tuple[Delivery, OutboundMessage]], out: O
             out.failed(delivery, outcome, name)
         answered.append(outcome)
         done.append(delivery.pk)
-        if len(answered) >= limit or time.monotonic() - last_flush >= interval:
-            _flush_answers(name, answered, done, out, window)
-            answered, done, last_flush = [], [], time.monotonic()
     _flush_answers(name, answered, done, out, window)
 
 

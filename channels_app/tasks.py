@@ -11,7 +11,9 @@ from django.db import InterfaceError, OperationalError, connection
 
 from channels_app.services import deliver
 from channels_app.statusevents import status_events_send, status_events_sweep
-from config.celery import app as celery_app
+from config.celery import OwnQueueTask, own_queue
+
+__all__ = ["db_retry_countdown", "own_queue", "send_deliveries", "send_status_events", "sweep_status_events"]
 
 # The database being away is not the message's fault: the message is retried (re-published with a delay) for
 # as long as the outage lasts, never dead-lettered. The delay grows to this cap, so the send resumes within
@@ -23,17 +25,6 @@ def db_retry_countdown(retries: int) -> float:
     """Return the delay before re-running a send task that could not reach the database (full jitter)."""
     cap = min(DB_RETRY_MAX_SECONDS, 2.0 * (2**retries))
     return random.uniform(min(1.0, cap), cap)
-
-
-def own_queue(routing_key: str) -> str | None:
-    """Return the queue a message came from, also when it came back through native delayed delivery.
-
-    A delayed message's routing key is its delay in bits before the queue's own ("0.0.….1.webhook.high").
-    """
-    for name in celery_app.amqp.queues:
-        if routing_key == name or routing_key.endswith(f".{name}"):
-            return name
-    return None
 
 
 @shared_task(
@@ -60,6 +51,7 @@ def send_deliveries(self: Any, delivery_ids: list[int]) -> dict[str, int]:
 
 
 @shared_task(
+    base=OwnQueueTask,
     name="channels_app.tasks.send_status_events",
     autoretry_for=(OperationalError, InterfaceError),
     retry_backoff=2,

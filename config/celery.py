@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from celery import Celery
+from celery import Celery, Task
 from celery.schedules import crontab
 from celery.signals import worker_init
 from kombu import Exchange, Queue
@@ -102,6 +102,35 @@ def build_queues() -> list[Queue]:
         for name in (*CHANNELS, "fanout", "maintenance", "events")
     ]
     return queues
+
+
+def own_queue(routing_key: str) -> str | None:
+    """Return the queue a message came from, also when it came back through native delayed delivery.
+
+    A delayed message's routing key is its delay in bits before the queue's own ("0.0.….1.webhook.high").
+    """
+    for queue in build_queues():
+        if routing_key == queue.name or routing_key.endswith(f".{queue.name}"):
+            return queue.name
+    return None
+
+
+class OwnQueueTask(Task):
+    """A task whose retries go back to the queue its message came from.
+
+    Celery routes a retry by the exchange and routing key of the message being retried. A retry with a
+    countdown goes through native delayed delivery, and the message it comes back as carries the delay
+    exchange and a delay-prefixed routing key: retried again from there, it is routed to a delay level no
+    queue is bound to, and lost. Naming the queue routes every retry like a first publish.
+    """
+
+    def retry(self, *args: object, **options: object) -> object:  # type: ignore[override]
+        """Retry as Celery does, on the queue this message came from unless one is named."""
+        if not options.get("queue"):
+            queue = own_queue(str((self.request.delivery_info or {}).get("routing_key") or ""))
+            if queue:
+                options["queue"] = queue
+        return super().retry(*args, **options)  # type: ignore[arg-type]
 
 
 app = Celery("notifier")

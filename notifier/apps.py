@@ -13,8 +13,12 @@ class NotifierConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from notifier import checks  # noqa: F401 - registers the start-up checks
+        from notifier import (
+            checks,  # noqa: F401 - registers the start-up checks
+            config_cache,
+        )
         from notifier.tracing import instrument
 
+        config_cache.connect()
         # Before any request is served or task run: the Django instrumentation adds its middleware here.
         instrument()

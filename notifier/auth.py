@@ -12,6 +12,7 @@ from rest_framework import authentication, exceptions
 from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 
+from notifier import config_cache
 from notifier.models import ApiClient
 from notifier.scopes import view_scope
 
@@ -43,14 +44,16 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         scheme, _, raw_key = header.partition(" ")
         if scheme != self.keyword or not raw_key.strip():
             raise exceptions.AuthenticationFailed("Use 'Authorization: Bearer <api key>'.")
-        try:
-            client = ApiClient.objects.get(key_hash=hash_key(raw_key.strip()), is_active=True)
-        except ApiClient.DoesNotExist:
-            raise exceptions.AuthenticationFailed("Invalid or revoked API key.") from None
+        key_hash = hash_key(raw_key.strip())
+        # Cached per process, invalidated on every save of any client (notifier/config_cache.py).
+        client: ApiClient | None = config_cache.api_client(key_hash)
+        if client is None:
+            raise exceptions.AuthenticationFailed("Invalid or revoked API key.")
         # Touch last_used_at at most once a minute: no write per request on the hot path.
         now = timezone.now()
         if client.last_used_at is None or (now - client.last_used_at).total_seconds() > 60:
             ApiClient.objects.filter(pk=client.pk).update(last_used_at=now)
+            config_cache.touched(key_hash, now)
         return client, raw_key
 
     def authenticate_header(self, request: Request) -> str:

@@ -14,8 +14,13 @@ from notifier.models import Delivery
 from notifier.reach import reach_record
 
 
-def record_events(rows: Iterable[tuple[int, str, str]], *, at: datetime | None = None) -> None:
-    """Append (delivery_id, status, detail) events with one INSERT … SELECT, however many."""
+def record_events(rows: Iterable[tuple[int, str, str]], *, at: datetime | None = None, reach: bool = True) -> None:
+    """Append (delivery_id, status, detail) events with one INSERT … SELECT, however many.
+
+    `reach=False` skips the status events and inbox notifications (notifier/reach.py): for a caller that knows
+    none of these deliveries is in-app and none of their clients has an event endpoint (the send pipeline
+    decides it once per batch).
+    """
     ids: list[int] = []
     statuses: list[str] = []
     details: list[str] = []
@@ -41,7 +46,8 @@ def record_events(rows: Iterable[tuple[int, str, str]], *, at: datetime | None =
                 [at or timezone.now(), json_rows(zip(ids, statuses, details, strict=True))],
             )
     # Status events to the calling service and live inbox streams: one more statement for the whole batch.
-    reach_record(zip(ids, statuses, details, strict=True), at=at)
+    if reach:
+        reach_record(zip(ids, statuses, details, strict=True), at=at)
 
 
 def transition(

@@ -19,7 +19,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from audit.services import audit_record
-from notifier import dedup, frequency, localtime, metrics, strategy
+from notifier import config_cache, dedup, frequency, localtime, metrics, strategy
 from notifier.auth import generate_key, hash_key
 from notifier.db import insert_rows
 from notifier.errors import ApiError
@@ -157,12 +157,13 @@ def notification_decide(
     """
     spec = data["template"]
     try:
+        # Resolved once per process until a template changes (notifier/config_cache.py).
         if templates is None:
-            version = template_version_resolve(spec)
+            version = config_cache.template_version(spec, template_version_resolve)
         else:
             if spec not in templates:
                 try:
-                    templates[spec] = template_version_resolve(spec)
+                    templates[spec] = config_cache.template_version(spec, template_version_resolve)
                 except TemplateNotFound as exc:
                     templates[spec] = exc
             found = templates[spec]

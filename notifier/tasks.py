@@ -7,11 +7,14 @@ from typing import Any
 from celery import shared_task
 from django.db import InterfaceError, OperationalError
 
+from config.celery import OwnQueueTask
 from notifier.outbox import relay
 
 # Infrastructure errors (the database went away, the broker refused a page's messages) retry with backoff; the
-# checkpoint makes a retried fan-out run resume where it stopped.
+# checkpoint makes a retried fan-out run resume where it stopped. Each retry names the queue its message came
+# from (OwnQueueTask): routed by the delayed message's own routing key, a second retry was lost.
 _RETRY: dict[str, Any] = {
+    "base": OwnQueueTask,
     "autoretry_for": (OperationalError, InterfaceError),
     "retry_backoff": 2,
     "retry_backoff_max": 60,

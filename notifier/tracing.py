@@ -296,9 +296,21 @@ def span(name: str, *, kind: str = "internal", **attributes: Any) -> Iterator[Tr
             yield ctx
 
 
+def exporting() -> bool:
+    """Return whether spans are recorded and exported (an exporter is configured)."""
+    return _sampler.exporting
+
+
 @contextmanager
-def provider_span(provider: str, channel: str, messages: int, operation: str = "send") -> Iterator[TraceContext]:
-    """A client span for one call to a provider (`operation` send or send_batch); errors are recorded on it."""
+def provider_span(provider: str, channel: str, messages: int, operation: str = "send") -> Iterator[TraceContext | None]:
+    """A client span for one call to a provider (`operation` send or send_batch); errors are recorded on it.
+
+    With no exporter this is nothing at all (one per provider call: a dropped span still cost its creation and
+    context switch); the call's logs carry the task's trace id as before.
+    """
+    if not _sampler.exporting:
+        yield current_trace()
+        return
     with span(
         f"provider.{operation} {provider}",
         kind="client",
@@ -357,6 +369,8 @@ def carry_context(fn: Callable[..., T]) -> Callable[..., T]:
 
 
 def _db_span(execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Mapping[str, Any]) -> Any:
+    if not _sampler.exporting:
+        return execute(sql, params, many, context)  # a span per statement only while they are exported
     # The operation only (SELECT, INSERT, ...): statements carry bulk parameters and, inlined, personal data.
     operation = sql.lstrip().split(None, 1)[0].upper() if sql and sql.strip() else "SQL"
     with tracer().start_as_current_span(

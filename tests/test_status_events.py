@@ -284,3 +284,29 @@ def test_admin_shows_endpoints_and_their_attempts_but_never_the_secret(client: A
     assert secret is not None and secret not in html
     listing = client.get("/admin/notifier/eventattempt/")
     assert listing.status_code == 200 and "HTTP 503" in listing.content.decode()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_send_pipeline_writes_status_events_only_for_batches_someone_listens_to() -> None:
+    """The pipeline decides once per batch whether to write status events; an endpoint added later counts."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from channels_app.services import deliver
+    from notifier.models import Notification
+    from notifier.statusevents.services import event_endpoint_put
+
+    template_put(key="order_shipped", category="transactional", default_locale="en", content=CONTENT)
+    client = api_client_create(name="svc-later")[0]
+
+    def send_one() -> tuple[int, int]:
+        delivery = factories.make_delivery(client=client, status="queued")
+        Notification.objects.filter(pk=delivery.notification_id).update(template_version=1, payload={"order": 7})
+        with CaptureQueriesContext(connection) as captured:
+            assert deliver([delivery.pk]).sent == 1
+        reach = [q for q in captured.captured_queries if "notifier_statusevent" in q["sql"]]
+        return len(reach), StatusEvent.objects.filter(delivery_id=delivery.pk).count()
+
+    assert send_one() == (0, 0)  # no endpoint, no in-app: not even the status-event statement
+    event_endpoint_put(client=client, url="https://hooks.example.com/e", statuses=["sent"], max_batch=1)
+    assert send_one() == (1, 1)  # the cached "no endpoint" of this client was invalidated by the save

@@ -169,7 +169,8 @@ class ConfigurationError(Exception):
 
 
 Outcome = SendResult | ProviderError
-# The index `send_stream(ticks=True)` yields (with no outcome) when nothing arrived for a while.
+# The index `send_stream(ticks=True)` yields (with no outcome) once every answer that had arrived is handed over:
+# after each group of answers, and every quarter of a second while none arrive.
 TICK = -1
 
 
@@ -224,8 +225,9 @@ class Provider:
     ) -> Iterator[tuple[int, Any]]:
         """Send many messages; yield (index, outcome) as each answer arrives, in no particular order.
 
-        With `ticks`, (TICK, None) is also yielded whenever no answer arrived for a quarter of a second, so the
-        caller can write the answers it holds while slow calls are still running.
+        With `ticks`, (TICK, None) is also yielded after each group of answers that arrived together (a batch API's
+        chunk, the calls a wait found finished) and whenever none arrived for a quarter of a second: the caller
+        can write what it holds then, in groups that grow with the provider's speed and never pass the window.
 
         `window`, when given, is taken before each call and released by the caller once that call's outcome is
         written: calls in flight plus answers not yet written never exceed it, which bounds what a worker that
@@ -237,12 +239,12 @@ class Provider:
         message, so one poison message fails alone.
         """
         if self._has_batch_api():
-            yield from self._stream_chunks(messages)
+            yield from self._stream_chunks(messages, ticks=ticks)
             return
         workers = max(1, min(self.max_concurrency, len(messages)))
         yield from self._stream_pool(messages, workers=workers, window=window, ticks=ticks)
 
-    def _stream_chunks(self, messages: Sequence[OutboundMessage]) -> Iterator[tuple[int, Outcome]]:
+    def _stream_chunks(self, messages: Sequence[OutboundMessage], *, ticks: bool = False) -> Iterator[tuple[int, Any]]:
         size = max(1, self.stream_chunk)
         for start in range(0, len(messages), size):
             chunk = messages[start : start + size]
@@ -253,6 +255,8 @@ class Provider:
                 outcomes = [self._send_one(m) for m in chunk]
             for offset, outcome in enumerate(outcomes):
                 yield start + offset, outcome
+            if ticks:
+                yield TICK, None  # the chunk's answers arrived together: the caller writes them as one group
 
     def _stream_pool(
         self,
@@ -284,10 +288,12 @@ class Provider:
             abandoned = 0
             while pending:
                 done, pending = wait(pending, timeout=0.25, return_when=FIRST_COMPLETED)
-                if not done and ticks:
-                    yield TICK, None  # nothing arrived for a while: the caller may write what it holds
                 for future in done:
                     yield futures[future], future.result()
+                if ticks:
+                    # Every answer that had arrived is handed over (or none arrived for a while): the caller may
+                    # write what it holds.
+                    yield TICK, None
                 now = time.monotonic()
                 with lock:
                     late = [f for f in pending if now - started.get(futures[f], now) > self.call_deadline]

@@ -1,0 +1,92 @@
+"""CPU of one single accept in-process: POST /api/v1/notifications through Django's test client, no HTTP server.
+
+    BENCH_NS=me .venv/bin/python bench/accept_cpu.py [--accepts 1000]
+
+Measures the request thread's own CPU (`time.thread_time`, so the background publisher's thread is not
+counted), the statements each accept runs and their wall time, against a database of its own. No broker is
+set up: the publish after commit fails fast and leaves the rows to the relay, as with a broker outage, which
+is outside what this measures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+os.environ["BENCH_NS"] = os.environ.get("BENCH_NS", "") + "_accept"
+
+from bench._common import StatementCounter, api_key, cleanup, log, make_template, parser, percentile, prepare
+
+
+def main() -> None:
+    p = parser(__doc__ or "")
+    p.add_argument("--accepts", type=int, default=1000)
+    p.add_argument("--cprofile", type=int, default=0, help="cProfile lines to print (0: none)")
+    args = p.parse_args()
+    prepare(broker=False)
+    try:
+        run(args)
+    finally:
+        cleanup(args.keep, broker=False)
+
+
+def run(args: Any) -> None:
+    from django.test import Client
+
+    from preferences.models import Recipient
+
+    make_template("otp", "security")
+    key = api_key()
+    n = args.accepts
+    Recipient.objects.bulk_create(
+        [Recipient(user_id=f"a-{i}", email=f"a-{i}@example.com") for i in range(n + 50)], batch_size=5000
+    )
+    client = Client(HTTP_AUTHORIZATION=f"Bearer {key}")
+
+    def accept(i: int) -> int:
+        body = {"recipient": {"user_id": f"a-{i}"}, "category": "security", "template": "otp"}
+        body |= {"channels": ["email"], "payload": {"n": i}}
+        return client.post("/api/v1/notifications", json.dumps(body), content_type="application/json").status_code
+
+    for i in range(50):  # warm-up: imports, connection, caches
+        assert accept(n + i) == 202
+    statements = StatementCounter().install()
+    cpu: list[float] = []
+    profiler = None
+    if args.cprofile:
+        import cProfile
+
+        profiler = cProfile.Profile(time.thread_time)  # CPU of this thread, not wall time
+        profiler.enable()
+    wall0 = time.perf_counter()
+    for i in range(n):
+        started = time.thread_time()
+        status = accept(i)
+        cpu.append((time.thread_time() - started) * 1000)
+        assert status == 202, status
+    wall = time.perf_counter() - wall0
+    if profiler is not None:
+        import io
+        import pstats
+
+        profiler.disable()
+        out = io.StringIO()
+        pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(args.cprofile)
+        print(out.getvalue())
+    print(f"\n=== bench/accept_cpu.py: {n} single accepts in-process (Django test client) ===")
+    print(f"request thread CPU per accept   mean {statistics.fmean(cpu):.2f} ms, p50 {percentile(cpu, 50):.2f} ms,")
+    print(f"                                p99 {percentile(cpu, 99):.2f} ms")
+    print(f"wall per accept (one at a time) {wall / n * 1000:.2f} ms")
+    print("statements per accept, wall ms per accept:")
+    statements.report(per=n, ms_scale=1 / n)
+    log("done")
+
+
+if __name__ == "__main__":
+    main()

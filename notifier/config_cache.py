@@ -1,0 +1,153 @@
+"""Per-process caches of what every accept reads and seldom changes: API clients by key, template versions.
+
+(And, for the send pipeline, whether a client has an event endpoint: a batch whose clients have none and
+whose deliveries are not in-app writes no status-event statement.)
+
+An accept read its client (authentication) and its template's published version from the database each time:
+two queries, about a quarter of its CPU. Both are kept here, per process, and invalidated by a generation
+number in Redis: every save or delete of an ApiClient, EventEndpoint, Template or TemplateVersion (any
+process, admin or API) bumps it after commit, and a lookup first reads it (one Redis GET, far cheaper than a
+query) and drops the process's entries when it moved. A key revoked or rotated, or a template published, is
+therefore seen by the next request of every process, not after a TTL: a post_save signal with a TTL alone
+would leave a revoked key working in the other processes for the TTL. Writes that bypass model signals
+(`QuerySet.update`) must call `config_changed()` themselves if a cached answer depends on them; those on
+these models today touch `last_used_at`, endpoint backoff and secrets, which no cached answer depends on (an
+endpoint deleted with a raw delete leaves "has an endpoint" true until the next change: harmless, the status
+event statement then finds none).
+
+Redis unreachable: no caching at all (every lookup goes to the database, as before), never a stale answer.
+Entries live at most MAX_SECONDS (60 s) anyway (a safety net for a bump lost with Redis' data).
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from django.db import transaction
+from redis.exceptions import RedisError
+
+from notifier.redis import get_redis, rkey
+
+T = TypeVar("T")
+
+MAX_SECONDS = 60.0
+MAX_ENTRIES = 2048
+_GENERATION = ("config", "generation")
+
+_lock = threading.Lock()
+_entries: dict[tuple[str, str], tuple[Any, float]] = {}
+_seen_generation: list[str | None] = [None]
+
+
+def _generation() -> str | None:
+    """Return the current generation, or None when Redis cannot say (then nothing is cached)."""
+    try:
+        value = get_redis().get(rkey(*_GENERATION))
+    except RedisError:
+        return None
+    return str(value or "0")
+
+
+def cached(kind: str, key: str, load: Callable[[], T | None]) -> T | None:
+    """Return the cached value of (kind, key), loading it with `load()` when absent, stale or invalidated.
+
+    A None from `load` (not found) is not cached: a request with an unknown key must not fill the cache.
+    """
+    generation = _generation()
+    if generation is None:
+        return load()
+    now = time.monotonic()
+    with _lock:
+        if _seen_generation[0] != generation:
+            _entries.clear()
+            _seen_generation[0] = generation
+        hit = _entries.get((kind, key))
+    if hit is not None and now - hit[1] < MAX_SECONDS:
+        return hit[0]
+    value = load()
+    if value is not None:
+        with _lock:
+            if len(_entries) >= MAX_ENTRIES:
+                _entries.clear()
+            if _seen_generation[0] == generation:  # not invalidated while loading
+                _entries[(kind, key)] = (value, now)
+    return value
+
+
+def forget(kind: str, key: str) -> None:
+    """Drop one entry of this process."""
+    with _lock:
+        _entries.pop((kind, key), None)
+
+
+def config_changed() -> None:
+    """Invalidate every process's cache once the current transaction commits (at once outside one)."""
+    with _lock:
+        _entries.clear()
+
+    def bump() -> None:
+        with _lock:
+            _entries.clear()
+        try:
+            get_redis().incr(rkey(*_GENERATION))
+        except RedisError:
+            # Lookups read the generation first; a Redis that cannot take the bump cannot answer them either,
+            # so no process caches until it is back (and entries expire after MAX_SECONDS regardless).
+            pass
+
+    transaction.on_commit(bump)
+
+
+def api_client(key_hash: str) -> Any:
+    """Return a copy of the active API client with this key hash, or None."""
+    from notifier.models import ApiClient
+
+    found = cached("client", key_hash, lambda: ApiClient.objects.filter(key_hash=key_hash, is_active=True).first())
+    # A copy per request: views and services may set attributes on their client, never on the shared one.
+    return copy.copy(found) if found is not None else None
+
+
+def touched(key_hash: str, at: Any) -> None:
+    """Record in the cached client that its `last_used_at` was written (so it is written once a minute)."""
+    with _lock:
+        hit = _entries.get(("client", key_hash))
+        if hit is not None:
+            hit[0].last_used_at = at
+
+
+def template_version(spec: str, resolve: Callable[[str], T]) -> T:
+    """Return the template version a spec resolves to ("key" or "key@N"), cached; `resolve` raises if none."""
+    value = cached("template", spec, lambda: resolve(spec))
+    assert value is not None  # resolve raises instead of returning None
+    return value
+
+
+def has_event_endpoint(client_id: int) -> bool:
+    """Return whether the client has an active event endpoint (status events are written for it)."""
+    from notifier.models import EventEndpoint
+
+    found = cached(
+        "endpoint", str(client_id), lambda: EventEndpoint.objects.filter(client_id=client_id, is_active=True).exists()
+    )
+    return bool(found)
+
+
+def _on_change(sender: Any, **_kwargs: Any) -> None:
+    config_changed()
+
+
+def connect() -> None:
+    """Invalidate on every save and delete of the cached models (from NotifierConfig.ready)."""
+    from django.db.models.signals import post_delete, post_save
+
+    from notifier.models import ApiClient, EventEndpoint
+    from templates_app.models import Template, TemplateVersion
+
+    for model in (ApiClient, EventEndpoint, Template, TemplateVersion):
+        label = model._meta.label_lower
+        post_save.connect(_on_change, sender=model, weak=False, dispatch_uid=f"config_cache.save.{label}")
+        post_delete.connect(_on_change, sender=model, weak=False, dispatch_uid=f"config_cache.delete.{label}")
