@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from audit.models import AuditEntry
-from notifier.logging import mask_value
+from core.logs import mask_value
 
 
 @dataclass(frozen=True)

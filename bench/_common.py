@@ -319,7 +319,7 @@ class ApiServer:
 
 def api_key() -> str:
     """Create an API client allowed every category and scope and return its raw key."""
-    from notifier.scopes import SCOPES
+    from core.scopes import SCOPES
     from notifier.services import api_client_create
 
     client, raw_key = api_client_create(name=f"bench-{time.time_ns()}", scopes=list(SCOPES))
@@ -360,10 +360,10 @@ class StatementCounter:
         self.stats.clear()
 
     def install(self) -> StatementCounter:
-        """Wrap notifier.db's cursor and add a Django execute wrapper to the default connection."""
+        """Wrap core.db's cursor and add a Django execute wrapper to the default connection."""
         from django.db import connection
 
-        from notifier import db
+        from core import db
 
         original = db._LoggedCursor.execute
         counter = self

@@ -3,7 +3,7 @@
     .venv/bin/python bench/provider_limits.py --rate 200 --burst 50 --reserve 0.2 \
         --high-procs 1 --low-procs 3 --seconds 10 [--batch 20] [--high-interval 0.01]
 
-Each process takes tokens for one fake provider through `channels_app.ratelimit` (real Redis, under a
+Each process takes tokens for one fake provider through `core.ratelimit` (real Redis, under a
 throw-away key prefix) as fast as it is granted them, sleeping the returned wait when refused. High-priority
 processes ask every `--high-interval` seconds (a steady OTP stream); low ones saturate. The report prints
 the granted totals per priority against `burst + rate * seconds`, the most the bucket allows.
@@ -37,7 +37,7 @@ def _setup(prefix: str, conf: dict[str, Any]) -> None:
 
 def _worker(prefix: str, conf: dict[str, Any], priority: str, args: argparse.Namespace, ready: Any, out: Any) -> None:
     _setup(prefix, conf)
-    from channels_app.ratelimit import RateLimiter
+    from core.ratelimit import RateLimiter
 
     limiter = RateLimiter()
     limiter.snapshot(PROVIDER)  # connect and load nothing yet, so the first timed call is a normal one
@@ -84,7 +84,7 @@ def main() -> None:
         proc.join()
 
     _setup(prefix, conf)
-    from notifier.redis import get_redis
+    from core.redis_guard import get_redis
 
     client = get_redis()
     for key in client.scan_iter(f"{prefix}*"):

@@ -157,7 +157,7 @@ def mib(n: float) -> str:
 
 def run_delete(day: date, n: int, batch: int) -> dict[str, Any]:
     """Fill `day`, then remove its deliveries with the batched DELETE; return the figures."""
-    from notifier.retention import retention_purge
+    from ops.retention import retention_purge
 
     log(f"filling {day} with {n:,} deliveries for the batched DELETE")
     filled = fill(day, n, created=datetime.now(tz=UTC) - timedelta(days=40))

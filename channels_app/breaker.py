@@ -37,8 +37,8 @@ from typing import Any
 import redis
 from django.conf import settings
 
-from channels_app.ratelimit import RedisGuard, assumed_workers
-from notifier.redis import rkey
+from core.ratelimit import RedisGuard, assumed_workers
+from core.redis_guard import rkey
 
 logger = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 
-from channels_app import breaker, ratelimit
+from channels_app import breaker
 from channels_app.providers import registry
 from channels_app.providers.base import (
     TICK,
@@ -29,7 +29,7 @@ from channels_app.providers.base import (
     ProviderError,
     UnexpectedError,
 )
-from notifier import metrics
+from core import metrics, ratelimit
 from preferences.compliance import is_optional
 from preferences.services import preference_link, unsubscribe_url
 

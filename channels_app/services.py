@@ -26,12 +26,12 @@ from channels_app.outcomes import BatchReport, DbClock, Outcomes, backoff_second
 from channels_app.providers import registry
 from channels_app.providers.base import OutboundMessage, RetriableError, SendResult
 from channels_app.sms_fit import sms_fit
+from core.db import RowLoader, bound_cursor, int_array
 from notifier import config_cache, frequency
-from notifier.db import RowLoader, bound_cursor, int_array
+from notifier.digest import is_digest
 from notifier.models import Campaign, Delivery, Notification
 from notifier.tracking.services import decorate as tracking_decorate
 from preferences.compliance import evaluate, suppressed_addresses
-from preferences.digest import is_digest
 from preferences.emails import personalize, uses_preferences_url
 from preferences.models import Recipient
 from templates_app.models import TemplateVersion

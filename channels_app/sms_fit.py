@@ -12,7 +12,7 @@ from typing import Any
 from django.conf import settings
 
 from channels_app.providers.base import ProviderError
-from notifier import metrics
+from core import metrics
 from templates_app.sms import sms_info
 
 TOO_LONG = "too_long"

@@ -26,9 +26,9 @@ from django.utils import timezone
 
 from channels_app.providers.base import OutboundMessage, ProviderError
 from channels_app.providers.webhook import WebhookProvider
+from core.redis_guard import get_redis, rkey
 from notifier.models import EventAttempt, EventEndpoint, StatusEvent
 from notifier.reach import status_events_wake
-from notifier.redis import get_redis, rkey
 
 # Compare-and-delete / compare-and-extend: only the holder of the lease may release or renew it.
 _RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"

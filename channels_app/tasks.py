@@ -32,7 +32,7 @@ def db_retry_countdown(retries: int) -> float:
     name="channels_app.tasks.send_deliveries",
     max_retries=None,
     # A per-process ceiling on messages per second (e.g. "200/s"); off by default. The real provider limit
-    # is the shared Redis bucket in channels_app.ratelimit, which holds across every worker and host.
+    # is the shared Redis bucket in core.ratelimit, which holds across every worker and host.
     rate_limit=settings.SEND_TASK_RATE_LIMIT,
 )
 def send_deliveries(self: Any, delivery_ids: list[int]) -> dict[str, int]:

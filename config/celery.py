@@ -212,7 +212,7 @@ app.conf.beat_schedule = {
     "digests-daily": {
         "task": "preferences.tasks.flush_digests",
         # Every hour: each run sends the daily digests of the recipients whose local hour is
-        # DIGEST_DAILY_LOCAL_HOUR (preferences/digest.py), so everyone gets theirs at that hour of their day.
+        # DIGEST_DAILY_LOCAL_HOUR (notifier/digest.py), so everyone gets theirs at that hour of their day.
         "schedule": crontab(minute=0),
         "args": ["daily_digest"],
         "options": {"queue": "maintenance"},
@@ -220,10 +220,10 @@ app.conf.beat_schedule = {
 }
 app.autodiscover_tasks()
 # Tasks that live outside an app's tasks.py.
-app.conf.imports = ("notifier.retention", "notifier.partitions")
+app.conf.imports = ("ops.retention", "notifier.partitions")
 
 # Trace context across the broker, task metrics, the worker metrics server and breaker-state gauges.
-from notifier.tracing import connect_signals  # noqa: E402 - needs the app above
+from core.tracing import connect_signals  # noqa: E402 - needs the app above
 
 connect_signals()
 

@@ -10,7 +10,7 @@ from core.env import env
 
 # --- Logs --------------------------------------------------------------------------------------------
 # One JSON object per line on stderr (LOG_FORMAT=json, the default) or readable lines for a terminal
-# (LOG_FORMAT=console). Both mask emails, phone numbers and tokens; see notifier/logging.py.
+# (LOG_FORMAT=console). Both mask emails, phone numbers and tokens; see core/logs.py.
 LOG_LEVEL = env.str("LOG_LEVEL", "INFO").upper()
 LOG_FORMAT = env.str("LOG_FORMAT", "json").lower()
 # One access-log line per API request (method, route, status, duration; never the query string).
@@ -20,8 +20,8 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {
-        "json": {"()": "notifier.logging.json_formatter"},
-        "console": {"()": "notifier.logging.console_formatter"},
+        "json": {"()": "core.logs.json_formatter"},
+        "console": {"()": "core.logs.console_formatter"},
     },
     "handlers": {
         "default": {
@@ -72,7 +72,7 @@ OTEL_SERVICE_NAME = env.str("OTEL_SERVICE_NAME", "notifier")
 READYZ_TIMEOUT_SECONDS = env.float("READYZ_TIMEOUT_SECONDS", 2.0)
 
 # --- Retention ---------------------------------------------------------------------------------------
-# Finished deliveries (and their events) older than this are deleted by notifier.retention, in batches of
+# Finished deliveries (and their events) older than this are deleted by ops.retention, in batches of
 # RETENTION_BATCH rows per short transaction, for at most RETENTION_MAX_SECONDS per run (the next run
 # continues where this one stopped). 0 days turns retention off.
 RETENTION_DAYS = env.int("RETENTION_DAYS", 90)

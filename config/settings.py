@@ -119,7 +119,7 @@ DATABASES = {
 }
 # Fail fast instead of hanging when PostgreSQL is unreachable, so the API can answer 503.
 DATABASES["default"].setdefault("OPTIONS", {})["connect_timeout"] = env.int("DATABASE_CONNECT_TIMEOUT", 3)
-# The hot-path statements (notifier.db.bound_cursor: fan-out pages, claims, outcomes) bind on the server; after
+# The hot-path statements (core.db.bound_cursor: fan-out pages, claims, outcomes) bind on the server; after
 # this many runs on a connection psycopg prepares them, so PostgreSQL stops planning them again for every batch.
 # Django's own queries bind on the client and are never prepared. "off" turns it off (e.g. behind a pooler in
 # transaction mode that does not track prepared statements).
@@ -148,7 +148,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["notifier.auth.ScopePermission"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
-    "EXCEPTION_HANDLER": "notifier.errors.exception_handler",
+    "EXCEPTION_HANDLER": "core.errors.exception_handler",
     "DEFAULT_THROTTLE_CLASSES": ["notifier.throttle.ApiClientRateThrottle"],
     "DEFAULT_SCHEMA_CLASS": "notifier.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": None,

@@ -6,7 +6,7 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
-from notifier.dashboard import dashboard_view
+from ops.dashboard import dashboard_view
 
 urlpatterns = [
     # Before admin.site.urls, whose catch-all would take it.
@@ -31,7 +31,7 @@ urlpatterns = [
     path("api/v1/", include("notifier.urls")),
     path("callbacks/", include("notifier.callbacks.urls")),
     path("t/", include("notifier.tracking.urls")),
-    path("", include("notifier.ops_urls")),
+    path("", include("ops.urls")),
     path("", include("preferences.unsubscribe_urls")),
     path("", include("preferences.center")),
     path("", include("notifier.inbox.browser_urls")),

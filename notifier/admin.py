@@ -16,9 +16,9 @@ from django.utils.html import format_html
 from django.views.decorators.http import require_POST
 
 from audit.admin import AuditedAdminMixin
+from core.scopes import DEFAULT_SCOPES, SCOPES
 from notifier.deadletters.admin import DeadLetterAdmin
 from notifier.models import ApiClient, DeadLetter, Delivery, FanoutLane, Notification
-from notifier.scopes import DEFAULT_SCOPES, SCOPES
 from notifier.selectors import delivery_compliance, delivery_rendered, delivery_search, delivery_timeline
 from notifier.services import CANCELLABLE, api_client_assign_key, api_client_rotate_key, webhook_secret_problem
 from notifier.support import (

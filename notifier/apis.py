@@ -1,6 +1,6 @@
 """REST endpoints for notifications (docs/api.md, "Notifications"). Thin: validate, call a service, render.
 
-Bodies and answers are the serializers of notifier/serializers.py; errors go through notifier.errors.
+Bodies and answers are the serializers of notifier/serializers.py; errors go through core.errors.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from notifier.errors import ApiError
+from core.errors import ApiError
 from notifier.models import Notification
 from notifier.openapi import error_response
 from notifier.pagination import CursorPage, invalid_cursor

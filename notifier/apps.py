@@ -13,11 +13,11 @@ class NotifierConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from core.tracing import instrument
         from notifier import (
             checks,  # noqa: F401 - registers the start-up checks
             config_cache,
         )
-        from notifier.tracing import instrument
 
         config_cache.connect()
         # Before any request is served or task run: the Django instrumentation adds its middleware here.

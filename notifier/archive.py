@@ -47,8 +47,8 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from core.logs import get_logger, mask_text
 from notifier import partitions
-from notifier.logging import get_logger, mask_text
 from notifier.models import Delivery, DeliveryEvent, Notification
 from preferences.models import Recipient
 

@@ -12,9 +12,9 @@ from rest_framework import authentication, exceptions
 from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 
+from core.scopes import view_scope
 from notifier import config_cache
 from notifier.models import ApiClient
-from notifier.scopes import view_scope
 
 logger = logging.getLogger(__name__)
 
@@ -64,8 +64,8 @@ class ScopePermission(BasePermission):
     """Allow an authenticated API client only if its key has the scope the view declares for the method."""
 
     def has_permission(self, request: Request, view: Any) -> bool:
-        # Imported here: notifier.errors imports rest_framework.views, which loads this module as a setting.
-        from notifier.errors import ApiError
+        # Imported here: core.errors imports rest_framework.views, which loads this module as a setting.
+        from core.errors import ApiError
 
         client = request.user
         if client is None or not getattr(client, "is_authenticated", False):

@@ -20,7 +20,7 @@ import time
 from django.conf import settings
 
 from config.celery import CHANNELS, queue_name
-from notifier.errors import ApiError
+from core.errors import ApiError
 
 logger = logging.getLogger(__name__)
 

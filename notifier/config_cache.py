@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 from django.db import transaction
 from redis.exceptions import RedisError
 
-from notifier.redis import get_redis, rkey
+from core.redis_guard import get_redis, rkey
 
 T = TypeVar("T")
 

@@ -21,8 +21,8 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from notifier.db import json_rows
-from notifier.redis import get_redis, rkey
+from core.db import json_rows
+from core.redis_guard import get_redis, rkey
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from notifier.db import bound_cursor, int_array, json_rows
+from core.db import bound_cursor, int_array, json_rows
 from notifier.models import Delivery
 from notifier.reach import reach_record
 

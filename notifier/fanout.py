@@ -47,8 +47,8 @@ from django.utils import timezone
 
 from config.celery import app as celery_app
 from config.celery import queue_name
+from core.db import bound_cursor, json_rows
 from notifier import localtime, strategy
-from notifier.db import bound_cursor, json_rows
 from notifier.models import Campaign, Delivery, FanoutLane, Notification
 from notifier.outbox import broker_recently_down, publish
 from notifier.partitions import delivery_ids_of_notification

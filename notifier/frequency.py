@@ -32,8 +32,8 @@ import redis
 from django.conf import settings
 from django.db import connection
 
-from notifier.db import bound_cursor, json_rows
-from notifier.redis import get_redis, rkey
+from core.db import bound_cursor, json_rows
+from core.redis_guard import get_redis, rkey
 
 logger = logging.getLogger(__name__)
 

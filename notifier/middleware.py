@@ -9,8 +9,8 @@ from collections.abc import Callable
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 
-from notifier import metrics, tracing
-from notifier.logging import bind_delivery_context, clear_log_context
+from core import metrics, tracing
+from core.logs import bind_delivery_context, clear_log_context
 
 access_log = logging.getLogger("notifier.access")
 

@@ -9,8 +9,8 @@ from django.contrib.postgres.indexes import BrinIndex, HashIndex
 from django.db import models
 from django.db.models import Q
 
+from core.scopes import default_scopes
 from notifier.partitions import delivery_ids_of_notification, new_notification_id, notification_range, uuid7_time
-from notifier.scopes import default_scopes
 
 
 def _id_bounds(value: Any, *, many: bool) -> tuple[Any, Any] | None:
@@ -73,7 +73,7 @@ class ApiClient(models.Model):
     key_hash = models.CharField(max_length=64, unique=True)
     # Empty means every configured category is allowed.
     allowed_categories = ArrayField(models.CharField(max_length=64), default=list, blank=True)
-    # What the key may do (notifier.scopes.SCOPES); a new client can only send.
+    # What the key may do (core.scopes.SCOPES); a new client can only send.
     # The database default too, so rows inserted by SQL (tests, scripts) get `send` like the ORM's.
     scopes = ArrayField(models.CharField(max_length=32), default=default_scopes, db_default=["send"], blank=True)
     # Requests per period across all API processes ("200/s", "1000/m"); empty means API_CLIENT_RATE_LIMIT.

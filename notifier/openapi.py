@@ -1,7 +1,7 @@
 """How the OpenAPI schema describes the API beyond each view's own annotations.
 
 One schema class (REST_FRAMEWORK["DEFAULT_SCHEMA_CLASS"]) gives every operation its area's tag and the
-error answers every API call can give, all in the one error body of notifier/errors.py; one post-processing
+error answers every API call can give, all in the one error body of core/errors.py; one post-processing
 hook describes the tags. Views annotate only what is theirs: request body, success answer, examples and a
 unique operation id (`extend_schema`).
 """

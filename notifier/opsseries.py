@@ -23,8 +23,8 @@ import redis
 from django.conf import settings
 from django.utils import timezone
 
-from notifier.metrics import collect_pending_dead_letters, collect_queue_depths
-from notifier.redis import get_redis, rkey
+from core.metrics import collect_pending_dead_letters, collect_queue_depths
+from core.redis_guard import get_redis, rkey
 
 logger = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from django.utils import timezone
 
 from config.celery import app as celery_app
 from config.celery import ensure_topology, queue_name
-from notifier import metrics, tracing
+from core import metrics, tracing
 from notifier.events import record_events
 from notifier.models import Delivery
 

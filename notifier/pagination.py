@@ -21,7 +21,7 @@ from typing import Any
 
 from rest_framework import serializers
 
-from notifier.errors import ApiError
+from core.errors import ApiError
 
 INVALID = "Invalid cursor."
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from django.conf import settings
 
-from notifier.errors import ApiError
+from core.errors import ApiError
 
 # Higher rank travels ahead; "high" uses the OTP queues and the rate limiter's high-priority reserve.
 PRIORITY_RANK = {"low": 0, "normal": 1, "high": 2}

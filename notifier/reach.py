@@ -18,8 +18,8 @@ from django.db import transaction
 from django.utils import timezone
 from redis.exceptions import RedisError
 
-from notifier.db import bound_cursor, json_rows
-from notifier.redis import get_redis, rkey
+from core.db import bound_cursor, json_rows
+from core.redis_guard import get_redis, rkey
 
 log = logging.getLogger(__name__)
 

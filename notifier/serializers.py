@@ -236,7 +236,7 @@ class BatchItemOutput(serializers.Serializer):
 
     def to_representation(self, instance: AcceptResult | Exception) -> dict[str, Any]:
         # An error goes through the API's one exception handler, so an item's error reads as a whole call's would.
-        from notifier.errors import exception_handler
+        from core.errors import exception_handler
 
         if isinstance(instance, Exception):
             response = exception_handler(instance, {})

@@ -19,16 +19,17 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from audit.services import audit_record
-from notifier import config_cache, dedup, frequency, localtime, metrics, strategy
+from core import metrics
+from core.db import insert_rows
+from core.errors import ApiError
+from core.scopes import DEFAULT_SCOPES, SCOPES
+from notifier import config_cache, dedup, frequency, localtime, strategy
 from notifier.auth import generate_key, hash_key
-from notifier.db import insert_rows
-from notifier.errors import ApiError
 from notifier.events import record_events, transition
 from notifier.models import ApiClient, Delivery, Notification
 from notifier.outbox import publish_soon
 from notifier.partitions import new_notification_id, notification_range
 from notifier.policy import send_policy
-from notifier.scopes import DEFAULT_SCOPES, SCOPES
 from preferences.compliance import evaluate, suppressed_addresses
 from preferences.models import Device, Recipient
 from preferences.services import recipient_upsert
@@ -49,7 +50,7 @@ def api_client_create(
 ) -> tuple[ApiClient, str]:
     """Create an API client and return it with its raw key (shown once, stored only hashed).
 
-    `scopes` defaults to `send` only (notifier.scopes.DEFAULT_SCOPES).
+    `scopes` defaults to `send` only (core.scopes.DEFAULT_SCOPES).
     """
     unknown = sorted(set(allowed_categories or []) - set(settings.NOTIFIER_CATEGORIES))
     if unknown:

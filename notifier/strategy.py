@@ -32,7 +32,7 @@ from django.conf import settings
 from django.db import OperationalError, transaction
 from django.utils import timezone
 
-from notifier.db import bound_cursor, int_array, json_rows
+from core.db import bound_cursor, int_array, json_rows
 from notifier.events import record_events
 
 logger = logging.getLogger(__name__)

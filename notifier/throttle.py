@@ -1,6 +1,6 @@
 """The per-client API rate limit: one token bucket per API client in Redis, shared by every API process.
 
-It reuses the provider limiter's machinery (channels_app.ratelimit: the same Lua token bucket on Redis' clock,
+It reuses the provider limiter's machinery (core.ratelimit: the same Lua token bucket on Redis' clock,
 and the same per-process fallback with the rate divided by RESILIENCE_ASSUMED_WORKERS while Redis is down).
 A client's limit is its own `rate_limit` ("200/s", "1000/m", "50000/h"), else API_CLIENT_RATE_LIMIT; the
 bucket holds the numerator's worth of tokens, so "200/s" allows bursts of 200 and refills 200 a second.
@@ -16,8 +16,8 @@ from django.conf import settings
 from rest_framework.request import Request
 from rest_framework.throttling import BaseThrottle
 
-from channels_app.ratelimit import Limit, RateLimiter
-from notifier.redis import rkey
+from core.ratelimit import Limit, RateLimiter
+from core.redis_guard import rkey
 
 RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(s|sec|second|m|min|minute|h|hour)\s*$", re.IGNORECASE)
 PERIOD_SECONDS = {"s": 1, "m": 60, "h": 3600}

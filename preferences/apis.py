@@ -11,9 +11,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from notifier.errors import ApiError
+from core.errors import ApiError
+from core.scopes import RECIPIENT_SCOPES
 from notifier.pagination import CursorPage, cursor_id
-from notifier.scopes import RECIPIENT_SCOPES
 from preferences import selectors, services
 from preferences.models import Recipient, Suppression, Topic
 from preferences.serializers import (

@@ -15,7 +15,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from django.conf import settings
 from django.utils import timezone
 
-from notifier.db import bound_cursor, json_rows
+from core.db import bound_cursor, json_rows
 from preferences.models import Recipient, Suppression
 
 SEND = "send"
@@ -153,7 +153,7 @@ def evaluate(
 def suppressed_addresses(pairs: list[tuple[str, str]]) -> set[tuple[str, str]]:
     """Return which of the (channel, address) pairs are on the suppression list, in one query.
 
-    The pairs travel as one JSON parameter (notifier.db.json_rows): one query and one plan for a page of 5,000.
+    The pairs travel as one JSON parameter (core.db.json_rows): one query and one plan for a page of 5,000.
     """
     wanted = {(channel, address) for channel, address in pairs if address}
     if not wanted:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from preferences.digest import daily_digest_hour, digest_flush, normalise_frequency
+from notifier.digest import daily_digest_hour, digest_flush, normalise_frequency
 
 
 # Routed to the default "maintenance" queue, next to the other sweepers.

@@ -8,7 +8,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from notifier.errors import ApiError
+from core.errors import ApiError
 from templates_app.rendering import RenderError, render_all
 from templates_app.selectors import (
     TemplateNotFound,

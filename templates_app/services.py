@@ -13,7 +13,7 @@ from django.utils import timezone
 from rest_framework.exceptions import ValidationError
 
 from audit.services import audit_record, diff
-from notifier.errors import ApiError
+from core.errors import ApiError
 from templates_app.models import Template, TemplateVersion
 from templates_app.rendering import CHANNEL_PARTS, STRUCTURED_PARTS, RenderError, compile_part, normalize_locale
 

@@ -220,7 +220,7 @@ def bearer_client(raw_key: str) -> Any:
 @pytest.fixture
 def api_client_factory(db: None) -> Callable[..., tuple[Any, Any]]:
     """Return a factory of (ApiClient, authenticated DRF test client) pairs (every scope unless told)."""
-    from notifier.scopes import SCOPES
+    from core.scopes import SCOPES
     from notifier.services import api_client_create
 
     counter = {"n": 0}

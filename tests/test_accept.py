@@ -9,8 +9,8 @@ import pytest
 from django.db import connection
 from rest_framework.test import APIClient
 
+from core.redis_guard import get_redis
 from notifier.models import Delivery, Notification
-from notifier.redis import get_redis
 from templates_app.services import template_put
 from tests.conftest import bearer_client
 

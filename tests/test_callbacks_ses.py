@@ -526,7 +526,7 @@ def test_with_redis_unreachable_callbacks_still_apply_and_replays_stay_harmless(
     stub: SnsStub, signing: Any, settings: Any
 ) -> None:
     """Redis is only the fast path: with it down (nothing listens on port 1), the database guards replays."""
-    from notifier.redis import get_redis
+    from core.redis_guard import get_redis
 
     settings.REDIS_URL = "redis://127.0.0.1:1/0"
     get_redis.cache_clear()

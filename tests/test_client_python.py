@@ -33,8 +33,8 @@ from notifier_client import (
 )
 from standardwebhooks.webhooks import Webhook
 
+from core.scopes import SCOPES
 from notifier.models import Delivery
-from notifier.scopes import SCOPES
 from notifier.services import api_client_create
 from preferences.services import preference_token_read, recipient_upsert
 from templates_app.services import template_put

@@ -14,10 +14,10 @@ import pytest
 import redis
 from django.core.management import CommandError, call_command
 
-from channels_app.ratelimit import RateLimiter
+from core.ratelimit import RateLimiter
+from core.scopes import SCOPES
 from notifier import throttle
 from notifier.models import ApiClient
-from notifier.scopes import SCOPES
 from notifier.services import api_client_create
 from tests.conftest import wait_for
 from tests.factories import make_staff_user

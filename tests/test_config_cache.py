@@ -12,10 +12,10 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from core.redis_guard import get_redis, rkey
 from notifier import config_cache
 from notifier.auth import hash_key
 from notifier.models import ApiClient, Notification
-from notifier.redis import get_redis, rkey
 from notifier.services import api_client_rotate_key
 from templates_app.services import template_put
 

@@ -15,6 +15,7 @@ from django.test import RequestFactory
 from django.urls import include, path
 
 from channels_app.models import SandboxMessage
+from core.scopes import SCOPES
 from notifier.deadletters.admin import DeadLetterAdmin
 from notifier.deadletters.services import (
     DeadLetterError,
@@ -24,7 +25,6 @@ from notifier.deadletters.services import (
 )
 from notifier.models import ApiClient, DeadLetter, Delivery, DeliveryEvent
 from notifier.outbox import publish_delivery_ids
-from notifier.scopes import SCOPES
 from tests import factories
 from tests.conftest import purge_all_queues, queue_depth, wait_for
 from tests.factories import make_api_client, make_delivery, make_notification, make_recipient, make_staff_user

@@ -11,8 +11,8 @@ import pytest
 from django.db import close_old_connections, connections
 
 from channels_app.services import deliver
+from core.redis_guard import get_redis
 from notifier.models import Delivery
-from notifier.redis import get_redis
 from preferences.services import recipient_upsert, topic_subscribe, topic_upsert
 from templates_app.services import template_put
 from tests.conftest import bearer_client, wait_for

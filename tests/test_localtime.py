@@ -9,9 +9,9 @@ import pytest
 from django_celery_beat.models import PeriodicTask
 
 from notifier import fanout
+from notifier.digest import digest_flush
 from notifier.localtime import local_instant
 from notifier.models import Campaign, Delivery, Notification
-from preferences.digest import digest_flush
 from preferences.models import Recipient
 from preferences.services import recipient_upsert, topic_subscribe, topic_upsert
 from templates_app.services import template_put

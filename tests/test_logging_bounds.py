@@ -6,7 +6,7 @@ import io
 import json
 import logging
 
-from notifier.logging import MAX_FIELD_CHARS, json_formatter, mask_text, mask_value
+from core.logs import MAX_FIELD_CHARS, json_formatter, mask_text, mask_value
 
 
 def test_a_huge_field_is_cut_to_head_and_tail_and_still_masked() -> None:

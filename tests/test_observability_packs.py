@@ -19,7 +19,7 @@ import yaml
 from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 
-from notifier import metrics
+from core import metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "deploy" / "observability" / "prometheus" / "alerts.yml"

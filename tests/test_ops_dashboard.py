@@ -8,7 +8,7 @@ from django.test import Client
 from django.urls import path
 from django.utils import timezone
 
-from notifier.dashboard import dashboard_view
+from ops.dashboard import dashboard_view
 from tests.factories import make_dead_letter, make_delivery_event, make_staff_user
 from tests.test_ops_retention import make_delivery
 

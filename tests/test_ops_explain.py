@@ -4,7 +4,7 @@ The table is filled in the test database with INSERT … SELECT generate_series 
 shape: most deliveries finished, a few percent waiting (queued, deferred, sending), one in five in-app,
 created_at rising with the id (as in production, both being set at insert). The queries are the ones the
 code runs (ORM querysets through `.explain()`, the relay's SQL as written in notifier/outbox.py, the
-retention batch from notifier/retention.py).
+retention batch from ops/retention.py).
 """
 
 from __future__ import annotations
@@ -190,15 +190,15 @@ def test_hot_lookups_use_indexes(million_deliveries: None) -> None:
     )
     _assert_indexed(plans["due deliveries"], "delivery_due_idx")
 
-    # Retention (notifier/retention.py): the oldest finished deliveries, one batch.
-    from notifier.retention import FINAL_DELIVERY_STATUSES
+    # Retention (ops/retention.py): the oldest finished deliveries, one batch.
+    from ops.retention import FINAL_DELIVERY_STATUSES
 
     cutoff = timezone.now() - timezone.timedelta(days=7)
     plans["retention boundary probe"] = _plan(
         "SELECT id, created_at FROM notifier_delivery WHERE id >= %s ORDER BY id LIMIT 1", [500_000]
     )
     _assert_indexed(plans["retention boundary probe"], "notifier_delivery_pkey")
-    from notifier.retention import delivery_id_ceiling
+    from ops.retention import delivery_id_ceiling
 
     with connection.cursor() as c:
         c.execute("SELECT max(id) FROM notifier_delivery WHERE created_at < %s", [cutoff])

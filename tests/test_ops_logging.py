@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from notifier.logging import (
+from core.logs import (
     bind_delivery_context,
     bound_log_context,
     clear_log_context,
@@ -18,7 +18,7 @@ from notifier.logging import (
     json_formatter,
     mask_text,
 )
-from notifier.logging import log_lines as write_lines
+from core.logs import log_lines as write_lines
 
 EMAIL = "jane.doe+news@example.com"
 PHONE = "+14155550123"

@@ -13,7 +13,7 @@ from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 
 from config.celery import app as celery_app
-from notifier import metrics
+from core import metrics
 from tests.conftest import purge_all_queues, queue_depth
 from tests.factories import make_dead_letter
 
@@ -122,7 +122,7 @@ def test_multiprocess_mode_aggregates_every_process(tmp_path: Path) -> None:
         import django, os, sys
         os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
         django.setup()
-        from notifier import metrics
+        from core import metrics
         if sys.argv[1] == "count":
             metrics.count_deliveries("push", "fcm", "sent", n=5)
             metrics.set_breaker_state("fcm", sys.argv[2])

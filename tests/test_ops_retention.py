@@ -9,7 +9,7 @@ from django.db import connection
 from django.utils import timezone
 
 from notifier.models import DeadLetter, Delivery, DeliveryEvent, Notification
-from notifier.retention import purge_old_deliveries, retention_purge
+from ops.retention import purge_old_deliveries, retention_purge
 from tests.factories import (
     make_api_client,
     make_dead_letter,

@@ -15,8 +15,8 @@ from django.test import Client
 from django.urls import path
 
 from config.celery import app as celery_app
-from notifier import tracing
-from notifier.logging import bound_log_context, clear_log_context, get_logger, json_formatter
+from core import tracing
+from core.logs import bound_log_context, clear_log_context, get_logger, json_formatter
 from tests.conftest import purge_all_queues
 
 INCOMING = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"

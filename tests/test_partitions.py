@@ -15,8 +15,9 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from channels_app.services import _CLAIM_SQL, _LOAD_SQL
+from core.db import int_array
+from core.redis_guard import get_redis
 from notifier import dedup, partitions
-from notifier.db import int_array
 from notifier.inbox.selectors import inbox_item_get
 from notifier.models import DeadLetter, Delivery, DeliveryEvent, FanoutLane, Notification
 from notifier.partitions import (
@@ -29,7 +30,6 @@ from notifier.partitions import (
     partition_name,
     uuid7,
 )
-from notifier.redis import get_redis
 from preferences.models import Recipient
 from templates_app.services import template_put
 

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
+from notifier.digest import digest_flush, is_digest
 from notifier.models import ApiClient, Delivery, DeliveryEvent, Notification
-from preferences.digest import digest_flush, is_digest
 from preferences.models import Recipient
 from tests.factories import make_delivery, make_notification, make_recipient
 

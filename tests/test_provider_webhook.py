@@ -14,7 +14,7 @@ from standardwebhooks.webhooks import WebhookVerificationError
 
 from channels_app.providers.base import OutboundMessage, PermanentError, RetriableError, parse_retry_after
 from channels_app.providers.webhook import WebhookProvider
-from channels_app.ssrf import UnsafeTargetError, address_refusal, resolve_target
+from core.ssrf import UnsafeTargetError, address_refusal, resolve_target
 from tests.stubs.config import WEBHOOK_SECRET, configure_settings
 from tests.stubs.webhook import WebhookReceiver
 

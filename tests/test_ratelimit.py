@@ -13,7 +13,7 @@ import pytest
 import redis
 from django.conf import settings as django_settings
 
-from channels_app.ratelimit import RateLimiter, bucket_key
+from core.ratelimit import RateLimiter, bucket_key
 
 
 def _limits(settings: Any, **providers: dict[str, Any]) -> None:
@@ -194,7 +194,7 @@ def test_degraded_mode_when_redis_is_unreachable(settings: Any, caplog: pytest.L
     _limits(settings, p={"rate": 40, "burst": 40, "high_reserve": 0.5})
     settings.RESILIENCE_ASSUMED_WORKERS = 4
     limiter = RateLimiter(redis.Redis(host="127.0.0.1", port=closed_port(), socket_connect_timeout=0.2))
-    with caplog.at_level(logging.WARNING, logger="channels_app.ratelimit"):
+    with caplog.at_level(logging.WARNING, logger="core.ratelimit"):
         low = limiter.acquire("p", 100, priority="low")
         high = limiter.acquire("p", 100, priority="high")
         limiter.on_throttled("p", retry_after=0.5)

@@ -22,9 +22,10 @@ import pytest
 import redis
 from django.db.models import Count
 
-from channels_app import breaker, ratelimit
+from channels_app import breaker
+from core import ratelimit
+from core.redis_guard import get_redis
 from notifier.models import ApiClient, DeadLetter, Delivery, DeliveryEvent
-from notifier.redis import get_redis
 from notifier.services import notification_accept
 from preferences.services import recipient_upsert
 from templates_app.services import template_put

@@ -11,9 +11,9 @@ import pytest
 from django.core.management import call_command
 from django.urls import URLPattern, URLResolver, get_resolver
 
-from notifier.errors import ApiError
+from core.errors import ApiError
+from core.scopes import SCOPES, parse_scopes, view_scope
 from notifier.models import ApiClient
-from notifier.scopes import SCOPES, parse_scopes, view_scope
 from tests.factories import make_api_client
 
 METHODS = ("get", "post", "put", "patch", "delete")

@@ -12,7 +12,7 @@ from django.urls import reverse
 from channels_app import services
 from channels_app.models import SandboxMessage
 from channels_app.services import deliver
-from notifier import metrics
+from core import metrics
 from notifier.models import Delivery
 from preferences.services import recipient_upsert
 from templates_app.services import template_put

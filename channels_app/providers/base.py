@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 import requests
 from urllib3.exceptions import ConnectTimeoutError, NewConnectionError
 
-from notifier import tracing
+from core import tracing
 
 
 @dataclass(frozen=True)
@@ -134,7 +134,7 @@ class UnexpectedError(ProviderError):
     """
 
     def __init__(self, exc: BaseException) -> None:
-        from notifier.logging import mask_text
+        from core.logs import mask_text
 
         self.cause_name = type(exc).__name__
         text = mask_text(str(exc)[:2000]).replace("\r", " ").replace("\n", " ")

@@ -31,7 +31,7 @@ from channels_app.providers.base import (
     RetriableError,
     SendResult,
 )
-from notifier.db import bound_cursor, json_rows
+from core.db import bound_cursor, json_rows
 
 
 def parse_behaviour(spec: str) -> dict[str, tuple[str, int]]:

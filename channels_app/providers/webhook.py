@@ -1,6 +1,6 @@
 """Webhook provider: POST the rendered JSON to the recipient's URL, signed per Standard Webhooks.
 
-The URL comes from an API caller, so every request goes through the SSRF guard (channels_app.ssrf):
+The URL comes from an API caller, so every request goes through the SSRF guard (core.ssrf):
 resolve, refuse internal addresses, pin the checked IP. Redirects are never followed (a 302 to an internal
 address would walk around the guard). The signature is our own implementation of the Standard Webhooks
 spec (https://www.standardwebhooks.com/); tests verify it with the independent `standardwebhooks` package.
@@ -32,7 +32,7 @@ from channels_app.providers.base import (
     parse_retry_after,
 )
 from channels_app.providers.deadline import POOL_CLASSES, CallDeadline
-from channels_app.ssrf import GuardedAdapter, UnsafeTargetError
+from core.ssrf import GuardedAdapter, UnsafeTargetError
 
 SECRET_PREFIX = "whsec_"
 

@@ -20,6 +20,7 @@ import redis
 from django.db import transaction
 from django.db.models import QuerySet
 
+from core.redis_guard import get_redis, rkey
 from notifier.callbacks import conf
 from notifier.callbacks.verify import (
     MalformedCallback,
@@ -31,7 +32,6 @@ from notifier.callbacks.verify import (
 from notifier.events import record_events, transition
 from notifier.models import Delivery, DeliveryEvent
 from notifier.partitions import recent_delivery_ids
-from notifier.redis import get_redis, rkey
 
 logger = logging.getLogger(__name__)
 

@@ -16,6 +16,7 @@ from django.utils.html import format_html
 from django.views.decorators.http import require_POST
 
 from audit.services import audit_record
+from core.errors import ApiError
 from notifier.campaigns.selectors import campaign_progress
 from notifier.campaigns.services import (
     EDITABLE,
@@ -29,7 +30,6 @@ from notifier.campaigns.services import (
     pausable_from,
 )
 from notifier.campaigns.wizard import STEPS, CampaignWizardForm, campaign_rate, progress_charts, sample_preview
-from notifier.errors import ApiError
 from notifier.models import Campaign
 from templates_app.selectors import TemplateNotFound
 

@@ -8,6 +8,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from core.errors import ApiError
 from notifier.campaigns.selectors import campaign_get, campaign_list
 from notifier.campaigns.serializers import (
     CampaignActionOutput,
@@ -22,7 +23,6 @@ from notifier.campaigns.services import (
     campaign_resume,
     campaign_update,
 )
-from notifier.errors import ApiError
 from notifier.models import Campaign
 
 

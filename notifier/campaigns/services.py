@@ -22,8 +22,8 @@ from django.db import connection, transaction
 from django.utils import timezone
 from django_celery_beat.models import ClockedSchedule, CrontabSchedule, PeriodicTask
 
+from core.errors import ApiError
 from notifier import fanout
-from notifier.errors import ApiError
 from notifier.events import record_events
 from notifier.localtime import is_zone, local_instant, parse_wall_clock
 from notifier.models import ApiClient, Campaign, Delivery, Notification

@@ -11,6 +11,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from core.errors import ApiError
 from notifier.deadletters.selectors import dead_letter_get, dead_letter_list
 from notifier.deadletters.serializers import (
     DeadLetterListInput,
@@ -25,7 +26,6 @@ from notifier.deadletters.services import (
     dead_letter_replay,
     dead_letters_replay,
 )
-from notifier.errors import ApiError
 from notifier.models import DeadLetter
 from notifier.pagination import CursorPage, invalid_cursor
 

@@ -7,7 +7,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from notifier.errors import ApiError
+from core.errors import ApiError
 from notifier.models import EventEndpoint
 from notifier.pagination import CursorPage, cursor_id
 from notifier.statusevents.selectors import event_attempts_list, event_endpoint_get

@@ -18,7 +18,7 @@ EVENT_TYPES = [f"delivery.{s}" for s in EVENT_STATUSES]
 
 def _address_refusal(host: str) -> str | None:
     # Imported here: the guard lives with the webhook adapter (channels_app); only its pure decision is used.
-    from channels_app.ssrf import address_refusal
+    from core.ssrf import address_refusal
 
     try:
         ip = ipaddress.ip_address(host.strip("[]"))

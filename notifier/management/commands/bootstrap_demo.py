@@ -8,8 +8,8 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
+from core.scopes import SCOPES
 from notifier.models import ApiClient
-from notifier.scopes import SCOPES
 from notifier.services import api_client_create, api_client_rotate_key
 from preferences.services import recipient_upsert
 from templates_app.models import Template

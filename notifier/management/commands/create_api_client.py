@@ -9,8 +9,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from core.scopes import parse_scopes
 from notifier.models import ApiClient
-from notifier.scopes import parse_scopes
 from notifier.services import api_client_create
 from notifier.throttle import parse_rate
 

@@ -28,7 +28,7 @@ from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from notifier import metrics
+from core import metrics
 from notifier.models import DeadLetter, Delivery, DeliveryEvent, Notification
 
 logger = logging.getLogger(__name__)

@@ -32,8 +32,8 @@ from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerPro
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, Decision, ParentBased, Sampler, SamplingResult
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
 
-from notifier import metrics
-from notifier.logging import bind_delivery_context, bound_log_context, clear_log_context
+from core import metrics
+from core.logs import bind_delivery_context, bound_log_context, clear_log_context
 
 logger = logging.getLogger(__name__)
 
@@ -390,7 +390,7 @@ def _instrument_database() -> None:
     from django.db import connections
     from django.db.backends.signals import connection_created
 
-    connection_created.connect(_add_db_wrapper, weak=False, dispatch_uid="notifier.tracing.db")
+    connection_created.connect(_add_db_wrapper, weak=False, dispatch_uid="core.tracing.db")
     for connection in connections.all(initialized_only=True):
         _add_db_wrapper(connection)
 
@@ -431,8 +431,8 @@ def _connect_task_context() -> None:
     # Connected after the Celery instrumentation's own handlers, so its span is current when ours run.
     from celery.signals import task_postrun, task_prerun
 
-    task_prerun.connect(on_task_prerun, weak=False, dispatch_uid="notifier.tracing.prerun")
-    task_postrun.connect(on_task_postrun, weak=False, dispatch_uid="notifier.tracing.postrun")
+    task_prerun.connect(on_task_prerun, weak=False, dispatch_uid="core.tracing.prerun")
+    task_postrun.connect(on_task_postrun, weak=False, dispatch_uid="core.tracing.postrun")
 
 
 def connect_signals() -> None:

@@ -20,8 +20,8 @@ from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils import timezone
 
+from core.metrics import collect_pending_dead_letters, collect_queue_depths
 from notifier.charts import COLOURS, bar_chart, line_chart, state_strip
-from notifier.metrics import collect_pending_dead_letters, collect_queue_depths
 from notifier.models import DeliveryEvent
 from notifier.opsseries import breaker_series, breaker_states, number_series, ops_samples, total_series
 

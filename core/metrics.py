@@ -426,5 +426,5 @@ def connect_worker_metrics() -> None:
     """
     from celery.signals import worker_init, worker_ready
 
-    worker_init.connect(_on_worker_init, weak=False, dispatch_uid="notifier.metrics.worker_init")
-    worker_ready.connect(_on_worker_ready, weak=False, dispatch_uid="notifier.metrics.worker_ready")
+    worker_init.connect(_on_worker_init, weak=False, dispatch_uid="core.metrics.worker_init")
+    worker_ready.connect(_on_worker_ready, weak=False, dispatch_uid="core.metrics.worker_ready")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from notifier import ops
+from ops import health as ops
 
 urlpatterns = [
     path("healthz", ops.healthz, name="healthz"),

@@ -45,7 +45,7 @@ from typing import Any
 import redis
 from django.conf import settings
 
-from notifier.redis import get_redis, rkey
+from core.redis_guard import get_redis, rkey
 
 logger = logging.getLogger(__name__)
 

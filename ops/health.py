@@ -18,7 +18,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_safe
 
-from notifier import metrics
+from core import metrics
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ def check_broker() -> None:
 
 def check_redis() -> None:
     """Ping Redis (the shared client has sub-second timeouts)."""
-    from notifier.redis import get_redis
+    from core.redis_guard import get_redis
 
     if not get_redis().ping():
         raise ConnectionError("no PONG")
