@@ -37,8 +37,9 @@ from typing import Any
 import redis
 from django.conf import settings
 
-from core.ratelimit import RedisGuard, assumed_workers
-from core.redis_guard import rkey
+from core import metrics
+from core.ratelimit import assumed_workers
+from core.redis_guard import RedisGuard, rkey
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +76,12 @@ def _notify(provider: str, old: str, new: str) -> None:
             callback(provider, old, new)
         except Exception:
             logger.exception("circuit breaker listener failed")
+
+
+@on_state_change
+def _export_state(provider: str, _old: str, new: str) -> None:
+    # Every transition made in this process becomes the `notifier_breaker_state` gauge (core.metrics).
+    metrics.set_breaker_state(provider, new)
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+from celery import current_app as celery_app
 from kombu.exceptions import KombuError
 
-from config.celery import DEAD_LETTER_EXCHANGE
-from config.celery import app as celery_app
+from core.queues import DEAD_LETTER_EXCHANGE
 
 logger = logging.getLogger(__name__)
 

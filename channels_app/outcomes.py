@@ -30,10 +30,10 @@ from django.utils import timezone
 
 from channels_app.providers.base import ProviderError, SendResult, UnexpectedError
 from channels_app.sms_fit import count_sent as count_sms_segments
-from config.celery import queue_name
 from core import metrics
 from core.db import bound_cursor, json_rows
 from core.logs import log_lines, mask_text
+from core.queues import queue_name
 from notifier import strategy
 from notifier.events import record_events
 from notifier.models import DeadLetter, Delivery

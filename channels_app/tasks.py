@@ -11,7 +11,7 @@ from django.db import InterfaceError, OperationalError, connection
 
 from channels_app.services import deliver
 from channels_app.statusevents import status_events_send, status_events_sweep
-from config.celery import OwnQueueTask, own_queue
+from core.queues import OwnQueueTask, own_queue
 
 __all__ = ["db_retry_countdown", "own_queue", "send_deliveries", "send_status_events", "sweep_status_events"]
 

@@ -1,137 +1,22 @@
-"""The Celery application and the RabbitMQ topology it runs on.
+"""The Celery application, wired to the RabbitMQ topology of core/queues.py.
 
-Queues are the contract between the API and the workers (and between hosts): one durable quorum queue per
-channel and priority on one topic exchange, dead letters routed to `dead.<channel>`. Each setting below
-closes a known way for Celery on RabbitMQ to lose or duplicate a message; DESIGN.md lists them.
+Each setting below closes a known way for Celery on RabbitMQ to lose or duplicate a message; DESIGN.md lists
+them. Apps never import this module: tasks use `shared_task`, publishers `celery.current_app` (this app is the
+default one: Celery's Django fix-up sets it when config/__init__.py imports it with the settings).
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
-from celery import Celery, Task
+from celery import Celery
 from celery.schedules import crontab
-from celery.signals import worker_init
-from kombu import Exchange, Queue
-from kombu.transport.native_delayed_delivery import (
-    bind_queue_to_native_delayed_delivery_exchange,
-    declare_native_delayed_delivery_exchanges_and_queues,
-)
 
 from core.env import env
+from core.queues import EXCHANGE, build_queues
+from core.tracing import connect_signals
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-
-CHANNELS = ("push", "email", "sms", "inapp", "webhook")
-PRIORITY_QUEUES = ("high", "low")
-EXCHANGE = Exchange("notifier", type="topic", durable=True)
-DEAD_LETTER_EXCHANGE = Exchange("notifier.dlx", type="topic", durable=True)
-# A message redelivered this many times (its worker keeps dying on it) is dead-lettered by RabbitMQ
-# itself instead of looping forever: the quorum-queue poison-message guard.
-DELIVERY_LIMIT = env.int("QUEUE_DELIVERY_LIMIT", 20)
-
-
-@dataclass(frozen=True)
-class WorkerClass:
-    """One pool of Celery workers: the queues it consumes and how it runs them.
-
-    The one source of truth for worker classes: the Procfile, docker/compose.yml and the Kubernetes manifests
-    under deploy/ start exactly these (tests/test_deploy_files.py compares them). Priorities are separate
-    classes because a worker started with `-Q a,b` does not prefer `a`.
-    """
-
-    name: str
-    queues: tuple[str, ...]
-    pool: str
-    concurrency: int
-
-
-# Provider calls are I/O-bound: the high pool runs threads so one process holds many sends in flight.
-# Fan-out and the low pool stay prefork (CPU in rendering and bulk row writes). Maintenance gets its own
-# single process so the outbox relay (the loss-prevention path) never waits behind fan-out or retention.
-WORKER_CLASSES: tuple[WorkerClass, ...] = (
-    WorkerClass("high", tuple(f"{channel}.high" for channel in CHANNELS), "threads", 8),
-    WorkerClass("low", tuple(f"{channel}.low" for channel in CHANNELS), "prefork", 2),
-    WorkerClass("fanout", ("fanout",), "prefork", 2),
-    WorkerClass("maintenance", ("maintenance",), "prefork", 1),
-    WorkerClass("events", ("events",), "threads", 8),
-)
-
-
-def queue_name(channel: str, priority: str) -> str:
-    """Return the queue that carries `channel` sends of `priority` ("normal" travels on the low queue)."""
-    return f"{channel}.{'high' if priority == 'high' else 'low'}"
-
-
-def _work_queue(name: str, dead_routing_key: str) -> Queue:
-    return Queue(
-        name,
-        EXCHANGE,
-        routing_key=name,
-        durable=True,
-        queue_arguments={
-            "x-queue-type": "quorum",
-            "x-dead-letter-exchange": DEAD_LETTER_EXCHANGE.name,
-            "x-dead-letter-routing-key": dead_routing_key,
-            "x-delivery-limit": DELIVERY_LIMIT,
-        },
-    )
-
-
-def build_queues() -> list[Queue]:
-    """Return every queue of the topology; the API and every worker declare the same list."""
-    queues = [
-        _work_queue(queue_name(channel, priority), f"dead.{channel}")
-        for channel in CHANNELS
-        for priority in PRIORITY_QUEUES
-    ]
-    queues += [_work_queue("fanout", "dead.fanout"), _work_queue("maintenance", "dead.maintenance")]
-    # Status events to calling services travel on their own queue and workers: never behind the sends.
-    queues += [_work_queue("events", "dead.events")]
-    # Dead-letter queues hold what exhausted its attempts; the database keeps the operator's record
-    # (notifier.DeadLetter), the queue is for alerting on depth. Bounded so it can never fill the disk.
-    queues += [
-        Queue(
-            f"dead.{name}",
-            DEAD_LETTER_EXCHANGE,
-            routing_key=f"dead.{name}",
-            durable=True,
-            queue_arguments={"x-queue-type": "quorum", "x-max-length": 1_000_000},
-        )
-        for name in (*CHANNELS, "fanout", "maintenance", "events")
-    ]
-    return queues
-
-
-def own_queue(routing_key: str) -> str | None:
-    """Return the queue a message came from, also when it came back through native delayed delivery.
-
-    A delayed message's routing key is its delay in bits before the queue's own ("0.0.….1.webhook.high").
-    """
-    for queue in build_queues():
-        if routing_key == queue.name or routing_key.endswith(f".{queue.name}"):
-            return queue.name
-    return None
-
-
-class OwnQueueTask(Task):
-    """A task whose retries go back to the queue its message came from.
-
-    Celery routes a retry by the exchange and routing key of the message being retried. A retry with a
-    countdown goes through native delayed delivery, and the message it comes back as carries the delay
-    exchange and a delay-prefixed routing key: retried again from there, it is routed to a delay level no
-    queue is bound to, and lost. Naming the queue routes every retry like a first publish.
-    """
-
-    def retry(self, *args: object, **options: object) -> object:  # type: ignore[override]
-        """Retry as Celery does, on the queue this message came from unless one is named."""
-        if not options.get("queue"):
-            queue = own_queue(str((self.request.delivery_info or {}).get("routing_key") or ""))
-            if queue:
-                options["queue"] = queue
-        return super().retry(*args, **options)  # type: ignore[arg-type]
-
 
 app = Celery("notifier")
 app.config_from_object("django.conf:settings", namespace="CELERY")
@@ -220,44 +105,7 @@ app.conf.beat_schedule = {
 }
 app.autodiscover_tasks()
 # Tasks that live outside an app's tasks.py.
-app.conf.imports = ("ops.retention", "notifier.partitions")
+app.conf.imports = ("ops.retention", "ops.series", "notifier.partitions")
 
-# Trace context across the broker, task metrics, the worker metrics server and breaker-state gauges.
-from core.tracing import connect_signals  # noqa: E402 - needs the app above
-
+# Trace context across the broker, task metrics and the worker metrics server.
 connect_signals()
-
-
-_topology_declared = False
-
-
-def declare_topology(*, delayed_delivery: bool = True) -> None:
-    """Declare every queue of the topology and, with it, native delayed delivery's exchanges and bindings.
-
-    Workers do this at start (not only for the queues they consume: the delayed-delivery step binds all the
-    app's queues). Publishers do it once before their first delayed publish, because on a fresh broker a
-    countdown published before any worker has started would find no `celery_delayed_27` exchange.
-    """
-    global _topology_declared
-    with app.connection_for_write() as conn:
-        channel = conn.default_channel
-        for queue in app.conf.task_queues:
-            queue(channel).declare()
-        if delayed_delivery:
-            declare_native_delayed_delivery_exchanges_and_queues(conn, "quorum")
-            for queue in app.conf.task_queues:
-                if not queue.name.startswith("dead."):
-                    bind_queue_to_native_delayed_delivery_exchange(conn, queue)
-    _topology_declared = True
-
-
-def ensure_topology() -> None:
-    """Declare the topology once per process (see declare_topology)."""
-    if not _topology_declared:
-        declare_topology()
-
-
-@worker_init.connect(weak=False)
-def _declare_topology_on_worker_start(sender: object = None, **kwargs: object) -> None:
-    # The worker's own delayed-delivery step declares its exchanges and bindings right after this.
-    declare_topology(delayed_delivery=False)

@@ -5,7 +5,8 @@ is imported, in any container that runs several processes: gunicorn workers, pre
 process writes its samples to files in that directory and a scrape aggregates them. Gauges therefore
 declare how to combine processes; none uses a "live" mode, so no clean-up hook is needed when a child exits.
 Queue depths, dead-letter depths and pending dead letters are not counted by anyone: they are read at
-scrape time (passive queue declares on RabbitMQ, one COUNT in PostgreSQL).
+scrape time by ops/collectors.py (passive queue declares on RabbitMQ, one COUNT in PostgreSQL), which the
+/metrics view hands to `render_metrics`.
 
 Label values are bounded sets only (channel, provider, status, category, client name, queue): never an id
 or an address.
@@ -16,11 +17,12 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
+from celery.signals import worker_ready
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.registry import Collector
 
@@ -199,137 +201,6 @@ def observe_task(task: str, state: str, seconds: float | None) -> None:
         TASK_SECONDS.labels(_label(task, "unknown")[:128]).observe(max(seconds, 0.0))
 
 
-# --- Read at scrape time -----------------------------------------------------------------------------
-
-
-def collect_queue_depths(timeout: float | None = None) -> dict[str, tuple[int, int]] | None:
-    """Return {queue: (ready messages, consumers)} for every queue of the topology; None if unreachable.
-
-    Passive declares only: a scrape never creates a queue, and a queue missing on the broker is left out.
-    """
-    from django.conf import settings
-    from kombu import Connection
-
-    from config.celery import build_queues
-
-    timeout = settings.METRICS_BROKER_TIMEOUT_SECONDS if timeout is None else timeout
-    depths: dict[str, tuple[int, int]] = {}
-    try:
-        with Connection(settings.CELERY_BROKER_URL, connect_timeout=timeout) as conn:
-            conn.ensure_connection(max_retries=0)
-            channel = conn.channel()
-            for queue in build_queues():
-                try:
-                    _, messages, consumers = channel.queue_declare(queue=queue.name, passive=True)
-                except conn.channel_errors:
-                    # A missing queue closes the channel (404): note nothing, carry on with a fresh one.
-                    channel = conn.channel()
-                    continue
-                depths[queue.name] = (int(messages), int(consumers))
-    except Exception as exc:
-        logger.warning("queue depth collection failed", extra={"error": type(exc).__name__})
-        return None
-    return depths
-
-
-def collect_outbox_state() -> tuple[int, float] | None:
-    """Return (relay backlog, age in seconds of the oldest delivery waiting in a queue); None if unreachable.
-
-    The backlog is what the relay has to publish: queued deliveries never published (the fast path missed
-    them) or published longer ago than OUTBOX_STALE_AFTER_SECONDS. Both read the partial index on queued
-    deliveries (delivery_outbox_idx); the count stops at 100,000.
-    """
-    from django.conf import settings
-    from django.db import connection
-
-    sql = """
-        SELECT
-          (SELECT count(*) FROM (
-             SELECT 1 FROM notifier_delivery
-             WHERE status = 'queued'
-               AND (published_at IS NULL OR published_at < now() - make_interval(secs => %s))
-             LIMIT 100000) AS backlog),
-          (SELECT coalesce(extract(epoch FROM now() - min(published_at)), 0)
-             FROM notifier_delivery WHERE status = 'queued' AND published_at IS NOT NULL)
-    """
-    try:
-        with connection.cursor() as cursor:
-            cursor.execute(sql, [settings.OUTBOX_STALE_AFTER_SECONDS])
-            backlog, oldest = cursor.fetchone()
-        return int(backlog), max(float(oldest), 0.0)
-    except Exception as exc:
-        logger.warning("outbox state read failed", extra={"error": type(exc).__name__})
-        return None
-
-
-def collect_pending_dead_letters() -> dict[str, int] | None:
-    """Return pending dead letters per channel; None if the database is unreachable."""
-    from django.db.models import Count
-
-    from notifier.models import DeadLetter
-
-    try:
-        rows = (
-            DeadLetter.objects.filter(status=DeadLetter.Status.PENDING)
-            .values("channel")
-            .annotate(n=Count("id"))
-            .order_by()
-        )
-        return {row["channel"]: int(row["n"]) for row in rows}
-    except Exception as exc:
-        logger.warning("dead letter count failed", extra={"error": type(exc).__name__})
-        return None
-
-
-class OpsCollector(Collector):
-    """Read broker and database state at scrape time (only in the API's /metrics, never per worker)."""
-
-    def collect(self) -> Iterator[Metric]:
-        """Yield queue depths, consumers, dead-letter depths, broker reachability and pending dead letters."""
-        from django.conf import settings
-
-        if settings.METRICS_QUEUE_DEPTHS:
-            depths = collect_queue_depths()
-            up = GaugeMetricFamily("notifier_broker_up", "1 if RabbitMQ answered the scrape's queue declares.")
-            up.add_metric([], 0 if depths is None else 1)
-            yield up
-            depth = GaugeMetricFamily("notifier_queue_depth", "Ready messages per work queue.", labels=["queue"])
-            consumers = GaugeMetricFamily("notifier_queue_consumers", "Consumers per work queue.", labels=["queue"])
-            dead = GaugeMetricFamily(
-                "notifier_dead_letter_queue_depth", "Messages in each dead-letter queue.", labels=["queue"]
-            )
-            for name, (messages, n_consumers) in sorted((depths or {}).items()):
-                if name.startswith("dead."):
-                    dead.add_metric([name], messages)
-                else:
-                    depth.add_metric([name], messages)
-                    consumers.add_metric([name], n_consumers)
-            yield depth
-            yield consumers
-            yield dead
-        outbox = collect_outbox_state()
-        if outbox is not None:
-            backlog = GaugeMetricFamily(
-                "notifier_outbox_backlog", "Queued deliveries the outbox relay has to publish (missed or stale)."
-            )
-            backlog.add_metric([], outbox[0])
-            yield backlog
-            oldest = GaugeMetricFamily(
-                "notifier_queued_oldest_seconds",
-                "Age of the oldest delivery published to a queue and not yet taken by a worker.",
-            )
-            oldest.add_metric([], outbox[1])
-            yield oldest
-        pending = collect_pending_dead_letters()
-        if pending is not None:
-            family = GaugeMetricFamily(
-                "notifier_dead_letters_pending", "Dead letters awaiting an operator, per channel.", labels=["channel"]
-            )
-            for channel, n in sorted(pending.items()):
-                family.add_metric([channel], n)
-            yield family
-
-
 class _Proxy(Collector):
     """Expose another registry's metrics through a scrape registry."""
 
@@ -360,11 +231,11 @@ def process_registry() -> CollectorRegistry:
     return registry
 
 
-def render_metrics(*, include_ops: bool = True) -> bytes:
-    """Return the Prometheus text exposition for a scrape."""
+def render_metrics(*, collectors: Iterable[Collector] = ()) -> bytes:
+    """Return the Prometheus text exposition for a scrape, with `collectors` read at scrape time added."""
     registry = process_registry()
-    if include_ops:
-        registry.register(OpsCollector())
+    for collector in collectors:
+        registry.register(collector)
     return generate_latest(registry)
 
 
@@ -399,32 +270,8 @@ def _on_worker_ready(**_kwargs: Any) -> None:
         logger.warning("worker metrics server not started", extra={"error": str(exc)})
 
 
-def _on_breaker_change(provider: str, _old: str, new: str) -> None:
-    set_breaker_state(provider, new)
-
-
-def connect_breaker_metrics() -> bool:
-    """Publish every circuit-breaker transition made in this process as `notifier_breaker_state`."""
-    try:
-        from channels_app import breaker
-    except ImportError:
-        return False
-    if _on_breaker_change not in breaker._listeners:
-        breaker.on_state_change(_on_breaker_change)
-    return True
-
-
-def _on_worker_init(**_kwargs: Any) -> None:
-    # In the main worker process, before prefork children are forked: they inherit the listener.
-    connect_breaker_metrics()
-
-
 def connect_worker_metrics() -> None:
-    """Hook worker metrics into Celery (connected by tracing.connect_signals).
-
-    At worker start the breaker listener is registered; when the worker is ready its metrics server starts.
+    """Hook worker metrics into Celery (connected by tracing.connect_signals): when the worker is ready its
+    metrics server starts. (Breaker-state gauges: channels_app.breaker registers its own listener.)
     """
-    from celery.signals import worker_init, worker_ready
-
-    worker_init.connect(_on_worker_init, weak=False, dispatch_uid="core.metrics.worker_init")
     worker_ready.connect(_on_worker_ready, weak=False, dispatch_uid="core.metrics.worker_ready")

@@ -45,7 +45,7 @@ from typing import Any
 import redis
 from django.conf import settings
 
-from core.redis_guard import get_redis, rkey
+from core.redis_guard import RedisGuard, rkey
 
 logger = logging.getLogger(__name__)
 
@@ -75,9 +75,6 @@ CUT_WINDOW_SECONDS = 1.0
 # Keys expire when idle: a bucket left alone refills to full anyway, and an AIMD cut forgotten after an hour
 # of silence is the right thing.
 KEY_TTL_SECONDS = 3600
-# After a Redis error, use the in-memory fallback for this long before trying Redis again, so a dead Redis
-# costs one connect timeout per period, not one per batch.
-REDIS_RETRY_SECONDS = 5.0
 
 PRIORITY_HIGH = "high"
 
@@ -249,50 +246,6 @@ end
 redis.call('HSET', KEYS[1], 'rate', tostring(rate))
 return tostring(rate)
 """
-
-
-class RedisGuard:
-    """Run Redis calls, switching to a fallback on errors; log once on degrading and once on recovery."""
-
-    def __init__(self, name: str, client: redis.Redis | Callable[[], redis.Redis] | None = None) -> None:
-        self.name = name
-        self._client = client
-        self.retry_seconds = REDIS_RETRY_SECONDS
-        self._down_until = 0.0
-        self.degraded = False
-        self._lock = threading.Lock()
-
-    def client(self) -> redis.Redis:
-        """Return the Redis client: the injected one, or the process-wide one."""
-        if self._client is None:
-            return get_redis()
-        if isinstance(self._client, redis.Redis):
-            return self._client
-        return self._client()
-
-    def run(self, call: Callable[[redis.Redis], Any], fallback: Callable[[], Any]) -> Any:
-        """Return `call(client)`, or `fallback()` while Redis is failing."""
-        if self.degraded and time.monotonic() < self._down_until:
-            return fallback()
-        try:
-            result = call(self.client())
-        except (redis.RedisError, OSError) as exc:
-            with self._lock:
-                self._down_until = time.monotonic() + self.retry_seconds
-                if not self.degraded:
-                    self.degraded = True
-                    logger.warning(
-                        "%s: Redis unavailable (%s); degraded to per-process in-memory state",
-                        self.name,
-                        type(exc).__name__,
-                    )
-            return fallback()
-        if self.degraded:
-            with self._lock:
-                if self.degraded:
-                    self.degraded = False
-                    logger.warning("%s: Redis reachable again; shared state restored", self.name)
-        return result
 
 
 class _LocalBucket:

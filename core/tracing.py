@@ -436,5 +436,5 @@ def _connect_task_context() -> None:
 
 
 def connect_signals() -> None:
-    """Connect the worker metrics (from config/celery.py; the trace handlers connect in `instrument`)."""
+    """Connect the worker metrics (called by config/celery.py; the trace handlers connect in `instrument`)."""
     metrics.connect_worker_metrics()

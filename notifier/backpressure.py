@@ -17,10 +17,11 @@ import math
 import threading
 import time
 
+from celery import current_app as celery_app
 from django.conf import settings
 
-from config.celery import CHANNELS, queue_name
 from core.errors import ApiError
+from core.queues import CHANNELS, queue_name
 
 logger = logging.getLogger(__name__)
 
@@ -60,8 +61,6 @@ def _retry_after() -> float:
 
 def measure_low_backlog() -> int:
     """Ask the broker how many messages are ready in the low-priority queues (passive declares)."""
-    from config.celery import app as celery_app
-
     total = 0
     with celery_app.connection_for_write() as conn:
         conn.ensure_connection(max_retries=1)

@@ -41,13 +41,13 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, cast
 
+from celery import current_app as celery_app
 from django.conf import settings
 from django.db import connection, reset_queries, transaction
 from django.utils import timezone
 
-from config.celery import app as celery_app
-from config.celery import queue_name
 from core.db import bound_cursor, json_rows
+from core.queues import queue_name
 from notifier import localtime, strategy
 from notifier.models import Campaign, Delivery, FanoutLane, Notification
 from notifier.outbox import broker_recently_down, publish

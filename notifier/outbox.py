@@ -17,14 +17,14 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from celery import current_app as celery_app
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from config.celery import app as celery_app
-from config.celery import ensure_topology, queue_name
 from core import metrics, tracing
+from core.queues import ensure_topology, queue_name
 from notifier.events import record_events
 from notifier.models import Delivery
 

@@ -14,11 +14,13 @@ import logging
 from collections.abc import Iterable
 from datetime import datetime
 
+from celery import current_app
 from django.db import transaction
 from django.utils import timezone
 from redis.exceptions import RedisError
 
 from core.db import bound_cursor, json_rows
+from core.queues import ensure_topology
 from core.redis_guard import get_redis, rkey
 
 log = logging.getLogger(__name__)
@@ -89,7 +91,6 @@ def status_events_wake(*, endpoint_ids: Iterable[int], countdown: int | None = N
     lives above this layer (channels_app.statusevents), next to the webhook adapter it uses.
     """
     # Late imports: the outbox imports notifier.events, which imports this module.
-    from config.celery import app, ensure_topology
     from notifier.outbox import _mark_broker_down, broker_recently_down
 
     if broker_recently_down():
@@ -106,7 +107,9 @@ def status_events_wake(*, endpoint_ids: Iterable[int], countdown: int | None = N
                 except RedisError:
                     pass  # without Redis, wake every time: more messages, nothing missed
             # Delayed delivery counts whole seconds (a countdown under one second is no countdown).
-            app.send_task(SEND_TASK, args=[endpoint_id], queue=EVENTS_QUEUE, countdown=countdown or None, retry=False)
+            current_app.send_task(
+                SEND_TASK, args=[endpoint_id], queue=EVENTS_QUEUE, countdown=countdown or None, retry=False
+            )
     except Exception:  # the sweep wakes them anyway; a broker hiccup must not fail a committed change
         _mark_broker_down()
         log.warning("could not wake status event senders; the sweep will", exc_info=True)

@@ -28,11 +28,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from celery import current_app as celery_app
 from django.conf import settings
 from django.db import OperationalError, transaction
 from django.utils import timezone
 
 from core.db import bound_cursor, int_array, json_rows
+from core.queues import ensure_topology
 from notifier.events import record_events
 
 logger = logging.getLogger(__name__)
@@ -193,9 +195,6 @@ def schedule(delivery_ids: Sequence[int], delay: float) -> None:
     """Publish a delayed `fallback_due` message for these pending deliveries; the sweep covers a failure."""
     if not delivery_ids or delay > settings.BROKER_DELAY_MAX_SECONDS:
         return  # long waits stay in the database: the sweep decides them when due
-    from config.celery import app as celery_app
-    from config.celery import ensure_topology
-
     try:
         options: dict[str, Any] = {"queue": "maintenance", "retry": False}
         if delay > 0:

@@ -7,7 +7,7 @@ from typing import Any
 from celery import shared_task
 from django.db import InterfaceError, OperationalError
 
-from config.celery import OwnQueueTask
+from core.queues import OwnQueueTask
 from notifier.outbox import relay
 
 # Infrastructure errors (the database went away, the broker refused a page's messages) retry with backoff; the
@@ -74,14 +74,6 @@ def run_campaign(campaign_id: int) -> str | None:
 
     notification = campaign_run(campaign_id=int(campaign_id))
     return str(notification.pk) if notification is not None else None
-
-
-@shared_task(name="notifier.tasks.sample_ops")
-def sample_ops() -> bool:
-    """Record queue depths, dead letters and breaker states for the operations charts (notifier/opsseries.py)."""
-    from notifier.opsseries import ops_sample
-
-    return ops_sample() is not None
 
 
 @shared_task(name="notifier.tasks.noop")

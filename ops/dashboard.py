@@ -1,7 +1,7 @@
 """The operators' admin page: recent outcomes per channel, queue depths, dead letters and breaker states.
 
 Deliveries and provider errors are charted from the event history; queue depths, dead letters and breaker
-states from the samples beat takes every minute (notifier/opsseries.py), all over the last 24 hours.
+states from the samples beat takes every minute (ops/series.py), all over the last 24 hours.
 
 Mounted by config/urls.py before admin.site.urls, wrapped in admin.site.admin_view (staff only):
     path("admin/notifier/dashboard/", admin.site.admin_view(dashboard_view), name="notifier-dashboard"),
@@ -20,10 +20,10 @@ from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils import timezone
 
-from core.metrics import collect_pending_dead_letters, collect_queue_depths
 from notifier.charts import COLOURS, bar_chart, line_chart, state_strip
 from notifier.models import DeliveryEvent
-from notifier.opsseries import breaker_series, breaker_states, number_series, ops_samples, total_series
+from ops.collectors import collect_pending_dead_letters, collect_queue_depths
+from ops.series import breaker_series, breaker_states, number_series, ops_samples, total_series
 
 WINDOW = timedelta(hours=1)
 OUTCOMES = ("sent", "delivered", "failed", "bounced", "suppressed", "deferred")

@@ -19,6 +19,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_safe
 
 from core import metrics
+from ops.collectors import OpsCollector
 
 logger = logging.getLogger(__name__)
 
@@ -112,4 +113,4 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
         response = HttpResponse("Bearer METRICS_TOKEN required\n", status=401, content_type="text/plain")
         response["WWW-Authenticate"] = "Bearer"
         return response
-    return HttpResponse(metrics.render_metrics(), content_type=metrics.CONTENT_TYPE)
+    return HttpResponse(metrics.render_metrics(collectors=[OpsCollector()]), content_type=metrics.CONTENT_TYPE)

@@ -371,7 +371,7 @@ def test_operations_charts(live_server: Any, browser: WebDriver) -> None:
     # Beat's samples of the broker and the breakers over the last hour: a queue filling and draining, an outage.
     from channels_app.breaker import record
     from config.celery import app as celery_app
-    from notifier.opsseries import ops_sample
+    from ops.series import ops_sample
     from tests.conftest import purge_all_queues, queue_depth
 
     purge_all_queues()

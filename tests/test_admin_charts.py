@@ -11,8 +11,8 @@ from django.utils import timezone
 
 from notifier.charts import bar_chart, line_chart, state_strip
 from notifier.models import DeadLetter
-from notifier.opsseries import breaker_series, number_series, ops_sample, ops_samples, total_series
 from ops.dashboard import BUCKET_MINUTES, bucket_starts, outcome_series, provider_error_series, provider_errors
+from ops.series import breaker_series, number_series, ops_sample, ops_samples, total_series
 from tests.conftest import purge_all_queues, queue_depth, wait_for
 from tests.factories import make_delivery, make_delivery_event, make_staff_user
 

@@ -175,7 +175,7 @@ def test_degraded_mode_when_redis_is_unreachable(
     _configure(settings, min_calls=8, half_open_probes=4, cooldown_seconds=0.3)
     settings.RESILIENCE_ASSUMED_WORKERS = 4
     cb = CircuitBreakers(redis.Redis(host="127.0.0.1", port=closed_port(), socket_connect_timeout=0.2))
-    with caplog.at_level(logging.WARNING, logger="core.ratelimit"):
+    with caplog.at_level(logging.WARNING, logger="core.redis_guard"):
         assert cb.allow("p")
         cb.record("p", ok=False)
         assert cb.state("p") == CLOSED  # this process's minimum is 8 / 4 = 2 calls

@@ -65,7 +65,7 @@ def test_compose_structure() -> None:
         assert "healthcheck" in services[name]
 
 
-# --- One source of truth: config/celery.py's worker classes in the Procfile, compose and Kubernetes --------
+# --- One source of truth: core/queues.py's worker classes in the Procfile, compose and Kubernetes --------
 
 
 def _classes_in(commands: dict[str, Any]) -> dict[tuple[str, ...], tuple[str, str]]:
@@ -84,9 +84,9 @@ def _classes_in(commands: dict[str, Any]) -> dict[tuple[str, ...], tuple[str, st
 
 
 def test_procfile_compose_and_kubernetes_start_the_same_worker_classes_as_config() -> None:
-    """Same queues, pool and (default) concurrency per worker class in config/celery.py, the Procfile,
+    """Same queues, pool and (default) concurrency per worker class in core/queues.py, the Procfile,
     docker/compose.yml and deploy/kubernetes; every work queue of the topology is consumed by exactly one."""
-    from config.celery import WORKER_CLASSES, build_queues
+    from core.queues import WORKER_CLASSES, build_queues
     from tests.manifests import base_resources, compose, of_kind, pod_spec, procfile
 
     expected = {tuple(sorted(w.queues)): (w.pool, str(w.concurrency)) for w in WORKER_CLASSES}

@@ -2,7 +2,7 @@
 
 Every object validates against the Kubernetes JSON schemas shipped in `kubernetes-validate` (no network, no
 cluster); the KEDA objects, whose CRDs those schemas do not cover, are checked for the fields KEDA requires,
-for targets that exist and for queues that config/celery.py declares.
+for targets that exist and for queues that core/queues.py declares.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import kubernetes_validate
 import pytest
 from kubernetes_validate.utils import ValidationError
 
-from config.celery import WORKER_CLASSES, build_queues
+from core.queues import WORKER_CLASSES, build_queues
 from tests.manifests import base_resources, celery_worker_args, of_kind, pod_spec, render_overlay
 
 # The oldest Kubernetes the manifests support (preStop `sleep` is on by default from 1.30) and the newest the
@@ -72,7 +72,7 @@ def test_the_validator_rejects_a_broken_manifest() -> None:
 
 
 def test_the_deployments_are_the_components_and_worker_classes() -> None:
-    """API, stream, beat, Flower and one Deployment per worker class of config/celery.py."""
+    """API, stream, beat, Flower and one Deployment per worker class of core/queues.py."""
     assert set(DEPLOYMENTS) == {"notifier-api", "notifier-stream", "notifier-beat", "notifier-flower", *WORKERS}
     assert pod_spec(DEPLOYMENTS["notifier-stream"])["containers"][0]["command"][:2] == [
         "uvicorn",

@@ -127,7 +127,7 @@ def test_multiprocess_mode_aggregates_every_process(tmp_path: Path) -> None:
             metrics.count_deliveries("push", "fcm", "sent", n=5)
             metrics.set_breaker_state("fcm", sys.argv[2])
         else:
-            sys.stdout.write(metrics.render_metrics(include_ops=False).decode())
+            sys.stdout.write(metrics.render_metrics().decode())
         """
     )
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path), "METRICS_QUEUE_DEPTHS": "false"}

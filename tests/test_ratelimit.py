@@ -194,7 +194,7 @@ def test_degraded_mode_when_redis_is_unreachable(settings: Any, caplog: pytest.L
     _limits(settings, p={"rate": 40, "burst": 40, "high_reserve": 0.5})
     settings.RESILIENCE_ASSUMED_WORKERS = 4
     limiter = RateLimiter(redis.Redis(host="127.0.0.1", port=closed_port(), socket_connect_timeout=0.2))
-    with caplog.at_level(logging.WARNING, logger="core.ratelimit"):
+    with caplog.at_level(logging.WARNING, logger="core.redis_guard"):
         low = limiter.acquire("p", 100, priority="low")
         high = limiter.acquire("p", 100, priority="high")
         limiter.on_throttled("p", retry_after=0.5)

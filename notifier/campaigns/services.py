@@ -16,6 +16,7 @@ import logging
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from celery import current_app as celery_app
 from celery.schedules import crontab as celery_crontab
 from django.conf import settings
 from django.db import connection, transaction
@@ -242,8 +243,6 @@ def campaign_starts_at(campaign: Campaign) -> datetime | None:
 
 
 def _enqueue_run(campaign_id: int) -> None:
-    from config.celery import app as celery_app
-
     try:
         celery_app.send_task(RUN_TASK, args=[campaign_id], queue="maintenance", retry=False)
     except Exception as exc:

@@ -1,6 +1,7 @@
 """The operations page's history of queue depths, dead letters and breaker states: sampled, kept a day in Redis.
 
-The broker and the breakers only know "now", so beat runs `notifier.tasks.sample_ops` every
+The broker and the breakers only know "now", so beat runs `notifier.tasks.sample_ops` (kept under its first
+name; it lives here) every
 OPS_SAMPLE_INTERVAL_SECONDS (60) on the maintenance queue: one sample (ready messages per queue, messages
 per dead-letter queue, pending dead letters per channel, each provider's breaker state) goes into one Redis
 sorted set scored by its time, and samples older than 24 hours are trimmed in the same round trip. A
@@ -20,11 +21,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import redis
+from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
 
-from core.metrics import collect_pending_dead_letters, collect_queue_depths
+from channels_app import breaker
 from core.redis_guard import get_redis, rkey
+from ops.collectors import collect_pending_dead_letters, collect_queue_depths
 
 logger = logging.getLogger(__name__)
 
@@ -40,16 +43,12 @@ def _key() -> str:
 
 
 def breaker_states() -> list[dict[str, str]]:
-    """Return the circuit-breaker state of every configured provider, or "n/a" without the breaker module."""
+    """Return the circuit-breaker state of every configured provider ("n/a" where it cannot be read)."""
     providers = sorted({p for names in settings.CHANNEL_PROVIDERS.values() for p in names})
-    try:
-        from channels_app.breaker import state
-    except ImportError:
-        return [{"provider": p, "state": "n/a"} for p in providers]
     result = []
     for provider in providers:
         try:
-            value = state(provider)
+            value = breaker.state(provider)
         except Exception:
             logger.warning("breaker state unavailable", extra={"provider": provider})
             value = "n/a"
@@ -148,3 +147,9 @@ def breaker_series(samples: Sequence[dict[str, Any]], labels: Sequence[datetime]
             if current is None or BREAKER_LEVELS.get(state, 0) > BREAKER_LEVELS.get(current, 0):
                 line[index] = state
     return dict(sorted(series.items()))
+
+
+@shared_task(name="notifier.tasks.sample_ops")
+def sample_ops() -> bool:
+    """Record queue depths, dead letters and breaker states for the operations charts."""
+    return ops_sample() is not None

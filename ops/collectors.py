@@ -1,0 +1,136 @@
+"""Metrics read at scrape time: queue depths, the outbox backlog and pending dead letters.
+
+Nobody counts these as they happen: the API's /metrics view (ops/health.py) reads them on each scrape (passive
+queue declares on RabbitMQ, one COUNT in PostgreSQL) through `OpsCollector`; the dashboard reads them too.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+from django.conf import settings
+from django.db import connection
+from django.db.models import Count
+from kombu import Connection
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from core.queues import build_queues
+from notifier.models import DeadLetter
+
+logger = logging.getLogger(__name__)
+
+
+def collect_queue_depths(timeout: float | None = None) -> dict[str, tuple[int, int]] | None:
+    """Return {queue: (ready messages, consumers)} for every queue of the topology; None if unreachable.
+
+    Passive declares only: a scrape never creates a queue, and a queue missing on the broker is left out.
+    """
+    timeout = settings.METRICS_BROKER_TIMEOUT_SECONDS if timeout is None else timeout
+    depths: dict[str, tuple[int, int]] = {}
+    try:
+        with Connection(settings.CELERY_BROKER_URL, connect_timeout=timeout) as conn:
+            conn.ensure_connection(max_retries=0)
+            channel = conn.channel()
+            for queue in build_queues():
+                try:
+                    _, messages, consumers = channel.queue_declare(queue=queue.name, passive=True)
+                except conn.channel_errors:
+                    # A missing queue closes the channel (404): note nothing, carry on with a fresh one.
+                    channel = conn.channel()
+                    continue
+                depths[queue.name] = (int(messages), int(consumers))
+    except Exception as exc:
+        logger.warning("queue depth collection failed", extra={"error": type(exc).__name__})
+        return None
+    return depths
+
+
+def collect_outbox_state() -> tuple[int, float] | None:
+    """Return (relay backlog, age in seconds of the oldest delivery waiting in a queue); None if unreachable.
+
+    The backlog is what the relay has to publish: queued deliveries never published (the fast path missed
+    them) or published longer ago than OUTBOX_STALE_AFTER_SECONDS. Both read the partial index on queued
+    deliveries (delivery_outbox_idx); the count stops at 100,000.
+    """
+    sql = """
+        SELECT
+          (SELECT count(*) FROM (
+             SELECT 1 FROM notifier_delivery
+             WHERE status = 'queued'
+               AND (published_at IS NULL OR published_at < now() - make_interval(secs => %s))
+             LIMIT 100000) AS backlog),
+          (SELECT coalesce(extract(epoch FROM now() - min(published_at)), 0)
+             FROM notifier_delivery WHERE status = 'queued' AND published_at IS NOT NULL)
+    """
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [settings.OUTBOX_STALE_AFTER_SECONDS])
+            backlog, oldest = cursor.fetchone()
+        return int(backlog), max(float(oldest), 0.0)
+    except Exception as exc:
+        logger.warning("outbox state read failed", extra={"error": type(exc).__name__})
+        return None
+
+
+def collect_pending_dead_letters() -> dict[str, int] | None:
+    """Return pending dead letters per channel; None if the database is unreachable."""
+    try:
+        rows = (
+            DeadLetter.objects.filter(status=DeadLetter.Status.PENDING)
+            .values("channel")
+            .annotate(n=Count("id"))
+            .order_by()
+        )
+        return {row["channel"]: int(row["n"]) for row in rows}
+    except Exception as exc:
+        logger.warning("dead letter count failed", extra={"error": type(exc).__name__})
+        return None
+
+
+class OpsCollector(Collector):
+    """Read broker and database state at scrape time (only in the API's /metrics, never per worker)."""
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield queue depths, consumers, dead-letter depths, broker reachability and pending dead letters."""
+        if settings.METRICS_QUEUE_DEPTHS:
+            depths = collect_queue_depths()
+            up = GaugeMetricFamily("notifier_broker_up", "1 if RabbitMQ answered the scrape's queue declares.")
+            up.add_metric([], 0 if depths is None else 1)
+            yield up
+            depth = GaugeMetricFamily("notifier_queue_depth", "Ready messages per work queue.", labels=["queue"])
+            consumers = GaugeMetricFamily("notifier_queue_consumers", "Consumers per work queue.", labels=["queue"])
+            dead = GaugeMetricFamily(
+                "notifier_dead_letter_queue_depth", "Messages in each dead-letter queue.", labels=["queue"]
+            )
+            for name, (messages, n_consumers) in sorted((depths or {}).items()):
+                if name.startswith("dead."):
+                    dead.add_metric([name], messages)
+                else:
+                    depth.add_metric([name], messages)
+                    consumers.add_metric([name], n_consumers)
+            yield depth
+            yield consumers
+            yield dead
+        outbox = collect_outbox_state()
+        if outbox is not None:
+            backlog = GaugeMetricFamily(
+                "notifier_outbox_backlog", "Queued deliveries the outbox relay has to publish (missed or stale)."
+            )
+            backlog.add_metric([], outbox[0])
+            yield backlog
+            oldest = GaugeMetricFamily(
+                "notifier_queued_oldest_seconds",
+                "Age of the oldest delivery published to a queue and not yet taken by a worker.",
+            )
+            oldest.add_metric([], outbox[1])
+            yield oldest
+        pending = collect_pending_dead_letters()
+        if pending is not None:
+            family = GaugeMetricFamily(
+                "notifier_dead_letters_pending", "Dead letters awaiting an operator, per channel.", labels=["channel"]
+            )
+            for channel, n in sorted(pending.items()):
+                family.add_metric([channel], n)
+            yield family
