@@ -7,6 +7,8 @@ channel and priority on one topic exchange, dead letters routed to `dead.<channe
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import dataclass
 
 from celery import Task, current_app
@@ -98,6 +100,25 @@ def build_queues() -> list[Queue]:
         for name in (*CHANNELS, "fanout", "maintenance", "events")
     ]
     return queues
+
+
+# After a failed publish the API stops trying for a few seconds: while the broker is down every request would
+# otherwise wait for a connection timeout. The relay publishes what was skipped.
+_broker_down_until = 0.0
+_broker_lock = threading.Lock()
+BROKER_BACKOFF_SECONDS = 5.0
+
+
+def broker_recently_down() -> bool:
+    """Return True if a publish from this process failed in the last few seconds."""
+    return time.monotonic() < _broker_down_until
+
+
+def mark_broker_down() -> None:
+    """Note that a publish from this process just failed (publishers skip the broker for a few seconds)."""
+    global _broker_down_until
+    with _broker_lock:
+        _broker_down_until = time.monotonic() + BROKER_BACKOFF_SECONDS
 
 
 _topology_declared = False

@@ -14,9 +14,12 @@ class NotifierConfig(AppConfig):
 
     def ready(self) -> None:
         from core.tracing import instrument
+
+        # Imported for their registrations, once the app registry is ready (models load with it).
         from notifier import (
             checks,  # noqa: F401 - registers the start-up checks
             config_cache,
+            strategy,  # noqa: F401 - registers its transition listener (notifier.events)
         )
 
         config_cache.connect()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -12,6 +12,16 @@ from django.utils import timezone
 from core.db import bound_cursor, int_array, json_rows
 from notifier.models import Delivery
 from notifier.reach import reach_record
+
+TransitionListener = Callable[[list[int], str], None]
+_transition_listeners: list[TransitionListener] = []
+
+
+def on_transition(listener: TransitionListener) -> TransitionListener:
+    """Register `listener(moved_ids, to_status)`, called after every `transition` that moved rows."""
+    if listener not in _transition_listeners:
+        _transition_listeners.append(listener)
+    return listener
 
 
 def record_events(rows: Iterable[tuple[int, str, str]], *, at: datetime | None = None, reach: bool = True) -> None:
@@ -76,8 +86,8 @@ def transition(
             Delivery.objects.filter(pk__in=moved).update(status=to, updated_at=now, **dict(fields or {}))
             record_events(((did, to, detail) for did in moved), at=now)
     if moved:
-        from notifier.strategy import after_transition
-
-        # A fallback chain reacts to the change: its next step may start, or be skipped (notifier/strategy.py).
-        after_transition(moved, to)
+        # A fallback chain reacts to the change: its next step may start, or be skipped (notifier/strategy.py
+        # registers itself here; listeners sit above this module, so it cannot import them).
+        for listener in list(_transition_listeners):
+            listener(moved, to)
     return moved

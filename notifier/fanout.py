@@ -47,10 +47,10 @@ from django.db import connection, reset_queries, transaction
 from django.utils import timezone
 
 from core.db import bound_cursor, json_rows
-from core.queues import queue_name
+from core.queues import broker_recently_down, queue_name
 from notifier import localtime, strategy
 from notifier.models import Campaign, Delivery, FanoutLane, Notification
-from notifier.outbox import broker_recently_down, publish
+from notifier.outbox import publish
 from notifier.partitions import delivery_ids_of_notification
 from notifier.reach import reach_record
 from preferences.compliance import Verdict, evaluate, suppressed_addresses

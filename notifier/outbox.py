@@ -24,30 +24,13 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from core import metrics, tracing
-from core.queues import ensure_topology, queue_name
+from core.queues import broker_recently_down, ensure_topology, mark_broker_down, queue_name
 from notifier.events import record_events
 from notifier.models import Delivery
 
 logger = logging.getLogger(__name__)
 
 SEND_TASK = "channels_app.tasks.send_deliveries"
-
-# After a failed publish the API stops trying for a few seconds: while the broker is down every request would
-# otherwise wait for a connection timeout. The relay publishes what was skipped.
-_broker_down_until = 0.0
-_lock = threading.Lock()
-BROKER_BACKOFF_SECONDS = 5.0
-
-
-def broker_recently_down() -> bool:
-    """Return True if a publish from this process failed in the last few seconds."""
-    return time.monotonic() < _broker_down_until
-
-
-def _mark_broker_down() -> None:
-    global _broker_down_until
-    with _lock:
-        _broker_down_until = time.monotonic() + BROKER_BACKOFF_SECONDS
 
 
 def _chunks(ids: Sequence[int], size: int) -> Iterable[list[int]]:
@@ -87,7 +70,7 @@ def publish(
                         )
                     published.extend(chunk)
     except Exception as exc:  # any broker failure (including channel errors) leaves the rows to the relay
-        _mark_broker_down()
+        mark_broker_down()
         logger.error("publish failed; %d deliveries left to the outbox relay: %s", _count(groups, published), exc)
     return published
 

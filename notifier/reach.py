@@ -20,7 +20,7 @@ from django.utils import timezone
 from redis.exceptions import RedisError
 
 from core.db import bound_cursor, json_rows
-from core.queues import ensure_topology
+from core.queues import broker_recently_down, ensure_topology, mark_broker_down
 from core.redis_guard import get_redis, rkey
 
 log = logging.getLogger(__name__)
@@ -90,8 +90,6 @@ def status_events_wake(*, endpoint_ids: Iterable[int], countdown: int | None = N
     sweep wakes. Published by task name: the sender
     lives above this layer (channels_app.statusevents), next to the webhook adapter it uses.
     """
-    # Late imports: the outbox imports notifier.events, which imports this module.
-    from notifier.outbox import _mark_broker_down, broker_recently_down
 
     if broker_recently_down():
         return  # like the outbox: no connection timeout per batch while the broker is away; the sweep wakes
@@ -111,5 +109,5 @@ def status_events_wake(*, endpoint_ids: Iterable[int], countdown: int | None = N
                 SEND_TASK, args=[endpoint_id], queue=EVENTS_QUEUE, countdown=countdown or None, retry=False
             )
     except Exception:  # the sweep wakes them anyway; a broker hiccup must not fail a committed change
-        _mark_broker_down()
+        mark_broker_down()
         log.warning("could not wake status event senders; the sweep will", exc_info=True)

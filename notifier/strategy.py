@@ -35,7 +35,7 @@ from django.utils import timezone
 
 from core.db import bound_cursor, int_array, json_rows
 from core.queues import ensure_topology
-from notifier.events import record_events
+from notifier.events import on_transition, record_events
 
 logger = logging.getLogger(__name__)
 
@@ -365,6 +365,7 @@ def after_outcomes(updates: Sequence[tuple[Any, dict[str, Any]]]) -> None:
         fallback_decide(delivery_ids=ids)
 
 
+@on_transition
 def after_transition(delivery_ids: Sequence[int], status: str) -> None:
     """React to a status change made outside the send pipeline (a callback, an inbox read, a cancel)."""
     if delivery_ids and (status in GAVE_UP or status in REACHED["sent"]):
