@@ -49,6 +49,7 @@ from django.utils import timezone
 from core.db import bound_cursor, json_rows
 from core.queues import broker_recently_down, queue_name
 from notifier import localtime, strategy
+from notifier.campaigns.status import campaign_fanout_finished
 from notifier.models import Campaign, Delivery, FanoutLane, Notification
 from notifier.outbox import publish
 from notifier.partitions import delivery_ids_of_notification
@@ -557,8 +558,6 @@ def _finish(n: Notification, lane: int, cursor_before: int) -> PageResult:
     if not finished:
         return PageResult(stopped="lane done")
     if n.campaign_id is not None:
-        from notifier.campaigns.services import campaign_fanout_finished
-
         campaign_fanout_finished(campaign_id=n.campaign_id)
     return PageResult(done=True)
 

@@ -26,12 +26,13 @@ from core.scopes import DEFAULT_SCOPES, SCOPES
 from notifier import config_cache, dedup, frequency, localtime, strategy
 from notifier.auth import generate_key, hash_key
 from notifier.events import record_events, transition
+from notifier.fanout import fanout_start
 from notifier.models import ApiClient, Delivery, Notification
 from notifier.outbox import publish_soon
 from notifier.partitions import new_notification_id, notification_range
 from notifier.policy import send_policy
 from preferences.compliance import evaluate, suppressed_addresses
-from preferences.models import Device, Recipient
+from preferences.models import Device, Recipient, Topic
 from preferences.services import recipient_upsert
 from templates_app.models import TemplateVersion
 from templates_app.selectors import TemplateNotFound, template_version_resolve
@@ -488,9 +489,6 @@ def _existing_duplicate(
 
 def _prepare_topic(notification: Notification, topic_key: str) -> list[Delivery]:
     """Write a topic notification; the fan-out task creates its deliveries after commit."""
-    from notifier.fanout import fanout_start
-    from preferences.models import Topic
-
     topic = Topic.objects.filter(key=topic_key).first()
     if topic is None:
         raise ApiError(400, "invalid", f"Unknown topic '{topic_key}'.", {"topic": ["Unknown topic."]})

@@ -17,7 +17,8 @@ from django_celery_beat.models import PeriodicTask
 from channels_app.models import SandboxMessage
 from config.urls import urlpatterns as root_urlpatterns
 from notifier import fanout
-from notifier.campaigns.services import campaign_create, campaign_fanout_finished, campaign_run
+from notifier.campaigns.services import campaign_create, campaign_run
+from notifier.campaigns.status import campaign_fanout_finished
 from notifier.models import Campaign, Delivery, Notification
 from notifier.tasks import run_campaign
 from tests.conftest import purge_all_queues, wait_for

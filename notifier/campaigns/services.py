@@ -306,16 +306,6 @@ def campaign_run(*, campaign_id: int, now: datetime | None = None) -> Notificati
     return notification
 
 
-def campaign_fanout_finished(*, campaign_id: int) -> None:
-    """Mark a run's fan-out complete: a one-off campaign is done, a recurring one waits for its next slot."""
-    Campaign.objects.filter(pk=campaign_id, status=Campaign.Status.RUNNING, crontab="").update(
-        status=Campaign.Status.DONE, updated_at=timezone.now()
-    )
-    Campaign.objects.filter(pk=campaign_id, status=Campaign.Status.RUNNING).exclude(crontab="").update(
-        status=Campaign.Status.SCHEDULED, updated_at=timezone.now()
-    )
-
-
 def _set_status(campaign: Campaign, *, to: str, only_from: tuple[str, ...]) -> None:
     """Move a campaign's status with a conditional UPDATE (row-locked until commit), or raise a 409."""
     moved = Campaign.objects.filter(pk=campaign.pk, status__in=only_from).update(status=to, updated_at=timezone.now())
