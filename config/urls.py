@@ -29,6 +29,7 @@ urlpatterns = [
         name="redoc",
     ),
     path("api/v1/", include("notifier.urls")),
+    path("api/v1/", include("channels_app.urls")),
     path("callbacks/", include("notifier.callbacks.urls")),
     path("t/", include("notifier.tracking.urls")),
     path("", include("ops.urls")),

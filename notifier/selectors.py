@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
@@ -111,13 +112,19 @@ def delivery_search(*, query: str) -> QuerySet[Delivery]:
     return Delivery.objects.filter(condition)
 
 
+# Every provider name a delivery may carry (also ones configured before, not now). channels_app sits above this
+# layer and adds its registry's names at start-up (ChannelsAppConfig.ready); these two exist without it.
+_KNOWN_PROVIDERS: set[str] = {"sandbox", "inapp"}
+
+
+def register_provider_names(names: Iterable[str]) -> None:
+    """Add provider names that deliveries may carry (the delivery search looks their message ids up)."""
+    _KNOWN_PROVIDERS.update(names)
+
+
 def _known_providers() -> set[str]:
-    """Return every provider name a delivery may carry (also ones configured before, not now)."""
-    try:  # channels_app sits above notifier: read its registry when it is installed, as the dashboard does
-        from channels_app.providers.registry import PROVIDER_CLASSES
-    except ImportError:
-        return {"sandbox", "inapp"}
-    return set(PROVIDER_CLASSES)
+    """Return every provider name a delivery may carry."""
+    return set(_KNOWN_PROVIDERS)
 
 
 # What each event status means on a delivery's timeline (kind, label); anything else is shown as it is.

@@ -23,6 +23,7 @@ from core import metrics
 from core.db import insert_rows
 from core.errors import ApiError
 from core.scopes import DEFAULT_SCOPES, SCOPES
+from core.webhook_secrets import SECRET_PREFIX, decode_secret
 from notifier import config_cache, dedup, frequency, localtime, strategy
 from notifier.auth import generate_key, hash_key
 from notifier.events import record_events, transition
@@ -99,14 +100,11 @@ WEBHOOK_SECRET_BYTES = (24, 64)
 
 def webhook_secret_problem(secret: str) -> str | None:
     """Return why `secret` is not a usable "whsec_<base64>" signing secret, or None when it is one."""
-    from channels_app.providers.base import ConfigurationError
-    from channels_app.providers.webhook import SECRET_PREFIX, decode_secret
-
     if not secret.startswith(SECRET_PREFIX):
         return f"Must start with '{SECRET_PREFIX}' followed by base64 (Standard Webhooks)."
     try:
         raw = decode_secret(secret)
-    except ConfigurationError:
+    except ValueError:
         return f"The part after '{SECRET_PREFIX}' must be base64."
     low, high = WEBHOOK_SECRET_BYTES
     if not low <= len(raw) <= high:

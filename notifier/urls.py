@@ -1,10 +1,9 @@
-"""Routes of /api/v1/."""
+"""Routes of /api/v1/ (channels_app adds its own from config/urls.py: it sits above this app)."""
 
 from __future__ import annotations
 
 from django.urls import include, path
 
-from channels_app import apis as channel_apis
 from notifier import apis
 
 urlpatterns = [
@@ -14,7 +13,6 @@ urlpatterns = [
     path(
         "notifications/<uuid:notification_id>/cancel", apis.NotificationCancelApi.as_view(), name="notification-cancel"
     ),
-    path("sandbox/messages", channel_apis.SandboxMessageListApi.as_view(), name="sandbox-messages"),
     path("", include("templates_app.urls")),
     path("", include("preferences.urls")),
     path("", include("notifier.inbox.urls")),

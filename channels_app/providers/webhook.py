@@ -32,16 +32,16 @@ from channels_app.providers.base import (
     parse_retry_after,
 )
 from channels_app.providers.deadline import POOL_CLASSES, CallDeadline
+from core import webhook_secrets
 from core.ssrf import GuardedAdapter, UnsafeTargetError
 
-SECRET_PREFIX = "whsec_"
+SECRET_PREFIX = webhook_secrets.SECRET_PREFIX
 
 
 def decode_secret(secret: str) -> bytes:
-    """Return the raw key of a "whsec_<base64>" secret (a bare base64 string is accepted too)."""
-    raw = secret[len(SECRET_PREFIX) :] if secret.startswith(SECRET_PREFIX) else secret
+    """Return the raw key of a "whsec_<base64>" secret; a configuration error (permanent) if it is not one."""
     try:
-        return base64.b64decode(raw, validate=True)
+        return webhook_secrets.decode_secret(secret)
     except ValueError as exc:
         raise ConfigurationError("webhook secret is not whsec_<base64>") from exc
 
