@@ -1,5 +1,8 @@
 """Digests: fold the deliveries a recipient asked to receive hourly or daily into one message per channel.
 
+The recipient's choice (hourly, daily) is a preference (preferences.compliance); the digest itself is a
+notification with deliveries, so it is made here, by the app that owns them.
+
 The pipeline parks such deliveries as `deferred` with reason "digest:<frequency>" and no `not_before` (so the
 outbox relay leaves them alone). `digest_flush()` runs from beat; per (recipient, channel, category) it
 creates one digest notification and delivery, moves the originals to `digested`, and publishes the digest
@@ -20,6 +23,7 @@ from django.utils import timezone
 
 from notifier.events import record_events
 from notifier.models import Delivery, Notification
+from notifier.outbox import publish_delivery_ids
 from preferences.compliance import DIGEST_FREQUENCIES
 
 logger = logging.getLogger(__name__)
@@ -100,8 +104,6 @@ def digest_flush(*, frequency: str, now: dt.datetime | None = None, local_hour: 
 
 def _flush_recipients(waiting: Any, recipient_ids: list[int], frequency: str) -> int:
     """Create the digests of some recipients and retire their originals, in one transaction."""
-    from notifier.outbox import publish_delivery_ids
-
     template_key = digest_template_key()
     with transaction.atomic():
         originals = list(

@@ -1,4 +1,4 @@
-"""Periodic and background tasks of the core: outbox relay, fan-out, campaigns (thin: load by id, call a service)."""
+"""Periodic and background tasks: outbox relay, fan-out, campaigns, digests (thin: load by id, call a service)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from celery import shared_task
 from django.db import InterfaceError, OperationalError
 
 from core.queues import OwnQueueTask
+from notifier.digest import daily_digest_hour, digest_flush, normalise_frequency
 from notifier.outbox import relay
 
 # Infrastructure errors (the database went away, the broker refused a page's messages) retry with backoff; the
@@ -80,3 +81,13 @@ def run_campaign(campaign_id: int) -> str | None:
 def noop() -> None:
     """Do nothing: the benchmarks' yardstick for the broker's empty-task rate."""
     return None
+
+
+# Routed to the default "maintenance" queue, next to the other sweepers. The name is the one it had in the
+# preferences app: beat rows in the database and messages in flight carry it.
+@shared_task(name="preferences.tasks.flush_digests", ignore_result=True)
+def flush_digests(frequency: str) -> int:
+    """Send the waiting hourly digests, or the daily ones of recipients whose local hour it is; return how many."""
+    if normalise_frequency(frequency) == "daily_digest":
+        return digest_flush(frequency=frequency, local_hour=daily_digest_hour())
+    return digest_flush(frequency=frequency)
