@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from notifier.digest import digest_flush, is_digest
 from notifier.models import ApiClient, Delivery, DeliveryEvent, Notification
+from notifier.tasks import flush_digests
 from preferences.models import Recipient
 from tests.factories import make_delivery, make_notification, make_recipient
 
@@ -121,9 +122,6 @@ def test_flush_respects_cutoff_and_separates_categories(
 def test_flush_digests_task_and_bad_frequency(
     park: Callable[..., Delivery], django_capture_on_commit_callbacks: Callable[..., Any]
 ) -> None:
-    pytest.importorskip("notifier.outbox")
-    from preferences.tasks import flush_digests
-
     dave = make_recipient(user_id="dave", email="dave@example.com")
     for _ in range(4):
         park(dave, frequency="hourly_digest")
