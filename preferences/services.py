@@ -18,6 +18,7 @@ from django.utils.crypto import constant_time_compare
 from audit.services import Actor, audit_record, diff
 from preferences.compliance import is_optional
 from preferences.models import Device, Recipient, Subscription, Suppression, Topic
+from preferences.signals import recipient_erased
 
 # What a caller may set on a recipient through recipient_upsert(); user_id and erased_at are managed here.
 RECIPIENT_FIELDS = frozenset(
@@ -106,9 +107,6 @@ def recipient_erase(*, recipient: Recipient, audit_actor: Any = None) -> Recipie
     Wipes contact fields, devices, preferences and topic memberships, marks the recipient erased, and
     anonymises what was sent to them: delivery addresses and stored content, and the sandbox's record of them.
     """
-    from channels_app.models import SandboxMessage
-    from notifier.models import Delivery
-
     now = timezone.now()
     with transaction.atomic():
         recipient = Recipient.objects.select_for_update().get(pk=recipient.pk)
@@ -128,9 +126,8 @@ def recipient_erase(*, recipient: Recipient, audit_actor: Any = None) -> Recipie
         recipient.devices.all().delete()
         # Topic memberships are preferences too; keeping them would make every fan-out write a row for nobody.
         recipient.subscriptions.all().delete()
-        deliveries = Delivery.objects.filter(recipient=recipient)
-        SandboxMessage.objects.filter(delivery_id__in=deliveries.values("pk")).update(address="", content={})
-        deliveries.update(address="", content=None, updated_at=now)
+        # What was sent to them belongs to the apps that sent it: each forgets its own rows.
+        recipient_erased.send(sender=Recipient, recipient=recipient, at=now)
         after = {**_snapshot(recipient, AUDITED_RECIPIENT_FIELDS), "devices": 0}
         _audit(audit_actor, "recipient.erase", "recipient", recipient.user_id, diff(before, after))
     return recipient
