@@ -30,7 +30,7 @@ from channels_app.providers.base import (
     UnexpectedError,
 )
 from core import metrics, ratelimit
-from preferences.compliance import is_optional
+from core.categories import is_optional
 from preferences.services import preference_link, unsubscribe_url
 
 if TYPE_CHECKING:

@@ -18,8 +18,9 @@ from django.urls import path
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_http_methods
 
+from core.categories import is_optional
 from preferences import selectors, services
-from preferences.compliance import FREQUENCIES, is_optional
+from preferences.compliance import FREQUENCIES
 from preferences.models import Recipient
 from preferences.serializers import PreferencesSerializer, _zones
 from preferences.translations import label, language_for, strings

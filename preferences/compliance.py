@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
-from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from django.conf import settings
 from django.utils import timezone
 
+from core.categories import category_config
 from core.db import bound_cursor, json_rows
 from preferences.models import Recipient, Suppression
 
@@ -39,19 +38,6 @@ class Verdict:
     action: str
     reason: str = ""
     until: dt.datetime | None = None
-
-
-def category_config(category: str) -> dict[str, Any]:
-    """Return the configured rules of a category; an unknown category is treated as optional."""
-    config = settings.NOTIFIER_CATEGORIES.get(category)
-    if config is None:
-        return {"optional": True, "quiet_hours": True}
-    return dict(config)
-
-
-def is_optional(category: str) -> bool:
-    """Return whether a recipient may switch this category off."""
-    return bool(category_config(category).get("optional", True))
 
 
 def recipient_zone(recipient: Recipient) -> ZoneInfo:

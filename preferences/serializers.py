@@ -12,9 +12,10 @@ from django.conf import settings
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from core.categories import is_optional
 from notifier.pagination import CursorQuerySerializer, cursor_page_serializer
 from preferences import selectors
-from preferences.compliance import FREQUENCIES, is_optional
+from preferences.compliance import FREQUENCIES
 from preferences.models import Recipient, Topic
 from preferences.phones import InvalidPhoneNumber, phone_normalize
 

@@ -16,7 +16,7 @@ from django.utils import timezone
 from django.utils.crypto import constant_time_compare
 
 from audit.services import Actor, audit_record, diff
-from preferences.compliance import is_optional
+from core.categories import is_optional
 from preferences.models import Device, Recipient, Subscription, Suppression, Topic
 from preferences.signals import recipient_erased
 

@@ -9,8 +9,8 @@ from django.urls import path
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_http_methods
 
+from core.categories import is_optional
 from preferences import selectors, services
-from preferences.compliance import is_optional
 
 
 def _page(request: HttpRequest, status: int = 200, **context: object) -> HttpResponse:

@@ -26,6 +26,7 @@ from django.views.decorators.http import require_POST
 from rest_framework.exceptions import ValidationError
 
 from audit.services import audit_record
+from core.categories import is_optional
 from templates_app import admin_editor as editor
 from templates_app.models import Template, TemplateVersion
 from templates_app.rendering import CHANNEL_PARTS, STRUCTURED_PARTS, RenderError, render_all, template_variables
@@ -486,8 +487,6 @@ def editable_categories(user: Any) -> list[str] | None:
     """Return the template categories a user may edit (None: all), from their `edit_optional_templates` role."""
     if user.is_superuser or not user.has_perm("templates_app.edit_optional_templates_only"):
         return None
-    from preferences.compliance import is_optional
-
     return [c for c in settings.NOTIFIER_CATEGORIES if is_optional(c)]
 
 

@@ -20,10 +20,10 @@ from django.db.models import Count
 from django.db.models.functions import TruncMinute
 from django.utils import timezone
 
+from core.categories import is_optional
 from notifier.charts import bar_chart, line_chart
 from notifier.localtime import local_instant
 from notifier.models import ApiClient, Campaign, Delivery
-from preferences.compliance import is_optional
 from preferences.models import Subscription, Topic
 from templates_app.models import Template
 from templates_app.rendering import RenderError, render_all
