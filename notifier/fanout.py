@@ -9,9 +9,10 @@ by PostgreSQL, another's is decided in Python. Per page of a lane:
 1. read the page (`topic_id = %s AND id > cursor AND id <= upper ORDER BY id LIMIT n`, served by
    subscription_keyset_idx)
    with its recipients, their active push devices and the suppression list, in three queries;
-2. decide every (recipient, channel, address) with `evaluate()` and insert the deliveries and their first
-   events in one statement (`INSERT … SELECT … FROM json_array_elements(…) ON CONFLICT DO NOTHING`),
-   `published_at` set for the queued ones, in a short transaction;
+2. plan every (recipient, channel, address) with `notifier.planning.delivery_plan()` (as accept does) and
+   insert the deliveries and their first events in one statement
+   (`INSERT … SELECT … FROM json_array_elements(…) ON CONFLICT DO NOTHING`), `published_at` set for the
+   queued ones, in a short transaction;
 3. publish the page's queued deliveries (500 ids per message); if any insert conflicted (the page is being
    redone after a crash) the queued ids are selected again, so what a crash left unpublished goes now;
 4. advance the lane's checkpoint (its `cursor`, with a compare-and-set on the old one) and the notification's
@@ -38,7 +39,7 @@ import time
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any, cast
 
 from celery import current_app as celery_app
@@ -53,8 +54,9 @@ from notifier.campaigns.status import campaign_fanout_finished
 from notifier.models import Campaign, Delivery, FanoutLane, Notification
 from notifier.outbox import publish
 from notifier.partitions import delivery_ids_of_notification
+from notifier.planning import channel_addresses, delivery_plan
 from notifier.reach import reach_record
-from preferences.compliance import Verdict, evaluate, suppressed_addresses
+from preferences.compliance import suppressed_addresses
 from preferences.models import Recipient
 
 logger = logging.getLogger(__name__)
@@ -275,35 +277,6 @@ def _json(value: Any) -> Any:
     return {} if value == "{}" else json.loads(value)
 
 
-def _addresses(recipient: _Row, channel: str, webhook_default: str, devices: dict[int, list[str]]) -> list[str]:
-    """Return the addresses of a recipient on a channel, as notifier.services.channel_addresses does."""
-    if channel == "email":
-        return [recipient.email]
-    if channel == "sms":
-        return [recipient.phone]
-    if channel == "inapp":
-        return [recipient.user_id]
-    if channel == "webhook":
-        return [recipient.webhook_url or webhook_default]
-    if channel == "push":
-        return devices.get(recipient.pk) or [""]
-    raise ValueError(f"unknown channel {channel}")
-
-
-def _plan(verdict: Verdict, send_at: datetime | None, now: datetime) -> tuple[str, str, datetime | None]:
-    """Return (status, reason, not_before) for a new delivery, as notifier.services.apply_verdict decides."""
-    if verdict.action == "suppress":
-        return S.SUPPRESSED, verdict.reason, None
-    if verdict.action == "digest":
-        return S.DEFERRED, verdict.reason or "digest", None
-    if verdict.action == "defer":
-        until = verdict.until
-        return S.DEFERRED, verdict.reason or "quiet_hours", max(until, send_at) if send_at and until else until
-    if send_at and send_at > now:
-        return S.SCHEDULED, "", send_at
-    return S.QUEUED, "", None
-
-
 def _stop_reason(notification_id: object, campaign_id: int | None, *, lock: bool) -> str:
     """Return why the fan-out must stop ("cancelled", "paused", "done", "missing") or ""."""
     status = Notification.objects.filter(pk=notification_id).values_list("status", flat=True).first()
@@ -457,23 +430,23 @@ def fanout_page(*, notification_id: object, lane: int = 0) -> PageResult:
             (r, channel, address)
             for r in recipients
             for channel in n.channels
-            for address in _addresses(r, channel, webhook_default, devices)
+            for address in channel_addresses(r, channel, webhook_default=webhook_default, tokens=devices.get(r.pk, []))
         ]
         dead = suppressed_addresses(list({(channel, address) for _, channel, address in targets if address}))
         rows: list[tuple[Any, ...]] = []
         for r, channel, address in targets:
-            verdict = evaluate(
+            # send_at_local: that wall-clock time in this subscriber's time zone (notifier/localtime.py).
+            send_at = localtime.send_at_for(n, r.timezone or fallback_zone) if n.send_at_local else n.send_at
+            plan = delivery_plan(
                 recipient=cast(Recipient, r),
                 category=n.category,
                 channel=channel,
                 address=address,
+                send_at=send_at,
                 now=now,
                 suppressed=(channel, address) in dead if address else False,
             )
-            # send_at_local: that wall-clock time in this subscriber's time zone (notifier/localtime.py).
-            send_at = localtime.send_at_for(n, r.timezone or fallback_zone) if n.send_at_local else n.send_at
-            status, reason, not_before = _plan(verdict, send_at, now)
-            rows.append((r.pk, channel, address, status, reason, not_before))
+            rows.append((r.pk, channel, address, plan.status, plan.reason, plan.not_before))
         # Smarter delivery hook (notifier/strategy.py): a fallback chain's later steps wait as pending.
         rows = strategy.plan_fanout_rows(n, rows, now)
         with bound_cursor() as cursor:

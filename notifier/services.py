@@ -31,8 +31,9 @@ from notifier.fanout import fanout_start
 from notifier.models import ApiClient, Delivery, Notification
 from notifier.outbox import publish_soon
 from notifier.partitions import new_notification_id, notification_range
+from notifier.planning import channel_addresses, delivery_plan
 from notifier.policy import send_policy
-from preferences.compliance import evaluate, suppressed_addresses
+from preferences.compliance import suppressed_addresses
 from preferences.models import Device, Recipient, Topic
 from preferences.services import recipient_upsert
 from templates_app.models import TemplateVersion
@@ -426,7 +427,9 @@ def _write_batch(
         targets = [
             (channel, address)
             for channel in notification.channels
-            for address in channel_addresses(recipient, channel, client, tokens=tokens.get(recipient.pk, []))
+            for address in channel_addresses(
+                recipient, channel, webhook_default=client.webhook_url, tokens=tokens.get(recipient.pk, [])
+            )
         ]
         pairs.extend(targets)
         planned.append((index, notification, targets))
@@ -515,7 +518,7 @@ def _prepare_user(notification: Notification, user_id: str) -> list[Delivery]:
     deliveries = [
         _plan_delivery(notification, recipient, channel, address, now)
         for channel in notification.channels
-        for address in channel_addresses(recipient, channel, notification.client)
+        for address in channel_addresses(recipient, channel, webhook_default=notification.client.webhook_url)
     ]
     # Smarter delivery hooks (notifier/frequency.py): the category's per-recipient cap.
     frequency.apply_at_accept(notification, recipient, deliveries)
@@ -530,28 +533,6 @@ def _prepare_user(notification: Notification, user_id: str) -> list[Delivery]:
     return deliveries
 
 
-def channel_addresses(
-    recipient: Recipient, channel: str, client: ApiClient, *, tokens: list[str] | None = None
-) -> list[str]:
-    """Return the addresses of `recipient` on `channel` ([""] when there is none, reported as no_address).
-
-    `tokens` are the recipient's active device tokens when the caller has loaded them (the batch path).
-    """
-    if channel == "email":
-        return [recipient.email]
-    if channel == "sms":
-        return [recipient.phone]
-    if channel == "inapp":
-        return [recipient.user_id]
-    if channel == "webhook":
-        return [recipient.webhook_url or client.webhook_url]
-    if channel == "push":
-        if tokens is None:
-            tokens = list(Device.objects.filter(recipient=recipient, active=True).values_list("token", flat=True))
-        return tokens or [""]
-    raise ValueError(f"unknown channel {channel}")
-
-
 def _plan_delivery(
     notification: Notification,
     recipient: Recipient,
@@ -561,38 +542,26 @@ def _plan_delivery(
     *,
     suppressed: bool | None = None,
 ) -> Delivery:
-    """Decide a new delivery's first status from the compliance verdict and send_at."""
-    delivery = Delivery(
+    """Build a new delivery in the first status delivery planning decides (notifier/planning.py)."""
+    plan = delivery_plan(
+        recipient=recipient,
+        category=notification.category,
+        channel=channel,
+        address=address,
+        send_at=notification.send_at,
+        now=now,
+        suppressed=suppressed,
+    )
+    return Delivery(
         notification=notification,
         recipient=recipient,
         channel=channel,
         priority=notification.priority,
         address=address,
-        status=Delivery.Status.QUEUED,
+        status=plan.status,
+        reason=plan.reason,
+        not_before=plan.not_before,
     )
-    verdict = evaluate(
-        recipient=recipient,
-        category=notification.category,
-        channel=channel,
-        address=address,
-        now=now,
-        suppressed=suppressed,
-    )
-    apply_verdict(delivery, verdict, send_at=notification.send_at, now=now)
-    return delivery
-
-
-def apply_verdict(delivery: Delivery, verdict: Any, *, send_at: datetime | None, now: datetime) -> None:
-    """Set a new delivery's status, reason and not_before from a compliance verdict and the send time."""
-    if verdict.action == "suppress":
-        delivery.status, delivery.reason = Delivery.Status.SUPPRESSED, verdict.reason
-    elif verdict.action == "digest":
-        delivery.status, delivery.reason = Delivery.Status.DEFERRED, verdict.reason or "digest"
-    elif verdict.action == "defer":
-        delivery.status, delivery.reason = Delivery.Status.DEFERRED, verdict.reason or "quiet_hours"
-        delivery.not_before = max(verdict.until, send_at) if send_at else verdict.until
-    elif send_at and send_at > now:
-        delivery.status, delivery.not_before = Delivery.Status.SCHEDULED, send_at
 
 
 def notification_cancel(*, notification: Notification) -> int:

@@ -18,7 +18,8 @@ from audit.services import audit_record
 from notifier.events import record_events, transition
 from notifier.models import Delivery, Notification
 from notifier.outbox import publish_now
-from notifier.services import CANCELLABLE, _plan_delivery, channel_addresses
+from notifier.planning import channel_addresses
+from notifier.services import CANCELLABLE, _plan_delivery
 from preferences.models import Suppression
 from preferences.services import suppression_add, suppression_remove
 
@@ -45,7 +46,10 @@ def delivery_resend(*, delivery: Delivery, actor: Any) -> Delivery:
     recipient = delivery.recipient
     address = delivery.address
     if delivery.channel in CURRENT_ADDRESS_CHANNELS:
-        address = channel_addresses(recipient, delivery.channel, original.client)[0] or delivery.address
+        address = (
+            channel_addresses(recipient, delivery.channel, webhook_default=original.client.webhook_url)[0]
+            or delivery.address
+        )
     now = timezone.now()
     with transaction.atomic():
         notification = Notification.objects.create(
