@@ -52,17 +52,22 @@ run: demo
 	@echo "Development mode ($(DEV)): built-in SECRET_KEY, plain-HTTP cookies. Not for production (docs/operations.md)."
 	$(DEV) PORT=$(PORT) FLOWER_PORT=$(FLOWER_PORT) $(VENV)/bin/honcho start -f Procfile -p $(PORT)
 
-## Run the test suite against the real PostgreSQL, RabbitMQ and Redis. The OpenAPI schema must generate without
-## a single warning (docs/api.md, "The schema and how views are written") before the tests run.
+## Run the test suite against the real PostgreSQL, RabbitMQ and Redis, after the lint, the import contract and the
+## OpenAPI schema, which must generate without a single warning (docs/api.md, "The schema and how views are written").
 test: services
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
+	$(PY) scripts/import_graph.py
 	$(DEV) $(PY) manage.py spectacular --validate --fail-on-warn --file var/openapi.yml
 	$(VENV)/bin/pytest
 
+## Ruff, then the import contract: layers and forbidden imports (pyproject.toml), and no import circles.
 lint:
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
+	$(PY) scripts/import_graph.py
 
 format:
 	$(VENV)/bin/ruff check --fix .
