@@ -28,6 +28,7 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
 
+from channels_app.deadletter import publish_dead_letters
 from channels_app.providers.base import ProviderError, SendResult, UnexpectedError
 from channels_app.sms_fit import count_sent as count_sms_segments
 from core import metrics
@@ -444,6 +445,4 @@ class Outcomes:
                 # The relay publishes these once they are due (it only takes rows with no publish on record).
                 Delivery.objects.filter(pk__in=missed).update(published_at=None, updated_at=now)
         if dead:
-            from channels_app.deadletter import publish_dead_letters
-
             publish_dead_letters([(d.pk, d.channel, d.attempts, err) for d, err, _ in dead])

@@ -15,6 +15,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core.errors import ApiError
+from notifier.backpressure import check_backpressure
 from notifier.models import Notification
 from notifier.openapi import error_response
 from notifier.pagination import CursorPage, invalid_cursor
@@ -34,6 +35,7 @@ from notifier.serializers import (
     NotificationPage,
 )
 from notifier.services import notification_accept, notification_cancel, notifications_accept_batch
+from templates_app.selectors import TemplateNotFound, template_version_resolve
 
 SEND_EXAMPLE = {
     "recipient": {"user_id": "u-42"},
@@ -117,9 +119,6 @@ class NotificationListCreateApi(APIView):
 
 def _shed_if_overloaded(data: dict[str, Any]) -> None:
     """Answer 429 to low-priority requests while the low-priority backlog is too deep (see backpressure)."""
-    from notifier.backpressure import check_backpressure
-    from templates_app.selectors import TemplateNotFound, template_version_resolve
-
     category = data.get("category")
     if not category and data.get("priority") != "high":
         try:

@@ -7,6 +7,8 @@ from typing import Any
 from django.conf import settings
 from django.core import checks
 
+from notifier.frequency import validate_caps
+
 
 @checks.register(checks.Tags.security)
 def secret_key_set(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
@@ -19,6 +21,4 @@ def secret_key_set(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
 @checks.register()
 def frequency_caps_valid(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """Refuse a NOTIFIER_CATEGORIES whose frequency_cap is not {"max": int > 0, "per_seconds": int > 0}."""
-    from notifier.frequency import validate_caps
-
     return [checks.Error(problem, id="notifier.E020") for problem in validate_caps(settings.NOTIFIER_CATEGORIES)]

@@ -12,6 +12,10 @@ from django.db.models import Count, Prefetch, Q, QuerySet
 
 from notifier.models import ApiClient, Delivery, DeliveryEvent, Notification
 from notifier.pagination import decode_cursor, encode_cursor
+from preferences.compliance import evaluate
+from preferences.models import Recipient
+from templates_app.models import TemplateVersion
+from templates_app.rendering import RenderError, render
 
 DELIVERIES_IN_DETAIL = 100
 
@@ -87,8 +91,6 @@ def delivery_search(*, query: str) -> QuerySet[Delivery]:
     with every client as its leading column) and a delivery id. The ids are looked up first, so the final
     query is an OR of index conditions on literal values and its plan does not depend on join estimates.
     """
-    from preferences.models import Recipient
-
     term = query.strip()
     if not term:
         return Delivery.objects.none()
@@ -192,9 +194,6 @@ def delivery_rendered(*, delivery: Delivery) -> dict[str, Any]:
     A version never changes and the payload is stored, so rendering them again gives what was sent (the
     per-recipient unsubscribe link aside, which is added by the channel at send time).
     """
-    from templates_app.models import TemplateVersion
-    from templates_app.rendering import RenderError, render
-
     if delivery.content:
         return {"parts": delivery.content, "source": "stored with the delivery"}
     notification = delivery.notification
@@ -218,8 +217,6 @@ def delivery_rendered(*, delivery: Delivery) -> dict[str, Any]:
 
 def delivery_compliance(*, delivery: Delivery) -> dict[str, Any]:
     """Return the compliance decision taken at acceptance (its first event) and the one that would apply now."""
-    from preferences.compliance import evaluate
-
     first = DeliveryEvent.objects.filter(delivery_id=delivery.pk).order_by("id").first()
     verdict = evaluate(
         recipient=delivery.recipient,

@@ -33,6 +33,7 @@ from notifier.outbox import publish_soon
 from notifier.partitions import new_notification_id, notification_range
 from notifier.planning import channel_addresses, delivery_plan
 from notifier.policy import send_policy
+from notifier.roles import ROLE_PERMISSIONS
 from preferences.compliance import suppressed_addresses
 from preferences.models import Device, Recipient, Topic
 from preferences.services import recipient_upsert
@@ -580,8 +581,6 @@ def staff_roles_sync() -> None:
     groups were flushed (or deleted by hand) gets them back with exactly the permissions of notifier/roles.py.
     """
     from django.contrib.auth.models import Group, Permission
-
-    from notifier.roles import ROLE_PERMISSIONS
 
     for role, names in ROLE_PERMISSIONS.items():
         group, created = Group.objects.get_or_create(name=role)

@@ -36,6 +36,7 @@ from django.utils import timezone
 from core.db import bound_cursor, int_array, json_rows
 from core.queues import ensure_topology
 from notifier.events import on_transition, record_events
+from notifier.outbox import publish_now
 
 logger = logging.getLogger(__name__)
 
@@ -248,8 +249,6 @@ def fallback_decide(*, delivery_ids: Iterable[int]) -> Decisions:
 
     def publish_after_commit() -> None:
         if decisions.publish:
-            from notifier.outbox import publish_now
-
             publish_now(decisions.publish)
         for delay, timed in decisions.timers.items():
             schedule(timed, delay)

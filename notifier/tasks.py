@@ -8,8 +8,12 @@ from celery import shared_task
 from django.db import InterfaceError, OperationalError
 
 from core.queues import OwnQueueTask
+from notifier import fanout, strategy
+from notifier.campaigns.services import campaign_run
 from notifier.digest import daily_digest_hour, digest_flush, normalise_frequency
+from notifier.fanout import PublishIncomplete, fanout_run
 from notifier.outbox import relay
+from notifier.strategy import fallback_decide
 
 # Infrastructure errors (the database went away, the broker refused a page's messages) retry with backoff; the
 # checkpoint makes a retried fan-out run resume where it stopped. Each retry names the queue its message came
@@ -33,8 +37,6 @@ def outbox_relay() -> dict[str, int]:
 @shared_task(name="notifier.tasks.fanout_topic", **_RETRY)
 def fanout_topic(notification_id: str, lane: int = 0) -> dict[str, Any]:
     """Expand a bounded part of one lane of a topic notification into deliveries, then re-enqueue the rest."""
-    from notifier.fanout import PublishIncomplete, fanout_run
-
     try:
         result = fanout_run(notification_id=notification_id, lane=int(lane))
     except PublishIncomplete as exc:
@@ -46,16 +48,12 @@ def fanout_topic(notification_id: str, lane: int = 0) -> dict[str, Any]:
 @shared_task(name="notifier.tasks.fanout_sweep")
 def fanout_sweep() -> int:
     """Resume fan-outs that made no progress for a while (their message was lost or never published)."""
-    from notifier.fanout import fanout_sweep as sweep
-
-    return sweep()
+    return fanout.fanout_sweep()
 
 
 @shared_task(name="notifier.tasks.fallback_due", **_RETRY)
 def fallback_due(delivery_ids: list[int]) -> dict[str, int]:
     """Decide the fallback chains of these pending deliveries now that their deadline has come."""
-    from notifier.strategy import fallback_decide
-
     decisions = fallback_decide(delivery_ids=[int(i) for i in delivery_ids])
     return {"started": len(decisions.started), "skipped": len(decisions.skipped)}
 
@@ -63,16 +61,12 @@ def fallback_due(delivery_ids: list[int]) -> dict[str, int]:
 @shared_task(name="notifier.tasks.fallback_sweep")
 def fallback_sweep() -> int:
     """Decide fallback chains whose deadline passed without a decision (a lost or long timer)."""
-    from notifier.strategy import fallback_sweep as sweep
-
-    return sweep()
+    return strategy.fallback_sweep()
 
 
 @shared_task(name="notifier.tasks.run_campaign", **_RETRY)
 def run_campaign(campaign_id: int) -> str | None:
     """Start one run of a campaign (called by beat; runs once even if two beat processes fire it)."""
-    from notifier.campaigns.services import campaign_run
-
     notification = campaign_run(campaign_id=int(campaign_id))
     return str(notification.pk) if notification is not None else None
 

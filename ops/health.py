@@ -19,6 +19,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_safe
 
 from core import metrics
+from core.redis_guard import get_redis
 from ops.collectors import OpsCollector
 
 logger = logging.getLogger(__name__)
@@ -43,8 +44,6 @@ def check_broker() -> None:
 
 def check_redis() -> None:
     """Ping Redis (the shared client has sub-second timeouts)."""
-    from core.redis_guard import get_redis
-
     if not get_redis().ping():
         raise ConnectionError("no PONG")
 

@@ -28,6 +28,7 @@ from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
+from channels_app.models import SandboxMessage
 from core import metrics
 from notifier.models import DeadLetter, Delivery, DeliveryEvent, Notification
 
@@ -145,10 +146,6 @@ def _purge_notification_batch(cutoff: Any, batch: int) -> int:
 
 def _purge_sandbox_batch(cutoff: Any, batch: int) -> int:
     """Delete one batch of sandbox records older than the cutoff; return how many."""
-    try:
-        from channels_app.models import SandboxMessage
-    except ImportError:  # pragma: no cover - the sandbox is part of channels_app
-        return 0
     table = SandboxMessage._meta.db_table
     with transaction.atomic():
         _short_transaction_settings()

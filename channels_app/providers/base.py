@@ -19,6 +19,7 @@ import requests
 from urllib3.exceptions import ConnectTimeoutError, NewConnectionError
 
 from core import tracing
+from core.logs import mask_text
 
 
 @dataclass(frozen=True)
@@ -134,8 +135,6 @@ class UnexpectedError(ProviderError):
     """
 
     def __init__(self, exc: BaseException) -> None:
-        from core.logs import mask_text
-
         self.cause_name = type(exc).__name__
         text = mask_text(str(exc)[:2000]).replace("\r", " ").replace("\n", " ")
         self.description = f"{self.cause_name}: {text}"[:1000]

@@ -32,6 +32,7 @@ from notifier.callbacks.verify import (
 from notifier.events import record_events, transition
 from notifier.models import Delivery, DeliveryEvent
 from notifier.partitions import recent_delivery_ids
+from preferences.services import suppression_add
 
 logger = logging.getLogger(__name__)
 
@@ -118,8 +119,6 @@ def _record_once(deliveries: Sequence[Delivery], detail: str, status: str = "") 
 
 def _suppress(*, channel: str, addresses: Iterable[str], source: str, reason: str) -> int:
     """Put addresses on the suppression list (idempotent)."""
-    from preferences.services import suppression_add
-
     count = 0
     for address in dict.fromkeys(a for a in addresses if a):
         suppression_add(channel=channel, address=address, source=source, reason=reason)

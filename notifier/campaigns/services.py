@@ -32,6 +32,7 @@ from notifier.outbox import group_by_queue, mark_published, publish
 from notifier.policy import send_policy
 from notifier.services import notification_accept, notification_cancel
 from preferences.models import Topic
+from preferences.services import recipient_upsert
 from templates_app.selectors import TemplateNotFound, template_version_resolve
 
 logger = logging.getLogger(__name__)
@@ -443,8 +444,6 @@ def campaign_test_send(
     The marketer is a recipient of their own ("staff:<id>") so the test is an ordinary delivery: rendered,
     rate-limited, compliance-checked and recorded like every other.
     """
-    from preferences.services import recipient_upsert
-
     if not email:
         raise _invalid("email", "Your user has no email address to send a test to.")
     version = template_version_resolve(template)

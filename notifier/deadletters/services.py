@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from notifier.events import record_events, transition
 from notifier.models import ApiClient, DeadLetter, Delivery
+from notifier.outbox import publish_delivery_ids
 
 logger = logging.getLogger(__name__)
 
@@ -33,8 +34,6 @@ class DeadLetterError(Exception):
 
 
 def _publish_after_commit(delivery_ids: list[int]) -> None:
-    from notifier.outbox import publish_delivery_ids
-
     def publish() -> None:
         # A failed publish leaves the deliveries queued with no published_at: the outbox relay takes them.
         publish_delivery_ids(delivery_ids)
