@@ -178,7 +178,7 @@ DEDUP_TTL_SECONDS = env.int("DEDUP_TTL_SECONDS", env.int("DEDUP_WINDOW_HOURS", 7
 # --- Celery on RabbitMQ ------------------------------------------------------------------------------
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672//")
 CELERY_TASK_ALWAYS_EAGER = False
-# The settings that make the broker hand-off durable are in config/celery.py, next to the queue topology.
+# The settings that make the broker hand-off durable are in config/celery.py; the queue topology in core/queues.py.
 
 # --- Channels, priorities and categories -------------------------------------------------------------
 CHANNELS = ["push", "email", "sms", "inapp", "webhook"]
