@@ -5,6 +5,8 @@ from __future__ import annotations
 from celery.signals import worker_init
 from django.apps import AppConfig
 
+from channels_app import checks
+from channels_app.providers.registry import PROVIDER_CLASSES
 from preferences.signals import recipient_erased
 
 
@@ -17,9 +19,7 @@ class ChannelsAppConfig(AppConfig):
 
     def ready(self) -> None:
         # Imported here, not at the top: these modules import models, which need the app registry ready.
-        from channels_app import checks
         from channels_app.erasure import sandbox_forget_recipient
-        from channels_app.providers.registry import PROVIDER_CLASSES
         from notifier.selectors import register_provider_names
 
         worker_init.connect(checks.check_providers_on_worker_start, weak=False)
