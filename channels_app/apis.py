@@ -9,7 +9,7 @@ from rest_framework.views import APIView
 
 from channels_app.models import SandboxMessage
 from channels_app.serializers import SandboxFilterSerializer, SandboxMessagePage
-from notifier.pagination import CursorPage, cursor_id
+from core.pagination import CursorPage, cursor_id
 
 PAGE = 100
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from notifier.pagination import CursorQuerySerializer, cursor_page_serializer
+from core.pagination import CursorQuerySerializer, cursor_page_serializer
 
 
 class SandboxFilterSerializer(CursorQuerySerializer):

@@ -150,7 +150,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
     "EXCEPTION_HANDLER": "core.errors.exception_handler",
     "DEFAULT_THROTTLE_CLASSES": ["notifier.throttle.ApiClientRateThrottle"],
-    "DEFAULT_SCHEMA_CLASS": "notifier.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "core.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": None,
 }
 SPECTACULAR_SETTINGS = {
@@ -164,8 +164,8 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "SERVE_INCLUDE_SCHEMA": False,
-    "ENUM_NAME_OVERRIDES": {"ChannelEnum": "notifier.openapi.CHANNEL_CHOICES"},
-    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "notifier.openapi.describe_tags"],
+    "ENUM_NAME_OVERRIDES": {"ChannelEnum": "core.openapi.CHANNEL_CHOICES"},
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "core.openapi.describe_tags"],
 }
 
 # --- Redis -------------------------------------------------------------------------------------------

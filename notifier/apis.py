@@ -15,10 +15,10 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core.errors import ApiError
+from core.openapi import error_response
+from core.pagination import CursorPage, invalid_cursor
 from notifier.backpressure import check_backpressure
 from notifier.models import Notification
-from notifier.openapi import error_response
-from notifier.pagination import CursorPage, invalid_cursor
 from notifier.selectors import (
     notification_delivery_counts,
     notification_get,

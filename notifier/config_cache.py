@@ -102,6 +102,8 @@ def config_changed() -> None:
     transaction.on_commit(bump)
 
 
+# Model imports stay inside the functions below: notifier.auth imports this module, and DRF loads notifier.auth
+# as a setting before the app registry is ready, when a models import would raise AppRegistryNotReady.
 def api_client(key_hash: str) -> Any:
     """Return a copy of the active API client with this key hash, or None."""
     from notifier.models import ApiClient

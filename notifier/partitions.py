@@ -37,6 +37,9 @@ from celery import shared_task
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
+from django.utils.module_loading import import_string
+
+from notifier import dedup
 
 logger = logging.getLogger(__name__)
 
@@ -522,16 +525,12 @@ def archive_hook() -> Callable[[date], None] | None:
     path = str(getattr(settings, "PARTITION_ARCHIVE_HOOK", "") or "")
     if not path:
         return None
-    from django.utils.module_loading import import_string
-
     return import_string(path)
 
 
 @shared_task(name="notifier.partitions.maintain", ignore_result=True)
 def maintain() -> dict[str, Any]:
     """Create the coming days' partitions, archive and drop the days past DELIVERY_HOT_DAYS, purge old dedup keys."""
-    from notifier import dedup
-
     created = ensure_partitions()
     dropped = [r.day.isoformat() for r in drop_old_days(archive=archive_hook()) if r.dropped]
     purged = dedup.purge_expired()

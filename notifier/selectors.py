@@ -10,8 +10,8 @@ from typing import Any
 from django.conf import settings
 from django.db.models import Count, Prefetch, Q, QuerySet
 
+from core.pagination import decode_cursor, encode_cursor
 from notifier.models import ApiClient, Delivery, DeliveryEvent, Notification
-from notifier.pagination import decode_cursor, encode_cursor
 from preferences.compliance import evaluate
 from preferences.models import Recipient
 from templates_app.models import TemplateVersion

@@ -9,10 +9,11 @@ from django.conf import settings
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from core.errors import exception_handler
+from core.openapi import ErrorDetailSerializer
+from core.pagination import CursorQuerySerializer, cursor_page_serializer
 from notifier.localtime import parse_wall_clock
 from notifier.models import Delivery, Notification
-from notifier.openapi import ErrorDetailSerializer
-from notifier.pagination import CursorQuerySerializer, cursor_page_serializer
 from notifier.services import AcceptResult
 from notifier.strategy import MAX_AFTER_SECONDS, STRATEGIES
 from notifier.strategy import UNTIL as FALLBACK_UNTIL
@@ -236,8 +237,6 @@ class BatchItemOutput(serializers.Serializer):
 
     def to_representation(self, instance: AcceptResult | Exception) -> dict[str, Any]:
         # An error goes through the API's one exception handler, so an item's error reads as a whole call's would.
-        from core.errors import exception_handler
-
         if isinstance(instance, Exception):
             response = exception_handler(instance, {})
             assert response is not None

@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
+from django.contrib.auth.models import Group, Permission
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -580,8 +581,6 @@ def staff_roles_sync() -> None:
     The data migration 0006_staff_roles creates them; create_staff_user calls this too, so a database whose
     groups were flushed (or deleted by hand) gets them back with exactly the permissions of notifier/roles.py.
     """
-    from django.contrib.auth.models import Group, Permission
-
     for role, names in ROLE_PERMISSIONS.items():
         group, created = Group.objects.get_or_create(name=role)
         if created:

@@ -12,8 +12,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core.errors import ApiError
+from core.pagination import CursorPage, cursor_id
 from core.scopes import RECIPIENT_SCOPES
-from notifier.pagination import CursorPage, cursor_id
 from preferences import selectors, services
 from preferences.models import Recipient, Suppression, Topic
 from preferences.serializers import (

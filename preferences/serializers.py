@@ -13,7 +13,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from core.categories import is_optional
-from notifier.pagination import CursorQuerySerializer, cursor_page_serializer
+from core.pagination import CursorQuerySerializer, cursor_page_serializer
 from preferences import selectors
 from preferences.compliance import FREQUENCIES
 from preferences.models import Recipient, Topic

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from channels_app.models import SandboxMessage
-from notifier.pagination import decode_cursor, encode_cursor
+from core.pagination import decode_cursor, encode_cursor
 from tests import factories
 
 pytestmark = pytest.mark.django_db

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from notifier.pagination import encode_cursor
+from core.pagination import encode_cursor
 
 pytestmark = pytest.mark.django_db
 

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from django.core.management import call_command
 
-from notifier.openapi import AREAS
+from core.openapi import AREAS
 
 
 @pytest.fixture(scope="module")

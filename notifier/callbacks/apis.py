@@ -16,10 +16,10 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core.errors import ApiError
+from core.openapi import error_response
 from notifier.callbacks import conf
 from notifier.callbacks.services import ReplayedCallback, sns_message_handle, twilio_status_handle
 from notifier.callbacks.verify import MalformedCallback, VerificationError
-from notifier.openapi import error_response
 
 logger = logging.getLogger(__name__)
 CALLBACK_RESPONSES = {

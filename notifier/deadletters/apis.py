@@ -12,6 +12,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core.errors import ApiError
+from core.pagination import CursorPage, invalid_cursor
 from notifier.deadletters.selectors import dead_letter_get, dead_letter_list
 from notifier.deadletters.serializers import (
     DeadLetterListInput,
@@ -27,7 +28,6 @@ from notifier.deadletters.services import (
     dead_letters_replay,
 )
 from notifier.models import DeadLetter
-from notifier.pagination import CursorPage, invalid_cursor
 
 
 def _get_or_404(request: Request, dead_letter_id: int) -> DeadLetter:

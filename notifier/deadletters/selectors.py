@@ -6,8 +6,8 @@ from typing import Any
 
 from django.db.models import QuerySet
 
+from core.pagination import decode_cursor, encode_cursor
 from notifier.models import ApiClient, DeadLetter, Delivery
-from notifier.pagination import decode_cursor, encode_cursor
 
 
 def _scoped(client: ApiClient | None) -> QuerySet[DeadLetter]:

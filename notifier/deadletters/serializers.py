@@ -7,8 +7,8 @@ from typing import Any
 from django.conf import settings
 from rest_framework import serializers
 
+from core.pagination import CursorQuerySerializer, cursor_page_serializer
 from notifier.models import DeadLetter
-from notifier.pagination import CursorQuerySerializer, cursor_page_serializer
 
 MAX_IDS = 10_000
 

@@ -8,11 +8,11 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core.errors import ApiError
+from core.pagination import CursorPage, cursor_id
 from core.scopes import RECIPIENT_SCOPES
 from notifier.inbox.selectors import inbox_list, inbox_recipient_get, inbox_unread_count
 from notifier.inbox.serializers import InboxItemSerializer, InboxPage, InboxQuerySerializer, InboxReadAllOutput
 from notifier.inbox.services import inbox_item_mark_read, inbox_mark_all_read
-from notifier.pagination import CursorPage, cursor_id
 from preferences.models import Recipient
 
 

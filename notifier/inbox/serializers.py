@@ -5,8 +5,8 @@ from __future__ import annotations
 from django.conf import settings
 from rest_framework import serializers
 
+from core.pagination import CursorQuerySerializer, cursor_page_serializer
 from notifier.models import Delivery
-from notifier.pagination import CursorQuerySerializer, cursor_page_serializer
 
 
 class InboxItemSerializer(serializers.Serializer):

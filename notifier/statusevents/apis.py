@@ -8,8 +8,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core.errors import ApiError
+from core.pagination import CursorPage, cursor_id
 from notifier.models import EventEndpoint
-from notifier.pagination import CursorPage, cursor_id
 from notifier.statusevents.selectors import event_attempts_list, event_endpoint_get
 from notifier.statusevents.serializers import (
     EventAttemptPage,

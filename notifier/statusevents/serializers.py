@@ -9,17 +9,15 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from rest_framework import serializers
 
+from core.pagination import CursorQuerySerializer, cursor_page_serializer
+from core.ssrf import address_refusal
 from notifier.models import EventAttempt, EventEndpoint
-from notifier.pagination import CursorQuerySerializer, cursor_page_serializer
 from notifier.reach import EVENT_STATUSES
 
 EVENT_TYPES = [f"delivery.{s}" for s in EVENT_STATUSES]
 
 
 def _address_refusal(host: str) -> str | None:
-    # Imported here: the guard lives with the webhook adapter (channels_app); only its pure decision is used.
-    from core.ssrf import address_refusal
-
     try:
         ip = ipaddress.ip_address(host.strip("[]"))
     except ValueError:
