@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from django.conf import settings
 
-from config.celery import own_queue
+from core.queues import own_queue
 from notifier.models import Delivery, Notification
 from tests.conftest import wait_for
 from tests.stubs.tcp_relay import TcpRelay
