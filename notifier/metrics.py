@@ -17,12 +17,15 @@ import logging
 import os
 import threading
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from amqp.channel import Channel as AmqpChannel
 
 logger = logging.getLogger(__name__)
 
@@ -215,13 +218,16 @@ def collect_queue_depths(timeout: float | None = None) -> dict[str, tuple[int, i
     try:
         with Connection(settings.CELERY_BROKER_URL, connect_timeout=timeout) as conn:
             conn.ensure_connection(max_retries=0)
-            channel = conn.channel()
+            # The broker is RabbitMQ (py-amqp transport): its channels have queue_declare, kombu's StdChannel not.
+            channel = cast(AmqpChannel, conn.channel())
             for queue in build_queues():
                 try:
-                    _, messages, consumers = channel.queue_declare(queue=queue.name, passive=True)
+                    # A declare answers a (name, messages, consumers) tuple; None only with nowait=True.
+                    declared = channel.queue_declare(queue=queue.name, passive=True)
+                    _, messages, consumers = cast("tuple[str, int, int]", declared)
                 except conn.channel_errors:
                     # A missing queue closes the channel (404): note nothing, carry on with a fresh one.
-                    channel = conn.channel()
+                    channel = cast(AmqpChannel, conn.channel())
                     continue
                 depths[queue.name] = (int(messages), int(consumers))
     except Exception as exc:
