@@ -12,6 +12,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from notifier.auth import request_client
 from notifier.errors import ApiError, error_body
 from notifier.localtime import parse_wall_clock
 from notifier.models import Delivery, Notification
@@ -188,7 +189,9 @@ class NotificationListCreateApi(APIView):
         serializer = NotificationInput(data=request.data)
         serializer.is_valid(raise_exception=True)
         _shed_if_overloaded(serializer.validated_data)
-        result = notification_accept(client=request.user, data=serializer.validated_data, trace_id=trace_id_of(request))
+        result = notification_accept(
+            client=request_client(request), data=serializer.validated_data, trace_id=trace_id_of(request)
+        )
         code = status.HTTP_200_OK if result.duplicate else status.HTTP_202_ACCEPTED
         return Response(accept_out(result), status=code)
 
@@ -198,7 +201,7 @@ class NotificationListCreateApi(APIView):
             raise ApiError(400, "invalid", "Unknown status.", {"status": ["Unknown status."]})
         cursor = request.query_params.get("cursor")
         try:
-            page, next_cursor = notification_list(client=request.user, filters=filters, cursor=cursor)
+            page, next_cursor = notification_list(client=request_client(request), filters=filters, cursor=cursor)
         except ValueError:
             raise ApiError(400, "invalid", "Invalid cursor.", {"cursor": ["Invalid cursor."]}) from None
         return Response({"results": [notification_out(n) for n in page], "next_cursor": next_cursor})
@@ -240,7 +243,7 @@ class NotificationBatchApi(APIView):
         checked = [self._validate(validator, item) for item in items]
         valid = [(i, data) for i, data in enumerate(checked) if not isinstance(data, Exception)]
         accepted = notifications_accept_batch(
-            client=request.user, items=[data for _, data in valid], trace_id=trace_id_of(request)
+            client=request_client(request), items=[data for _, data in valid], trace_id=trace_id_of(request)
         )
         results: list[Any] = list(checked)
         for (index, _), result in zip(valid, accepted, strict=True):
@@ -276,7 +279,7 @@ class NotificationDetailApi(APIView):
     required_scope = "send"
 
     def get(self, request: Request, notification_id: str) -> Response:
-        notification = notification_get(client=request.user, notification_id=str(notification_id))
+        notification = notification_get(client=request_client(request), notification_id=str(notification_id))
         if notification is None:
             return Response(error_body("not_found", "No such notification."), status=404)
         body = notification_out(notification)
@@ -291,7 +294,7 @@ class NotificationCancelApi(APIView):
     required_scope = "send"
 
     def post(self, request: Request, notification_id: str) -> Response:
-        notification = Notification.objects.filter(client=request.user, pk=notification_id).first()
+        notification = Notification.objects.filter(client=request_client(request), pk=notification_id).first()
         if notification is None:
             return Response(error_body("not_found", "No such notification."), status=404)
         cancelled = notification_cancel(notification=notification)

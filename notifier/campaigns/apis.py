@@ -10,6 +10,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from notifier.auth import request_client
 from notifier.campaigns.selectors import campaign_get, campaign_list, campaign_progress, campaign_runs
 from notifier.campaigns.services import (
     campaign_cancel,
@@ -83,7 +84,7 @@ def campaign_out(campaign: Campaign, *, detail: bool = False) -> dict[str, Any]:
 
 
 def _get(request: Request, campaign_id: int) -> Campaign:
-    campaign = campaign_get(client=request.user, campaign_id=campaign_id)
+    campaign = campaign_get(client=request_client(request), campaign_id=campaign_id)
     if campaign is None:
         raise ApiError(404, "not_found", "No such campaign.")
     return campaign
@@ -97,11 +98,11 @@ class CampaignListCreateApi(APIView):
     def post(self, request: Request) -> Response:
         serializer = CampaignInput(data=request.data)
         serializer.is_valid(raise_exception=True)
-        campaign = campaign_create(client=request.user, **serializer.validated_data)
+        campaign = campaign_create(client=request_client(request), **serializer.validated_data)
         return Response(campaign_out(campaign, detail=True), status=status.HTTP_201_CREATED)
 
     def get(self, request: Request) -> Response:
-        return Response({"results": [campaign_out(c) for c in campaign_list(client=request.user)]})
+        return Response({"results": [campaign_out(c) for c in campaign_list(client=request_client(request))]})
 
 
 class CampaignDetailApi(APIView):

@@ -14,6 +14,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from notifier.auth import request_client
 from notifier.deadletters.selectors import dead_letter_get, dead_letter_list
 from notifier.deadletters.services import (
     DeadLetterError,
@@ -63,7 +64,7 @@ class ReplayInput(serializers.Serializer):
 
 
 def _get_or_404(request: Request, dead_letter_id: int) -> DeadLetter:
-    dead_letter = dead_letter_get(dead_letter_id=dead_letter_id, client=request.user)
+    dead_letter = dead_letter_get(dead_letter_id=dead_letter_id, client=request_client(request))
     if dead_letter is None:
         raise ApiError(404, "not_found", "No such dead letter.")
     return dead_letter
@@ -84,7 +85,7 @@ class DeadLetterListApi(APIView):
         data = params.validated_data
         try:
             page, next_cursor = dead_letter_list(
-                filters=data, cursor=data.get("cursor"), limit=data["limit"], client=request.user
+                filters=data, cursor=data.get("cursor"), limit=data["limit"], client=request_client(request)
             )
         except ValueError:
             raise ApiError(400, "invalid", "Invalid cursor.", {"cursor": ["Invalid cursor."]}) from None
@@ -99,7 +100,7 @@ class DeadLetterReplayApi(APIView):
     def post(self, request: Request, dead_letter_id: int) -> Response:
         dead_letter = _get_or_404(request, dead_letter_id)
         try:
-            dead_letter = dead_letter_replay(dead_letter=dead_letter, actor=request.user.name)
+            dead_letter = dead_letter_replay(dead_letter=dead_letter, actor=request_client(request).name)
         except DeadLetterError as exc:
             raise _conflict(exc) from None
         return Response(DeadLetterOutput(dead_letter).data)
@@ -118,8 +119,8 @@ class DeadLetterBulkReplayApi(APIView):
             ids=data.get("ids"),
             all=data["all"],
             channel=data.get("channel"),
-            actor=request.user.name,
-            client=request.user,
+            actor=request_client(request).name,
+            client=request_client(request),
         )
         return Response({"replayed": replayed})
 
@@ -132,7 +133,7 @@ class DeadLetterDiscardApi(APIView):
     def post(self, request: Request, dead_letter_id: int) -> Response:
         dead_letter = _get_or_404(request, dead_letter_id)
         try:
-            dead_letter = dead_letter_discard(dead_letter=dead_letter, actor=request.user.name)
+            dead_letter = dead_letter_discard(dead_letter=dead_letter, actor=request_client(request).name)
         except DeadLetterError as exc:
             raise _conflict(exc) from None
         return Response(DeadLetterOutput(dead_letter).data)

@@ -13,6 +13,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from notifier.auth import request_client
 from notifier.errors import ApiError
 from notifier.models import EventEndpoint
 from notifier.reach import EVENT_STATUSES
@@ -79,7 +80,7 @@ def endpoint_out(endpoint: EventEndpoint, secret: str | None = None) -> dict[str
 
 
 def _endpoint_or_404(request: Request) -> EventEndpoint:
-    endpoint = event_endpoint_get(client=request.user)
+    endpoint = event_endpoint_get(client=request_client(request))
     if endpoint is None:
         raise ApiError(404, "not_found", "No event endpoint configured.")
     return endpoint
@@ -97,7 +98,7 @@ class EventEndpointApi(APIView):
         v = data.validated_data
         statuses = [t.removeprefix("delivery.") for t in dict.fromkeys(v["events"])]
         endpoint, secret = event_endpoint_put(
-            client=request.user, url=v["url"], statuses=statuses, max_batch=v["max_batch"]
+            client=request_client(request), url=v["url"], statuses=statuses, max_batch=v["max_batch"]
         )
         return Response(endpoint_out(endpoint, secret))
 
@@ -107,7 +108,7 @@ class EventEndpointApi(APIView):
 
     @extend_schema(responses={204: None})
     def delete(self, request: Request) -> Response:
-        if not event_endpoint_delete(client=request.user):
+        if not event_endpoint_delete(client=request_client(request)):
             raise ApiError(404, "not_found", "No event endpoint configured.")
         return Response(status=204)
 
