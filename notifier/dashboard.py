@@ -138,7 +138,7 @@ def dashboard_context() -> dict[str, Any]:
     """Gather everything the dashboard shows."""
     since = timezone.now() - WINDOW
     depths = collect_queue_depths()
-    queues = [
+    queues: list[dict[str, Any]] = [
         {"name": name, "messages": messages, "consumers": consumers}
         for name, (messages, consumers) in sorted((depths or {}).items())
     ]

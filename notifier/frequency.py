@@ -78,7 +78,8 @@ class Cap:
 def cap_of(category: str) -> Cap | None:
     """Return the frequency cap configured for `category`, or None (not capped)."""
     rules = settings.NOTIFIER_CATEGORIES.get(category) or {}
-    cap = rules.get("frequency_cap") if isinstance(rules, dict) else None
+    # Settings JSON (settings.NOTIFIER_CATEGORIES): a {"max", "per_seconds"} object when configured.
+    cap: Any = rules.get("frequency_cap") if isinstance(rules, dict) else None
     if not cap:
         return None
     return Cap(max=int(cap["max"]), per_seconds=int(cap["per_seconds"]))
@@ -125,7 +126,9 @@ def _lock_and_count(cap: Cap, category: str, recipient_id: int) -> int:
             " AND d.status <> ALL(%s::text[])",
             [recipient_id, category, cap.per_seconds, list(NOT_COUNTED)],
         )
-        return int(cursor.fetchone()[0])
+        row = cursor.fetchone()
+        assert row is not None  # count() always answers one row
+        return int(row[0])
 
 
 def admit_at_accept(*, category: str, recipient_id: int, notification_id: str) -> bool:

@@ -94,6 +94,8 @@ class Notification(models.Model):
     trace_id = models.CharField(max_length=32, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+    # Not a column: the detail's first deliveries, set by notifier.selectors.notification_get.
+    first_deliveries: list[Delivery]
 
     class Meta:
         constraints = [

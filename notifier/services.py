@@ -12,7 +12,7 @@ import logging
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -28,7 +28,7 @@ from notifier.models import ApiClient, Delivery, Notification
 from notifier.outbox import publish_soon
 from notifier.policy import send_policy
 from notifier.scopes import DEFAULT_SCOPES, SCOPES
-from preferences.compliance import evaluate, suppressed_addresses
+from preferences.compliance import Verdict, evaluate, suppressed_addresses
 from preferences.models import Device, Recipient
 from preferences.services import recipient_upsert
 from templates_app.models import TemplateVersion
@@ -367,9 +367,9 @@ def _decided_per_recipient(item: dict[str, Any], decision: AcceptDecision) -> bo
     )
 
 
-def _deliveries_of(notifications: list[Notification]) -> dict[Any, list[Delivery]]:
+def _deliveries_of(notifications: list[Notification]) -> dict[uuid.UUID, list[Delivery]]:
     """Return the deliveries of each notification (one query)."""
-    by_notification: dict[Any, list[Delivery]] = {n.pk: [] for n in notifications}
+    by_notification: dict[uuid.UUID, list[Delivery]] = {n.pk: [] for n in notifications}
     for delivery in Delivery.objects.filter(notification__in=[n.pk for n in notifications]).order_by("id"):
         by_notification[delivery.notification_id].append(delivery)
     return by_notification
@@ -389,8 +389,8 @@ def _write_batch(
         recipients.update({r.user_id: r for r in Recipient.objects.filter(user_id__in=missing)})
     tokens: dict[int, list[str]] = {}
     if any("push" in decision.channels for _, _, decision in items):
-        rows = Device.objects.filter(recipient__in=[r.pk for r in recipients.values()], active=True)
-        for recipient_id, token in rows.values_list("recipient_id", "token"):
+        devices = Device.objects.filter(recipient__in=[r.pk for r in recipients.values()], active=True)
+        for recipient_id, token in devices.values_list("recipient_id", "token"):
             tokens.setdefault(recipient_id, []).append(token)
 
     planned: list[tuple[int, Notification, list[tuple[str, str]]]] = []
@@ -416,10 +416,9 @@ def _write_batch(
     deliveries_by_index: dict[int, list[Delivery]] = {}
     all_deliveries: list[Delivery] = []
     for index, notification, targets in planned:
+        recipient = cast(Recipient, notification.recipient)  # set on every planned notification above
         rows = [
-            _plan_delivery(
-                notification, notification.recipient, channel, address, now, suppressed=(channel, address) in dead
-            )
+            _plan_delivery(notification, recipient, channel, address, now, suppressed=(channel, address) in dead)
             for channel, address in targets
         ]
         deliveries_by_index[index] = rows
@@ -554,7 +553,7 @@ def _plan_delivery(
     return delivery
 
 
-def apply_verdict(delivery: Delivery, verdict: Any, *, send_at: datetime | None, now: datetime) -> None:
+def apply_verdict(delivery: Delivery, verdict: Verdict, *, send_at: datetime | None, now: datetime) -> None:
     """Set a new delivery's status, reason and not_before from a compliance verdict and the send time."""
     if verdict.action == "suppress":
         delivery.status, delivery.reason = Delivery.Status.SUPPRESSED, verdict.reason
@@ -562,7 +561,8 @@ def apply_verdict(delivery: Delivery, verdict: Any, *, send_at: datetime | None,
         delivery.status, delivery.reason = Delivery.Status.DEFERRED, verdict.reason or "digest"
     elif verdict.action == "defer":
         delivery.status, delivery.reason = Delivery.Status.DEFERRED, verdict.reason or "quiet_hours"
-        delivery.not_before = max(verdict.until, send_at) if send_at else verdict.until
+        # A defer always carries `until` (compliance.evaluate); the guard is the one fan-out's _plan has.
+        delivery.not_before = max(verdict.until, send_at) if send_at and verdict.until else verdict.until
     elif send_at and send_at > now:
         delivery.status, delivery.not_before = Delivery.Status.SCHEDULED, send_at
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import zoneinfo
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from django import forms
 from django.conf import settings
@@ -89,9 +89,11 @@ class CampaignWizardForm(forms.Form):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["topic"].choices = [("", "—"), *topic_choices()]
-        self.fields["template"].choices = [("", "—"), *template_choices()]
-        self.fields["time_zone"].choices = [(z, z) for z in sorted(zoneinfo.available_timezones())]
+        cast(forms.ChoiceField, self.fields["topic"]).choices = [("", "—"), *topic_choices()]
+        cast(forms.ChoiceField, self.fields["template"]).choices = [("", "—"), *template_choices()]
+        cast(forms.ChoiceField, self.fields["time_zone"]).choices = [
+            (z, z) for z in sorted(zoneinfo.available_timezones())
+        ]
 
     def step_fields(self, step: int) -> list[forms.BoundField]:
         """Return the bound fields a step shows."""
@@ -120,7 +122,8 @@ class CampaignWizardForm(forms.Form):
                 if not isinstance(payload, dict):
                     self.add_error("payload", "The payload must be a JSON object.")
         if "send_at_local" in names and data.get("send_at_local") and data.get("time_zone"):
-            if self.send_at() <= timezone.now():
+            send_at = self.send_at()  # not None: send_at_local is set
+            if send_at is not None and send_at <= timezone.now():
                 self.add_error("send_at_local", "This time is in the past.")
         return not self.errors
 

@@ -8,8 +8,9 @@ a token can only ever read and mark its own user's inbox. The live stream is an 
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.conf import settings
 from django.http import Http404, HttpRequest, HttpResponse
@@ -23,6 +24,9 @@ from rest_framework.views import APIView
 from notifier.inbox.apis import InboxItemReadApi, InboxListApi, InboxReadAllApi, _recipient_or_404
 from notifier.inbox.services import inbox_token_create
 from notifier.inbox.tokens import InboxPrincipal, inbox_token_verify
+
+if TYPE_CHECKING:
+    from rest_framework.permissions import _PermissionClass
 
 WIDGET = Path(__file__).resolve().parent / "widget.js"
 
@@ -58,11 +62,16 @@ class IsInboxUser(permissions.BasePermission):
         return isinstance(request.user, InboxPrincipal)
 
 
+def _principal(request: Request) -> InboxPrincipal:
+    """Return the token's principal (IsInboxUser has refused any request without one)."""
+    return cast(InboxPrincipal, request.user)
+
+
 class _TokenBound:
     """Bind an /api/v1 inbox view to the token's user: the user id comes from the token, never the request."""
 
-    authentication_classes = [InboxTokenAuthentication]
-    permission_classes = [IsInboxUser]
+    authentication_classes: Sequence[type[authentication.BaseAuthentication]] = [InboxTokenAuthentication]
+    permission_classes: Sequence[_PermissionClass] = [IsInboxUser]
     # Not an /api/v1 view: no API-key scope applies (the token is the whole authorization).
     required_scope = None
     required_scopes: dict[str, str] = {}
@@ -71,22 +80,22 @@ class _TokenBound:
 class BrowserInboxListApi(_TokenBound, InboxListApi):
     """GET /inbox/v1/messages: the token user's inbox with its unread count."""
 
-    def get(self, request: Request) -> Response:  # type: ignore[override]
-        return super().get(request, user_id=request.user.user_id)
+    def get(self, request: Request) -> Response:  # type: ignore[override]  # no user_id: the token names the user
+        return super().get(request, user_id=_principal(request).user_id)
 
 
 class BrowserInboxReadApi(_TokenBound, InboxItemReadApi):
     """POST /inbox/v1/messages/{id}/read."""
 
-    def post(self, request: Request, delivery_id: int) -> Response:  # type: ignore[override]
-        return super().post(request, user_id=request.user.user_id, delivery_id=delivery_id)
+    def post(self, request: Request, delivery_id: int) -> Response:  # type: ignore[override]  # no user_id: the token names the user
+        return super().post(request, user_id=_principal(request).user_id, delivery_id=delivery_id)
 
 
 class BrowserInboxReadAllApi(_TokenBound, InboxReadAllApi):
     """POST /inbox/v1/messages/read-all."""
 
-    def post(self, request: Request) -> Response:  # type: ignore[override]
-        return super().post(request, user_id=request.user.user_id)
+    def post(self, request: Request) -> Response:  # type: ignore[override]  # no user_id: the token names the user
+        return super().post(request, user_id=_principal(request).user_id)
 
 
 class InboxTokenApi(APIView):
