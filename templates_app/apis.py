@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
@@ -95,7 +95,7 @@ class TemplatePutApi(APIView):
             versions = list(template_version_list(template=obj).defer("content"))
             for version in versions:
                 version.template = obj
-            return VersionSummarySerializer(versions, many=True).data
+            return cast(list[dict[str, Any]], VersionSummarySerializer(versions, many=True).data)  # a ReturnList
 
     @extend_schema(request=TemplatePutInputSerializer, responses={201: TemplatePutOutputSerializer})
     def put(self, request: Request, key: str) -> Response:
