@@ -334,7 +334,8 @@ class SuppressionOutputSerializer(serializers.Serializer):
     channel = serializers.CharField()
     address = serializers.CharField()
     reason = serializers.CharField()
-    source = serializers.CharField()
+    # A field named like Field.source: the serializer metaclass moves it into _declared_fields at run time.
+    source = serializers.CharField()  # type: ignore[assignment]
     created_at = serializers.DateTimeField()
 
 
