@@ -255,8 +255,8 @@ def test_api_requires_a_key() -> None:
 def _admin_request() -> Any:
     request = RequestFactory().post("/admin/notifier/deadletter/")
     request.user = User.objects.create_superuser("oncall", "oncall@example.com", "pw")
-    request.session = {}
-    request._messages = FallbackStorage(request)
+    request.session = {}  # type: ignore[assignment]  # the message storage needs only a dict
+    request._messages = FallbackStorage(request)  # type: ignore[attr-defined]  # what MessageMiddleware sets
     return request
 
 

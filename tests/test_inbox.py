@@ -27,14 +27,14 @@ def service() -> ApiClient:
     client = ApiClient.objects.create(
         name=f"svc-{uuid.uuid4().hex[:8]}", key_prefix=prefix, key_hash=hash_key(raw), scopes=list(SCOPES)
     )
-    client.raw_key = raw  # type: ignore[attr-defined]
+    client.raw_key = raw  # type: ignore[attr-defined]  # the raw key, kept on the fixture's row for the client
     return client
 
 
 @pytest.fixture
 def http(service: ApiClient) -> APIClient:
     client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Bearer {service.raw_key}")  # type: ignore[attr-defined]
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {service.raw_key}")  # type: ignore[attr-defined]  # set by the fixture above
     return client
 
 

@@ -19,8 +19,8 @@ from templates_app.services import template_put
 CONTENT = {"en": {"inapp": {"title": "Hi", "body": "Good morning"}}}
 
 
-def utc(*args: int) -> datetime:
-    return datetime(*args, tzinfo=UTC)
+def utc(year: int, month: int, day: int, hour: int = 0, minute: int = 0, second: int = 0) -> datetime:
+    return datetime(year, month, day, hour, minute, second, tzinfo=UTC)
 
 
 @pytest.mark.parametrize(

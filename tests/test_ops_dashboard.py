@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from django.contrib import admin
 from django.contrib.auth.models import User
@@ -38,7 +40,7 @@ def test_dashboard_shows_outcomes_queues_dead_letters_and_breakers() -> None:
     DeliveryEvent.objects.create(delivery=sent, status="sent", at=timezone.now())
     DeliveryEvent.objects.create(delivery=failed, status="failed", at=timezone.now())
     # An event older than the window is not counted.
-    DeliveryEvent.objects.create(delivery=failed, status="failed", at=timezone.now() - timezone.timedelta(hours=2))
+    DeliveryEvent.objects.create(delivery=failed, status="failed", at=timezone.now() - timedelta(hours=2))
     DeadLetter.objects.create(delivery=failed, channel="sms", queue="sms.high", reason="exhausted")
     staff = User.objects.create_user("ops", password="x", is_staff=True, is_superuser=True)
     client = Client()

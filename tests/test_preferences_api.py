@@ -27,14 +27,14 @@ pytestmark = [pytest.mark.django_db, pytest.mark.urls(__name__)]
 def client_row() -> ApiClient:
     raw, prefix = generate_key()
     row = ApiClient.objects.create(name="svc-pref", key_prefix=prefix, key_hash=hash_key(raw), scopes=list(SCOPES))
-    row.raw_key = raw  # type: ignore[attr-defined]
+    row.raw_key = raw  # type: ignore[attr-defined]  # the raw key, kept on the fixture's row for the client
     return row
 
 
 @pytest.fixture
 def http(client_row: ApiClient) -> APIClient:
     c = APIClient()
-    c.credentials(HTTP_AUTHORIZATION=f"Bearer {client_row.raw_key}")  # type: ignore[attr-defined]
+    c.credentials(HTTP_AUTHORIZATION=f"Bearer {client_row.raw_key}")  # type: ignore[attr-defined]  # set by the fixture above
     return c
 
 
@@ -180,7 +180,7 @@ def test_suppressions_add_list_page_and_delete(http: APIClient) -> None:
     seen: list[int] = []
     cursor: str | None = None
     while True:
-        params = {"channel": "sms", "limit": 2, **({"cursor": cursor} if cursor else {})}
+        params: dict[str, Any] = {"channel": "sms", "limit": 2, **({"cursor": cursor} if cursor else {})}
         page = http.get("/api/v1/suppressions", params).json()
         seen += [s["id"] for s in page["results"]]
         cursor = page["next_cursor"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from django.urls import include, path
+from pytest_django import DjangoAssertNumQueries
 from rest_framework.test import APIClient
 
 from notifier.auth import generate_key, hash_key
@@ -37,12 +38,12 @@ def test_topic_put_get(http: APIClient) -> None:
     assert "name" in http.put("/api/v1/topics/t", {"name": "x" * 300}, format="json").json()["error"]["fields"]
 
 
-def test_bulk_subscribe_ten_thousand(http: APIClient, django_assert_max_num_queries: object) -> None:
+def test_bulk_subscribe_ten_thousand(http: APIClient, django_assert_max_num_queries: DjangoAssertNumQueries) -> None:
     http.put("/api/v1/topics/big", {"name": "Big"}, format="json")
     Recipient.objects.create(user_id="u-00005", email="keep@example.com")  # an existing recipient is reused
     user_ids = [f"u-{i:05d}" for i in range(10_000)]
     # A bounded number of round trips, not one per user id.
-    with django_assert_max_num_queries(30):  # type: ignore[operator]
+    with django_assert_max_num_queries(30):
         r = http.post("/api/v1/topics/big/subscribers", {"user_ids": user_ids}, format="json")
     assert r.status_code == 200, r.content
     assert r.json() == {"added": 10_000, "total": 10_000}
@@ -61,7 +62,14 @@ def test_bulk_subscribe_limits_and_errors(http: APIClient) -> None:
     r = http.post("/api/v1/topics/t/subscribers", {"user_ids": too_many}, format="json")
     assert r.status_code == 400 and "user_ids" in r.json()["error"]["fields"]
     assert not Recipient.objects.exists()
-    for body in ({}, {"user_ids": []}, {"user_ids": "u1"}, {"user_ids": ["x" * 256]}, {"user_ids": [None]}):
+    bodies: list[dict[str, object]] = [
+        {},
+        {"user_ids": []},
+        {"user_ids": "u1"},
+        {"user_ids": ["x" * 256]},
+        {"user_ids": [None]},
+    ]
+    for body in bodies:
         r = http.post("/api/v1/topics/t/subscribers", body, format="json")
         assert r.status_code == 400, body
         assert any(k.startswith("user_ids") for k in r.json()["error"]["fields"]), body
