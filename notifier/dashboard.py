@@ -7,7 +7,7 @@ Mounted by config/urls.py before admin.site.urls, wrapped in admin.site.admin_vi
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -64,7 +64,7 @@ CHART_WINDOW = timedelta(hours=24)
 BUCKET_MINUTES = 5
 
 
-def outcome_series(since: Any, now: Any) -> tuple[list[Any], dict[str, dict[str, list[float]]]]:
+def outcome_series(since: datetime, now: datetime) -> tuple[list[datetime], dict[str, dict[str, list[float]]]]:
     """Return bucket starts and, per channel and outcome, deliveries per minute (averaged per 5-minute bucket).
 
     One grouped query over the event history (BRIN on its time); 288 points a day keep the SVG small.
@@ -90,7 +90,7 @@ def outcome_series(since: Any, now: Any) -> tuple[list[Any], dict[str, dict[str,
     return labels, series
 
 
-def provider_errors(since: Any) -> dict[str, int]:
+def provider_errors(since: datetime) -> dict[str, int]:
     """Count failed and bounced outcomes per provider since `since`."""
     rows = (
         DeliveryEvent.objects.filter(at__gte=since, status__in=("failed", "bounced"))
