@@ -219,7 +219,7 @@ def collect_queue_depths(timeout: float | None = None) -> dict[str, tuple[int, i
         with Connection(settings.CELERY_BROKER_URL, connect_timeout=timeout) as conn:
             conn.ensure_connection(max_retries=0)
             # The broker is RabbitMQ (py-amqp transport): its channels have queue_declare, kombu's StdChannel not.
-            channel = cast(AmqpChannel, conn.channel())
+            channel = cast("AmqpChannel", conn.channel())
             for queue in build_queues():
                 try:
                     # A declare answers a (name, messages, consumers) tuple; None only with nowait=True.
@@ -227,7 +227,7 @@ def collect_queue_depths(timeout: float | None = None) -> dict[str, tuple[int, i
                     _, messages, consumers = cast("tuple[str, int, int]", declared)
                 except conn.channel_errors:
                     # A missing queue closes the channel (404): note nothing, carry on with a fresh one.
-                    channel = cast(AmqpChannel, conn.channel())
+                    channel = cast("AmqpChannel", conn.channel())
                     continue
                 depths[queue.name] = (int(messages), int(consumers))
     except Exception as exc:
