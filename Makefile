@@ -17,7 +17,7 @@ DEV := DEVELOPMENT=true DEBUG=true
 PIP_COMPILE := CUSTOM_COMPILE_COMMAND="make lock" $(VENV)/bin/pip-compile --quiet --generate-hashes \
 	--allow-unsafe --strip-extras --no-emit-index-url --no-emit-find-links
 
-.PHONY: run test lint format services migrate demo bench clean lock
+.PHONY: run test typecheck lint format services migrate demo bench clean lock
 
 # The Python client is installed for its tests (tests/test_client_python.py); its only dependency, httpx, is
 # in the development lock, and a hashed lock file cannot name a local path, hence a second install, --no-deps.
@@ -59,8 +59,13 @@ test: services
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
 	$(PY) scripts/import_graph.py
+	DEVELOPMENT=true $(VENV)/bin/mypy .
 	$(DEV) $(PY) manage.py spectacular --validate --fail-on-warn --file var/openapi.yml
 	$(VENV)/bin/pytest
+
+## Check the type annotations of the whole project (configuration and baseline: pyproject.toml, docs/decisions.md).
+typecheck: $(VENV)/.installed
+	DEVELOPMENT=true $(VENV)/bin/mypy .
 
 ## Ruff, then the import contract: layers and forbidden imports (pyproject.toml), and no import circles.
 lint:
@@ -74,4 +79,4 @@ format:
 	$(VENV)/bin/ruff format .
 
 clean:
-	rm -rf var .pytest_cache .ruff_cache
+	rm -rf var .pytest_cache .ruff_cache .mypy_cache

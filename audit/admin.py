@@ -47,7 +47,7 @@ class AuditedAdminMixin:
     def save_model(self, request: HttpRequest, obj: Any, form: ModelForm, change: bool) -> None:
         names = list(form.changed_data)
         before = {name: _plain(form.initial.get(name)) for name in names} if change else {}
-        super().save_model(request, obj, form, change)  # type: ignore[misc]
+        super().save_model(request, obj, form, change)  # type: ignore[misc]  # mixin: ModelAdmin's, next in the MRO
         after = {name: _plain(form.cleaned_data.get(name)) for name in names}
         changes = diff(before, after)
         if changes or not change:
@@ -55,7 +55,7 @@ class AuditedAdminMixin:
 
     def delete_model(self, request: HttpRequest, obj: Any) -> None:
         target = self.audit_target_id(obj)
-        super().delete_model(request, obj)  # type: ignore[misc]
+        super().delete_model(request, obj)  # type: ignore[misc]  # mixin: ModelAdmin's, next in the MRO
         audit_record(
             actor=request.user, action=f"{self.audit_target_type}.delete", target_type=self.audit_target_type,
             target_id=target,
@@ -63,7 +63,7 @@ class AuditedAdminMixin:
 
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
         targets = [self.audit_target_id(obj) for obj in queryset]
-        super().delete_queryset(request, queryset)  # type: ignore[misc]
+        super().delete_queryset(request, queryset)  # type: ignore[misc]  # mixin: ModelAdmin's, next in the MRO
         for target in targets:
             audit_record(
                 actor=request.user, action=f"{self.audit_target_type}.delete", target_type=self.audit_target_type,
@@ -85,7 +85,7 @@ class AuditedAdminMixin:
             else:
                 before = {n: _plain(inline.initial.get(n)) for n in names}
                 records.append((f"{kind}.update", diff(before, {n: _plain(inline.cleaned_data.get(n)) for n in names})))
-        super().save_formset(request, form, formset, change)  # type: ignore[misc]
+        super().save_formset(request, form, formset, change)  # type: ignore[misc]  # mixin: ModelAdmin's, next in the MRO
         for action, changes in records:
             audit_record(
                 actor=request.user, action=action, target_type=self.audit_target_type,

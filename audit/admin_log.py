@@ -26,7 +26,7 @@ def record_admin_log_entry(sender: Any, instance: LogEntry, created: bool, **kwa
         return
     content_type = instance.content_type
     model = content_type.model_class() if content_type else None
-    if isinstance(admin.site._registry.get(model), AuditedAdminMixin):
+    if model is not None and isinstance(admin.site._registry.get(model), AuditedAdminMixin):
         return  # that admin audits its own writes, field by field
 
     target_type = f"{content_type.app_label}.{content_type.model}" if content_type else "unknown"

@@ -25,7 +25,7 @@ import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -262,7 +262,7 @@ def main() -> None:
                 cpu_before = server.usage()[1]
                 result = asyncio.run(measure(args, streams, args.port, api.url, key, client.pk))
                 rss, cpu_after = server.usage()
-        lat = result["latencies"]
+        lat = cast(list[float], result["latencies"])
         print("\n=== bench/inbox_streams.py ===")
         print(
             f"streams open                 {result['opened']} of {args.streams}"

@@ -15,7 +15,9 @@ import json
 import sys
 import time
 import urllib.request
+from datetime import datetime
 from pathlib import Path
+from typing import cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -95,7 +97,8 @@ def run(args: argparse.Namespace) -> None:
             drained_at = campaign_sent.aggregate(last=Max("sent_at"))["last"]
     finally:
         server.stop()
-    rows = [(d.notification.created_at, d.sent_at) for d in otps.select_related("notification")]
+    # Every OTP was waited for until sent: sent_at is set.
+    rows = [(d.notification.created_at, cast(datetime, d.sent_at)) for d in otps.select_related("notification")]
     latencies = [(sent - accepted).total_seconds() * 1000 for accepted, sent in rows]
     # The OTPs that were accepted while campaign deliveries were still being sent: the ones the target is about.
     draining = [(sent - accepted).total_seconds() * 1000 for accepted, sent in rows if accepted <= drained_at]

@@ -253,7 +253,7 @@ class CircuitBreakers:
 
     def __init__(self, redis_client: redis.Redis | Callable[[], redis.Redis] | None = None) -> None:
         self.guard = RedisGuard("circuit breaker", redis_client)
-        self._scripts: dict[tuple[int, str], Any] = {}
+        self._scripts: dict[tuple[int, str], redis.commands.core.Script] = {}
         self._local: dict[str, _LocalBreaker] = {}
         self._lock = threading.Lock()
 
@@ -316,7 +316,7 @@ class CircuitBreakers:
 
     # --- internals -----------------------------------------------------------------------------------
 
-    def _script(self, client: redis.Redis, source: str) -> Any:
+    def _script(self, client: redis.Redis, source: str) -> redis.commands.core.Script:
         cache_key = (id(client), source)
         script = self._scripts.get(cache_key)
         if script is None:

@@ -24,7 +24,7 @@ from django.db import InterfaceError, OperationalError, connection
 from channels_app import guards
 from channels_app.outcomes import BatchReport, DbClock, Outcomes, backoff_seconds, describe_exception
 from channels_app.providers import registry
-from channels_app.providers.base import OutboundMessage, RetriableError, SendResult
+from channels_app.providers.base import OutboundMessage, Outcome, RetriableError, SendResult
 from channels_app.sms_fit import sms_fit
 from core.db import RowLoader, bound_cursor, int_array
 from notifier import config_cache, frequency
@@ -115,7 +115,9 @@ def _template_version(notification: Notification) -> TemplateVersion:
     version = _versions.get(key)
     if version is None:
         version = TemplateVersion.objects.select_related("template").get(
-            template__key=notification.template_key, version=notification.template_version
+            # No pinned version (None) matches no row, as 0 does: the same DoesNotExist either way.
+            template__key=notification.template_key,
+            version=notification.template_version or 0,
         )
         if len(_versions) > 4096:
             _versions.clear()
@@ -386,7 +388,8 @@ def _build_message(delivery: Delivery, out: Outcomes) -> OutboundMessage | None:
         )
     except (RenderError, TemplateVersion.DoesNotExist) as exc:
         # A broken template budget fails with reason template_budget (its code); other errors as render_error.
-        out.failed(delivery, exc if getattr(exc, "code", "") == "template_budget" else f"render_error: {exc}")
+        budget = isinstance(exc, RenderError) and exc.code == "template_budget"
+        out.failed(delivery, exc if isinstance(exc, RenderError) and budget else f"render_error: {exc}")
         return None
     except Exception as exc:
         out.poison(delivery, exc, stage="render")
@@ -452,7 +455,9 @@ def _send_group(name: str, group: list[tuple[Delivery, OutboundMessage]], out: O
     _flush_answers(name, answered, done, out, window)
 
 
-def _flush_answers(name: str, answered: list[Any], done: list[int], out: Outcomes, window: threading.Semaphore) -> None:
+def _flush_answers(
+    name: str, answered: list[Outcome], done: list[int], out: Outcomes, window: threading.Semaphore
+) -> None:
     """Write a group of answers, give their window back, stop renewing their leases, tell the breaker."""
     if not answered:
         return

@@ -15,7 +15,7 @@ import math
 import random
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -88,7 +88,7 @@ def status_events_send(*, endpoint_id: int) -> int:
             return delivered
         try:
             state, n = _drain(
-                endpoint_id, deadline, renew=lambda t=token: redis.eval(_RENEW, 1, lease_key, t, lease_ms)
+                endpoint_id, deadline, renew=functools.partial(redis.eval, _RENEW, 1, lease_key, token, lease_ms)
             )
             delivered += n
         finally:
@@ -105,7 +105,7 @@ def _due(endpoint_id: int) -> bool:
     return StatusEvent.objects.filter(endpoint_id=endpoint_id, state=StatusEvent.State.PENDING).exists()
 
 
-def _drain(endpoint_id: int, deadline: float, renew: Any) -> tuple[str, int]:
+def _drain(endpoint_id: int, deadline: float, renew: Callable[[], object]) -> tuple[str, int]:
     """Send batches of the endpoint's pending events in order; return why it stopped and how many went."""
     delivered = 0
     while True:

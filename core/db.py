@@ -8,7 +8,7 @@ import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 import psycopg
 from django.db import connection
@@ -24,7 +24,7 @@ class _LoggedCursor:
     def __init__(self, cursor: psycopg.Cursor[Any]) -> None:
         self._cursor = cursor
 
-    def execute(self, sql: str, params: Any = None, **kwargs: Any) -> Any:
+    def execute(self, sql: str, params: Any = None, **kwargs: Any) -> psycopg.Cursor[Any]:
         started = time.monotonic()
         try:
             return self._cursor.execute(sql, params, **kwargs)
@@ -37,7 +37,7 @@ class _LoggedCursor:
 
 
 @contextmanager
-def bound_cursor() -> Iterator[Any]:
+def bound_cursor() -> Iterator[psycopg.Cursor[Any]]:
     """Yield a server-side-binding psycopg cursor in Django's connection and transaction.
 
     Django's default client-side binding renders every parameter into the SQL text: for arrays of thousands
@@ -46,7 +46,8 @@ def bound_cursor() -> Iterator[Any]:
     connection.ensure_connection()
     # Django opens its connections with cursor_factory=ClientCursor; ask for the plain (server-binding) one.
     with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
-        yield _LoggedCursor(cursor)
+        # The wrapper forwards every other attribute to the cursor, so it is used as one.
+        yield cast("psycopg.Cursor[Any]", _LoggedCursor(cursor))
 
 
 def _encode(value: Any) -> Any:
@@ -102,7 +103,7 @@ class RowLoader(Generic[M]):
         for i, field in self.converters:
             value = row[i]
             # Most preference columns hold an empty object: no JSON parse for that.
-            row[i] = {} if value == "{}" else field.from_db_value(value, None, connection)  # type: ignore[attr-defined]
+            row[i] = {} if value == "{}" else field.from_db_value(value, None, connection)
         instance = self.model.__new__(self.model)
         instance.__dict__.update(zip(self.attnames, row, strict=True))
         state = instance._state = ModelState()
@@ -110,7 +111,7 @@ class RowLoader(Generic[M]):
         return instance
 
 
-def _insert_expression(field: Field, index: int) -> str:
+def _insert_expression(field: Field[Any, Any], index: int) -> str:
     """Return the SQL that reads `field`'s value from element `index` of the JSON row `e`, cast to its type."""
     db_type = field.db_type(connection)
     if field.get_internal_type() == "JSONField":
@@ -142,12 +143,13 @@ def insert_rows(objs: Sequence[M]) -> None:
                 field.pre_save(obj, True)
             row.append(field.get_prep_value(field.value_from_object(obj)))
         rows.append(row)
-    columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
+    # A concrete field always has a column (the stubs type it `str | None` for the non-concrete ones).
+    columns = ", ".join(connection.ops.quote_name(cast(str, f.column)) for f in fields)
     values = ", ".join(_insert_expression(f, i) for i, f in enumerate(fields))
     table = connection.ops.quote_name(meta.db_table)
     sql = f"INSERT INTO {table} ({columns}) SELECT {values} FROM json_array_elements(%s::json) AS e"  # noqa: S608
     if generated:
-        sql += f" RETURNING {connection.ops.quote_name(pk.column)}"
+        sql += f" RETURNING {connection.ops.quote_name(cast(str, pk.column))}"
     with bound_cursor() as cursor:
         cursor.execute(sql, [json_rows(rows)])
         if generated:

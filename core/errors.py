@@ -60,8 +60,9 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     if isinstance(exc, ApiError):
         headers = {}
         # DRF's convention for "come back later" (as on Throttled): a `wait` in seconds becomes Retry-After.
-        if getattr(exc, "wait", None) is not None:
-            headers["Retry-After"] = str(math.ceil(exc.wait))
+        wait = getattr(exc, "wait", None)
+        if wait is not None:
+            headers["Retry-After"] = str(math.ceil(wait))
         return Response(error_body(exc.error_code, exc.message, exc.fields), status=exc.status_code, headers=headers)
     if isinstance(exc, RequestDataTooBig):
         return Response(error_body("payload_too_large", "Request body is too large."), status=413)
@@ -100,7 +101,9 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     response.data = error_body(code, str(detail))
     if isinstance(exc, exceptions.NotAuthenticated | exceptions.AuthenticationFailed):
         response.status_code = status.HTTP_401_UNAUTHORIZED
-    if isinstance(exc, exceptions.Throttled) and exc.wait is not None:
+    # DRF sets Throttled.wait in __init__; its stubs do not declare the attribute, hence getattr.
+    wait = getattr(exc, "wait", None) if isinstance(exc, exceptions.Throttled) else None
+    if wait is not None:
         # DRF writes whole seconds rounded down ("0" for a 0.3 s wait); a client must not come back too early.
-        response["Retry-After"] = str(max(1, math.ceil(exc.wait)))
+        response["Retry-After"] = str(max(1, math.ceil(wait)))
     return response

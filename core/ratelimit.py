@@ -40,12 +40,14 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 from django.conf import settings
 
 from core.redis_guard import RedisGuard, rkey
+
+T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 
@@ -313,8 +315,9 @@ class RateLimiter:
         key, limit = self._bucket(provider, account)
         if limit.rate is None or n <= 0:
             return
+        configured_rate = limit.rate  # narrowed to float here; the lambda below does not see the check
         self.guard.run(
-            lambda client: self._script(client, SUCCESS_LUA)(keys=[key], args=[limit.rate, n, limit.increase]),
+            lambda client: self._script(client, SUCCESS_LUA)(keys=[key], args=[configured_rate, n, limit.increase]),
             lambda: self._local_success(key, limit, n),
         )
 
@@ -323,6 +326,7 @@ class RateLimiter:
         key, limit = self._bucket(provider, account)
         if limit.rate is None:
             return {"provider": provider, "rate": None, "configured_rate": None, "tokens": None, "paused_for": 0.0}
+        configured_rate = limit.rate  # narrowed to float here; the closure below does not see the check
 
         def shared(client: redis.Redis) -> dict[str, Any]:
             pipe = client.pipeline(transaction=False)
@@ -330,7 +334,7 @@ class RateLimiter:
             pipe.time()
             (tok, ts, rate), (sec, usec) = pipe.execute()
             now = sec + usec / 1e6
-            current = min(float(rate), limit.rate) if rate is not None else limit.rate
+            current = min(float(rate), configured_rate) if rate is not None else configured_rate
             tokens = limit.capacity if tok is None else float(tok)
             if ts is not None and now > float(ts):
                 tokens = min(limit.capacity, tokens + (now - float(ts)) * current)
@@ -358,7 +362,7 @@ class RateLimiter:
             return bucket_key(provider, account), account_limit
         return bucket_key(provider), provider_limit
 
-    def _script(self, client: redis.Redis, source: str) -> Any:
+    def _script(self, client: redis.Redis, source: str) -> redis.commands.core.Script:
         # One Script object per client and source: it hashes once and reloads itself after a NOSCRIPT.
         cache_key = (id(client), source)
         script = self._scripts.get(cache_key)

@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, NoReturn
 
 import requests
 from requests.adapters import HTTPAdapter
 from requests.structures import CaseInsensitiveDict
 from requests_hardened.ip_filter import EXTRA_BLOCKED_NET_RANGES
 from urllib3.util.connection import allowed_gai_family
+
+if TYPE_CHECKING:
+    from requests.adapters import _HostParams, _PoolKwargs
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -114,8 +118,8 @@ class GuardedAdapter(HTTPAdapter):
         self._allow_private = allow_private
 
     def build_connection_pool_key_attributes(
-        self, request: requests.PreparedRequest, verify: bool | str, cert: Any = None
-    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        self, request: requests.PreparedRequest, verify: bool | str, cert: str | tuple[str, str] | None = None
+    ) -> tuple[_HostParams, _PoolKwargs]:
         """Resolve and check the host, then key the pool on the pinned address."""
         host_params, pool_kwargs = super().build_connection_pool_key_attributes(request, verify, cert)
         # Copy the headers: they may be shared with the caller's dict.
@@ -128,12 +132,13 @@ class GuardedAdapter(HTTPAdapter):
         request.headers["Host"] = host_header
         if self._https:
             # Verify the certificate against the name in the URL, not the pinned IP.
-            pool_kwargs["assert_hostname"] = original_host
-            pool_kwargs["server_hostname"] = original_host
+            # urllib3's pools take these TLS keys; the stubs' _PoolKwargs lists only those requests itself sets.
+            pool_kwargs["assert_hostname"] = original_host  # type: ignore[typeddict-unknown-key]
+            pool_kwargs["server_hostname"] = original_host  # type: ignore[typeddict-unknown-key]
         address = resolve_target(original_host, port, allow_private=self._allow_private)
         host_params["host"] = str(address) if address.version == 4 else f"[{address}]"
         return host_params, pool_kwargs
 
-    def get_connection(self, url: str, proxies: Any = None) -> Any:
+    def get_connection(self, url: str | bytes, proxies: Mapping[str, str] | None = None) -> NoReturn:
         """Refuse the deprecated entry point, which would bypass the address check."""
         raise NotImplementedError("GuardedAdapter supports get_connection_with_tls_context only")

@@ -22,11 +22,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from contextvars import Token
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, Decision, ParentBased, Sampler, SamplingResult
@@ -124,7 +126,7 @@ def current_trace_id() -> str:
     return ctx.trace_id if ctx else ""
 
 
-def activate(ctx: TraceContext) -> object:
+def activate(ctx: TraceContext) -> Token[Context]:
     """Make `ctx` the current trace position (as a remote parent) and bind its ids for logging.
 
     Returns the token for `deactivate`. For a position that came from outside (a header, a stored id).
@@ -133,9 +135,9 @@ def activate(ctx: TraceContext) -> object:
     return otel_context.attach(trace.set_span_in_context(NonRecordingSpan(ctx.span_context())))
 
 
-def deactivate(token: object) -> None:
+def deactivate(token: Token[Context]) -> None:
     """Restore the trace position that was current before `activate` returned `token`."""
-    otel_context.detach(token)  # type: ignore[arg-type]
+    otel_context.detach(token)
 
 
 # --- Provider, sampler, export -------------------------------------------------------------------------
@@ -206,7 +208,8 @@ _state: dict[str, Any] = {"provider": None, "instrumented": False}
 
 def _provider() -> TracerProvider:
     with _lock:
-        if _state["provider"] is None:
+        provider: TracerProvider | None = _state["provider"]
+        if provider is None:
             from django.conf import settings
 
             provider = TracerProvider(
@@ -215,7 +218,7 @@ def _provider() -> TracerProvider:
             provider.add_span_processor(_processor)
             trace.set_tracer_provider(provider)
             _state["provider"] = provider
-        return _state["provider"]
+        return provider
 
 
 def tracer() -> trace.Tracer:

@@ -93,6 +93,7 @@ class ApiClientAdmin(AuditedAdminMixin, admin.ModelAdmin):
     def save_model(self, request: HttpRequest, obj: ApiClient, form: Any, change: bool) -> None:
         if not change:
             # The raw key lives only on this request, for the page that shows it once; the row keeps its hash.
+            # Our own request attribute, read back below (getattr) on this request.
             request._new_api_keys = [(obj, api_client_assign_key(client=obj))]  # type: ignore[attr-defined]
         super().save_model(request, obj, form, change)
 

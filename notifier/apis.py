@@ -17,6 +17,7 @@ from rest_framework.views import APIView
 from core.errors import ApiError
 from core.openapi import error_response
 from core.pagination import CursorPage, invalid_cursor
+from notifier.auth import request_client
 from notifier.backpressure import check_backpressure
 from notifier.models import Notification
 from notifier.selectors import (
@@ -94,7 +95,9 @@ class NotificationListCreateApi(APIView):
         serializer = NotificationInput(data=request.data)
         serializer.is_valid(raise_exception=True)
         _shed_if_overloaded(serializer.validated_data)
-        result = notification_accept(client=request.user, data=serializer.validated_data, trace_id=trace_id_of(request))
+        result = notification_accept(
+            client=request_client(request), data=serializer.validated_data, trace_id=trace_id_of(request)
+        )
         code = status.HTTP_200_OK if result.duplicate else status.HTTP_202_ACCEPTED
         return Response(AcceptOutput(result).data, status=code)
 
@@ -187,7 +190,7 @@ class NotificationBatchApi(APIView):
         checked = [self._validate(validator, item) for item in items]
         valid = [(i, data) for i, data in enumerate(checked) if not isinstance(data, Exception)]
         accepted = notifications_accept_batch(
-            client=request.user, items=[data for _, data in valid], trace_id=trace_id_of(request)
+            client=request_client(request), items=[data for _, data in valid], trace_id=trace_id_of(request)
         )
         results: list[Any] = list(checked)
         for (index, _), result in zip(valid, accepted, strict=True):

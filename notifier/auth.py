@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import secrets
-from typing import Any
+from typing import Any, cast
 
 from django.utils import timezone
 from rest_framework import authentication, exceptions
@@ -30,6 +30,15 @@ def generate_key() -> tuple[str, str]:
     """Return a new raw API key and its lookup prefix."""
     prefix = secrets.token_hex(4)
     return f"{KEY_PREFIX}{prefix}_{secrets.token_urlsafe(32)}", prefix
+
+
+def request_client(request: Request) -> ApiClient:
+    """Return the API client that authenticated `request`, typed as one (for views behind ScopePermission).
+
+    DRF types `request.user` as a Django user; on /api/v1 it is the ApiClient that ApiKeyAuthentication
+    returned, and ScopePermission has refused every request without one before a view runs.
+    """
+    return cast(ApiClient, request.user)
 
 
 class ApiKeyAuthentication(authentication.BaseAuthentication):
@@ -68,7 +77,7 @@ class ScopePermission(BasePermission):
         from core.errors import ApiError
 
         client = request.user
-        if client is None or not getattr(client, "is_authenticated", False):
+        if client is None or not getattr(client, "is_authenticated", False) or not isinstance(client, ApiClient):
             return False  # DRF answers 401 (NotAuthenticated) because an authenticator is configured.
         scope = view_scope(view, request.method or "GET")
         if scope is None:

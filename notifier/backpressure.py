@@ -16,12 +16,16 @@ import logging
 import math
 import threading
 import time
+from typing import TYPE_CHECKING, cast
 
 from celery import current_app as celery_app
 from django.conf import settings
 
 from core.errors import ApiError
 from core.queues import CHANNELS, queue_name
+
+if TYPE_CHECKING:
+    from amqp.channel import Channel as AmqpChannel
 
 logger = logging.getLogger(__name__)
 
@@ -64,9 +68,10 @@ def measure_low_backlog() -> int:
     total = 0
     with celery_app.connection_for_write() as conn:
         conn.ensure_connection(max_retries=1)
-        channel = conn.default_channel
+        # RabbitMQ through py-amqp: its channel has queue_declare (kombu's StdChannel does not say so).
+        channel = cast("AmqpChannel", conn.default_channel)
         for name in LOW_QUEUES:
-            _, ready, _ = channel.queue_declare(queue=name, passive=True)
+            _, ready, _ = cast("tuple[str, int, int]", channel.queue_declare(queue=name, passive=True))
             total += int(ready)
     return total
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 import redis
 from django.conf import settings
@@ -42,7 +42,8 @@ def claim(*, client_id: int, dedup_key: str, notification_id: str, request_hash:
         value = f"{notification_id}|{request_hash}"
         if r.set(_key(client_id, dedup_key), value, nx=True, ex=settings.DEDUP_TTL_SECONDS):
             return True, None
-        return False, r.get(_key(client_id, dedup_key))
+        # get_redis() decodes responses: a str (redis-py types it bytes | str for any client).
+        return False, cast("str | None", r.get(_key(client_id, dedup_key)))
     except redis.RedisError as exc:
         logger.warning("dedup fast path degraded, using the database only: %s", type(exc).__name__)
         return True, None
@@ -53,7 +54,7 @@ def release(*, client_id: int, dedup_key: str, notification_id: str) -> None:
     try:
         r = get_redis()
         key = _key(client_id, dedup_key)
-        value = r.get(key)
+        value = cast("str | None", r.get(key))  # a decoding client: str
         if value and value.split("|", 1)[0] == notification_id:
             r.delete(key)
     except redis.RedisError:

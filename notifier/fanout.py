@@ -36,6 +36,7 @@ import json
 import logging
 import math
 import time
+import uuid
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -101,7 +102,7 @@ def lane_min_subscribers() -> int:
     return int(_setting("FANOUT_LANE_MIN_SUBSCRIBERS", 50_000))
 
 
-def enqueue(notification_id: object, *, lane: int = 0, countdown: float | None = None) -> bool:
+def enqueue(notification_id: uuid.UUID | str, *, lane: int = 0, countdown: float | None = None) -> bool:
     """Publish one fan-out task for a lane of a notification; return False (and log) if the broker refused it."""
     options: dict[str, Any] = {"queue": "fanout", "retry": False}
     if countdown and countdown > 0:
@@ -115,7 +116,7 @@ def enqueue(notification_id: object, *, lane: int = 0, countdown: float | None =
     return True
 
 
-def enqueue_unfinished(notification_id: object, *, countdown: float | None = None) -> int:
+def enqueue_unfinished(notification_id: uuid.UUID | str, *, countdown: float | None = None) -> int:
     """Enqueue a run for every lane of a notification not yet done (lane 0 before it is split); return how many."""
     lanes = list(FanoutLane.objects.filter(notification_id=notification_id, done=False).values_list("lane", flat=True))
     if not lanes and not FanoutLane.objects.filter(notification_id=notification_id).exists():
@@ -123,7 +124,7 @@ def enqueue_unfinished(notification_id: object, *, countdown: float | None = Non
     return sum(enqueue(notification_id, lane=lane, countdown=countdown) for lane in lanes)
 
 
-def fanout_start(*, notification_id: object) -> None:
+def fanout_start(*, notification_id: uuid.UUID | str) -> None:
     """Start expanding a topic notification into deliveries (at its send_at, if that is in the future).
 
     Never raises: it runs after commit in the API request, and a fan-out that could not be enqueued is
@@ -154,7 +155,7 @@ class PublishIncomplete(RuntimeError):
     """The broker did not take every message of a page; the page is redone (its checkpoint did not move)."""
 
 
-def fanout_run(*, notification_id: object, lane: int = 0, enqueue_next: bool = True) -> RunResult:
+def fanout_run(*, notification_id: uuid.UUID | str, lane: int = 0, enqueue_next: bool = True) -> RunResult:
     """Process pages of one lane of a topic notification for a bounded time, then re-enqueue the rest (or finish)."""
     result = RunResult()
     deadline = time.monotonic() + run_budget_seconds()
@@ -306,7 +307,7 @@ def _stop_reason(notification_id: object, campaign_id: int | None, *, lock: bool
 _NO_UPPER = 2**63 - 1
 
 
-def _split(topic_id: int, lanes: int) -> list[int | None]:
+def _split(topic_id: int | None, lanes: int) -> list[int | None]:
     """Return the inclusive upper bounds of `lanes` ranges holding as many subscribers each (None: no bound).
 
     One index-only count and one keyset lookup per boundary: a few tens of milliseconds for a million.
@@ -352,7 +353,7 @@ def _lane(n: Notification, lane: int) -> FanoutLane | None:
     return FanoutLane.objects.filter(notification_id=n.pk, lane=0).first()
 
 
-def fanout_page(*, notification_id: object, lane: int = 0) -> PageResult:
+def fanout_page(*, notification_id: uuid.UUID | str, lane: int = 0) -> PageResult:
     """Process the next page of a lane of a topic notification: insert, publish, checkpoint (the module doc)."""
     n = (
         Notification.objects.filter(pk=notification_id)

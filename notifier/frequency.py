@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 from django.conf import settings
@@ -34,6 +34,10 @@ from django.db import connection
 
 from core.db import bound_cursor, json_rows
 from core.redis_guard import get_redis, rkey
+
+if TYPE_CHECKING:  # types only: the models import this module's callers
+    from notifier.models import Delivery, Notification
+    from preferences.models import Recipient
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +68,7 @@ for i = 1, #KEYS do
 end
 return admitted
 """
-_scripts: dict[int, Any] = {}
+_scripts: dict[int, redis.commands.core.Script] = {}
 
 
 @dataclass(frozen=True)
@@ -78,7 +82,8 @@ class Cap:
 def cap_of(category: str) -> Cap | None:
     """Return the frequency cap configured for `category`, or None (not capped)."""
     rules = settings.NOTIFIER_CATEGORIES.get(category) or {}
-    cap = rules.get("frequency_cap") if isinstance(rules, dict) else None
+    # Settings JSON (settings.NOTIFIER_CATEGORIES): a {"max", "per_seconds"} object when configured.
+    cap: Any = rules.get("frequency_cap") if isinstance(rules, dict) else None
     if not cap:
         return None
     return Cap(max=int(cap["max"]), per_seconds=int(cap["per_seconds"]))
@@ -125,7 +130,9 @@ def _lock_and_count(cap: Cap, category: str, recipient_id: int) -> int:
             " AND d.status <> ALL(%s::text[])",
             [recipient_id, category, cap.per_seconds, list(NOT_COUNTED)],
         )
-        return int(cursor.fetchone()[0])
+        row = cursor.fetchone()
+        assert row is not None  # count() always answers one row
+        return int(row[0])
 
 
 def admit_at_accept(*, category: str, recipient_id: int, notification_id: str) -> bool:
@@ -144,7 +151,7 @@ def admit_at_accept(*, category: str, recipient_id: int, notification_id: str) -
     return _lock_and_count(cap, category, recipient_id) < cap.max
 
 
-def apply_at_accept(notification: Any, recipient: Any, deliveries: Sequence[Any]) -> None:
+def apply_at_accept(notification: Notification, recipient: Recipient, deliveries: Sequence[Delivery]) -> None:
     """Suppress a new notification's deliveries (reason frequency_cap) when the recipient's allowance is used up.
 
     Only a notification that would reach the recipient is counted: one whose deliveries are all suppressed
@@ -161,13 +168,13 @@ def apply_at_accept(notification: Any, recipient: Any, deliveries: Sequence[Any]
         d.status, d.reason, d.not_before = "suppressed", REASON, None
 
 
-def recheck_on_worker(deliveries: list[Any], suppress: Callable[[Any, str], None]) -> list[Any]:
+def recheck_on_worker(deliveries: list[Delivery], suppress: Callable[[Delivery, str], None]) -> list[Delivery]:
     """Return the deliveries still within their recipient's cap; hand the others to `suppress(delivery, reason)`.
 
     One Redis script call per capped category in the batch (or one database query without Redis), never one
     per delivery.
     """
-    by_category: dict[str, list[Any]] = {}
+    by_category: dict[str, list[Delivery]] = {}
     for d in deliveries:
         if cap_of(d.notification.category) is not None:
             by_category.setdefault(d.notification.category, []).append(d)
@@ -193,7 +200,7 @@ def recheck_on_worker(deliveries: list[Any], suppress: Callable[[Any, str], None
     return kept
 
 
-def _database_verdicts(cap: Cap, category: str, group: list[Any]) -> dict[tuple[int, str], bool]:
+def _database_verdicts(cap: Cap, category: str, group: list[Delivery]) -> dict[tuple[int, str], bool]:
     """Decide without Redis: a notification passes if fewer than `max` earlier ones of the category count."""
     rows = {(d.recipient_id, str(d.notification_id)): d.notification.created_at for d in group}
     sql = """

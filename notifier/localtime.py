@@ -14,7 +14,12 @@ A recipient without a time zone (or with one the zone database does not know) is
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+if TYPE_CHECKING:  # types only: the models import the apps this module must not load
+    from notifier.models import Notification
+    from preferences.models import Recipient
 
 DEFAULT_ZONE = "UTC"
 
@@ -88,8 +93,8 @@ def send_at_for(notification: object, tz_name: str | None) -> datetime | None:
     return local_instant(wall, tz_name)
 
 
-def apply_to_single(notification: object, recipient: object) -> None:
+def apply_to_single(notification: Notification, recipient: Recipient) -> None:
     """Give a single-recipient notification with `send_at_local` the send_at of its recipient's time zone."""
     wall = wall_clock_of(notification)
     if wall is not None:
-        notification.send_at = local_instant(wall, getattr(recipient, "timezone", ""))  # type: ignore[attr-defined]
+        notification.send_at = local_instant(wall, getattr(recipient, "timezone", ""))

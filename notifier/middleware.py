@@ -42,8 +42,8 @@ class RequestContextMiddleware:
             token = tracing.activate(ctx)
         bind_delivery_context(trace_id=ctx.trace_id, span_id=ctx.span_id)
         # notifier.apis reads request.trace_id to store it on the notification.
-        request.trace_context = ctx  # type: ignore[attr-defined]
-        request.trace_id = ctx.trace_id  # type: ignore[attr-defined]
+        request.trace_context = ctx  # type: ignore[attr-defined]  # our own request attributes, read by views
+        request.trace_id = ctx.trace_id  # type: ignore[attr-defined]  # (notifier.apis: trace_id_of)
         started = time.monotonic()
         status = 500
         try:

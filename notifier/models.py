@@ -166,6 +166,8 @@ class Notification(models.Model):
     # The partition key (notifier/partitions.py).
     created_at = BirthTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+    # Not a column: the detail's first deliveries, set by notifier.selectors.notification_get.
+    first_deliveries: list[Delivery]
 
     objects = NotificationManager()
 

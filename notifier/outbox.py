@@ -15,7 +15,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from celery import current_app as celery_app
 from django.conf import settings
@@ -47,7 +47,7 @@ def publish(
     """
     size = batch_size or settings.SEND_BATCH_SIZE
     published: list[int] = []
-    options: dict[str, object] = {"retry": False}
+    options: dict[str, Any] = {"retry": False}
     if countdown and countdown > 0:
         # Whole seconds, rounded up: native delayed delivery routes by seconds, and arriving a little late is
         # fine where arriving early would find the delivery not yet due.
@@ -279,7 +279,8 @@ def _ready_messages(queues: Iterable[str]) -> dict[str, int | None]:
                     depths[name] = None
                     continue
                 try:
-                    _, count, _ = queue(channel).queue_declare(passive=True)
+                    # A passive declare answers (name, messages, consumers); kombu's stubs also allow str/None.
+                    _, count, _ = cast("tuple[str, int, int]", queue(channel).queue_declare(passive=True))
                     depths[name] = int(count)
                 except Exception:
                     depths[name] = None

@@ -74,7 +74,9 @@ def reach_record(rows: Iterable[tuple[int, str, str]], *, at: datetime | None = 
         return []
     with bound_cursor() as cursor:
         cursor.execute(_SQL, [json_rows(wanted), at or timezone.now(), INBOX_CHANNEL])
-        _, endpoints = cursor.fetchone()
+        row = cursor.fetchone()
+        assert row is not None  # the statement always answers one row
+        _, endpoints = row
     endpoints = list(endpoints or [])
     if endpoints:
         transaction.on_commit(lambda: status_events_wake(endpoint_ids=endpoints))

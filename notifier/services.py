@@ -12,7 +12,7 @@ import logging
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from django.conf import settings
 from django.contrib.auth.models import Group, Permission
@@ -389,9 +389,9 @@ def _decided_per_recipient(item: dict[str, Any], decision: AcceptDecision) -> bo
     )
 
 
-def _deliveries_of(notifications: list[Notification]) -> dict[Any, list[Delivery]]:
+def _deliveries_of(notifications: list[Notification]) -> dict[uuid.UUID, list[Delivery]]:
     """Return the deliveries of each notification (one query)."""
-    by_notification: dict[Any, list[Delivery]] = {n.pk: [] for n in notifications}
+    by_notification: dict[uuid.UUID, list[Delivery]] = {n.pk: [] for n in notifications}
     for delivery in Delivery.objects.filter(notification__in=[n.pk for n in notifications]).order_by("id"):
         by_notification[delivery.notification_id].append(delivery)
     return by_notification
@@ -411,8 +411,8 @@ def _write_batch(
         recipients.update({r.user_id: r for r in Recipient.objects.filter(user_id__in=missing)})
     tokens: dict[int, list[str]] = {}
     if any("push" in decision.channels for _, _, decision in items):
-        rows = Device.objects.filter(recipient__in=[r.pk for r in recipients.values()], active=True)
-        for recipient_id, token in rows.values_list("recipient_id", "token"):
+        devices = Device.objects.filter(recipient__in=[r.pk for r in recipients.values()], active=True)
+        for recipient_id, token in devices.values_list("recipient_id", "token"):
             tokens.setdefault(recipient_id, []).append(token)
 
     planned: list[tuple[int, Notification, list[tuple[str, str]]]] = []
@@ -440,10 +440,9 @@ def _write_batch(
     deliveries_by_index: dict[int, list[Delivery]] = {}
     all_deliveries: list[Delivery] = []
     for index, notification, targets in planned:
+        recipient = cast(Recipient, notification.recipient)  # set on every planned notification above
         rows = [
-            _plan_delivery(
-                notification, notification.recipient, channel, address, now, suppressed=(channel, address) in dead
-            )
+            _plan_delivery(notification, recipient, channel, address, now, suppressed=(channel, address) in dead)
             for channel, address in targets
         ]
         deliveries_by_index[index] = rows

@@ -26,7 +26,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from celery import current_app as celery_app
 from django.conf import settings
@@ -37,6 +37,12 @@ from core.db import bound_cursor, int_array, json_rows
 from core.queues import ensure_topology
 from notifier.events import on_transition, record_events
 from notifier.outbox import publish_now
+
+if TYPE_CHECKING:  # types only: notifier.models is not imported at run time here
+    from notifier.models import Delivery, Notification
+
+# A step's new plan for one delivery: (status, reason, not_before).
+StepChange = tuple[str, str, datetime | None]
 
 logger = logging.getLogger(__name__)
 
@@ -73,19 +79,19 @@ def notification_fields(data: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def is_fallback(notification: Any) -> bool:
+def is_fallback(notification: Notification) -> bool:
     """Return whether a notification's channels are tried in order."""
     return getattr(notification, "strategy", ALL) == FALLBACK
 
 
-def window(notification: Any) -> timedelta:
+def window(notification: Notification) -> timedelta:
     """Return how long a step has to reach fallback_until before the next one starts."""
     return timedelta(seconds=notification.fallback_after_seconds or DEFAULT_AFTER_SECONDS)
 
 
 def plan_steps(
     channels: Sequence[str], items: Sequence[tuple[str, str, datetime | None]], *, start: datetime, wait: timedelta
-) -> list[Any]:
+) -> list[StepChange | None]:
     """Decide which of one recipient's new deliveries start now and which wait; return a change per item.
 
     `items` are (channel, planned status, planned not_before) of the recipient's deliveries. The first step
@@ -100,7 +106,7 @@ def plan_steps(
     first, nxt = live_steps[0], live_steps[1]
     due = [nb for ch, status, nb in items if channels.index(ch) == first and status in WAITING and nb is not None]
     deadline = max([start, *due]) + wait
-    out: list[Any] = []
+    out: list[StepChange | None] = []
     for ch, status, _ in items:
         step = channels.index(ch)
         if step > first and status in WAITING:
@@ -110,13 +116,13 @@ def plan_steps(
     return out
 
 
-def start_of(notification: Any, now: datetime) -> datetime:
+def start_of(notification: Notification, now: datetime) -> datetime:
     """Return when the first step starts (its send time, if later than now)."""
     send_at = getattr(notification, "send_at", None)
     return max(now, send_at) if send_at else now
 
 
-def plan_at_accept(notification: Any, deliveries: Sequence[Any], now: datetime) -> None:
+def plan_at_accept(notification: Notification, deliveries: Sequence[Delivery], now: datetime) -> None:
     """Hold the later steps of a single recipient's fallback chain as `pending` (before the rows are written)."""
     if not is_fallback(notification):
         return
@@ -127,16 +133,16 @@ def plan_at_accept(notification: Any, deliveries: Sequence[Any], now: datetime) 
             d.status, d.reason, d.not_before = change
 
 
-def after_accept(notification: Any, deliveries: Sequence[Any], now: datetime) -> None:
+def after_accept(notification: Notification, deliveries: Sequence[Delivery], now: datetime) -> None:
     """Record why the chain starts where it does, and ask for the first decision after commit."""
     if not is_fallback(notification):
         return
     events = _start_events(notification.channels, [(d.pk, d.channel, d.status, d.reason) for d in deliveries])
     record_events(events, at=now)
-    timed = [d for d in deliveries if d.status == "pending" and d.not_before is not None]
+    timed = [(d.pk, d.not_before) for d in deliveries if d.status == "pending" and d.not_before is not None]
     if timed:
-        delay = (min(d.not_before for d in timed) - now).total_seconds()
-        ids = [d.pk for d in timed]
+        delay = (min(at for _, at in timed) - now).total_seconds()
+        ids = [pk for pk, _ in timed]
         transaction.on_commit(lambda: schedule(ids, delay))
 
 
@@ -153,7 +159,7 @@ def _start_events(channels: Sequence[str], rows: Sequence[tuple[int, str, str, s
     return [(r[0], r[2], f"fallback: {why}") for r in live if channels.index(r[1]) == first]
 
 
-def plan_fanout_rows(notification: Any, rows: list[tuple[Any, ...]], now: datetime) -> list[tuple[Any, ...]]:
+def plan_fanout_rows(notification: Notification, rows: list[tuple[Any, ...]], now: datetime) -> list[tuple[Any, ...]]:
     """Apply plan_steps per recipient to a fan-out page's rows (recipient_id, channel, address, status, reason, nb)."""
     if not is_fallback(notification):
         return rows
@@ -171,7 +177,7 @@ def plan_fanout_rows(notification: Any, rows: list[tuple[Any, ...]], now: dateti
     return out
 
 
-def after_fanout_page(notification: Any, inserted: Sequence[tuple[Any, ...]], now: datetime) -> None:
+def after_fanout_page(notification: Notification, inserted: Sequence[tuple[Any, ...]], now: datetime) -> None:
     """Ask for the decision on a fan-out page's pending steps at their deadline."""
     if not is_fallback(notification):
         return

@@ -10,7 +10,7 @@ Beyond it DRF raises Throttled, which the error handler answers as 429 `rate_lim
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from rest_framework.request import Request
@@ -18,6 +18,10 @@ from rest_framework.throttling import BaseThrottle
 
 from core.ratelimit import Limit, RateLimiter
 from core.redis_guard import rkey
+from notifier.auth import request_client
+
+if TYPE_CHECKING:  # types only: DRF loads this module from settings, before the models may be
+    from notifier.models import ApiClient
 
 RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(s|sec|second|m|min|minute|h|hour)\s*$", re.IGNORECASE)
 PERIOD_SECONDS = {"s": 1, "m": 60, "h": 3600}
@@ -34,7 +38,7 @@ def parse_rate(text: str) -> tuple[float, float]:
     return count / PERIOD_SECONDS[match.group(2)[0].lower()], max(count, 1.0)
 
 
-def client_limit(client: Any) -> Limit:
+def client_limit(client: ApiClient) -> Limit:
     """Return the token bucket limit of an API client (its own rate, else the default)."""
     rate, burst = parse_rate(getattr(client, "rate_limit", "") or settings.API_CLIENT_RATE_LIMIT)
     return Limit(rate=rate, burst=burst, high_reserve=0.0, min_rate=rate, increase=0.0)
@@ -47,7 +51,7 @@ class ApiClientRateThrottle(BaseThrottle):
         self._wait = 0.0
 
     def allow_request(self, request: Request, view: Any) -> bool:
-        client = request.user
+        client = request_client(request)  # typed as the ApiClient; an anonymous user has no pk (next line)
         if client is None or not getattr(client, "pk", None):
             return True  # unauthenticated requests are answered 401 before this
         grant = _limiter.acquire_buckets([(rkey("api-rl", str(client.pk)), client_limit(client))], 1, high=True)

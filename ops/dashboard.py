@@ -9,7 +9,7 @@ Mounted by config/urls.py before admin.site.urls, wrapped in admin.site.admin_vi
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -84,7 +84,7 @@ def outcome_series(since: Any, now: Any) -> tuple[list[Any], dict[str, dict[str,
     return labels, series
 
 
-def provider_errors(since: Any) -> dict[str, int]:
+def provider_errors(since: datetime) -> dict[str, int]:
     """Count failed and bounced outcomes per provider since `since`."""
     rows = (
         DeliveryEvent.objects.filter(at__gte=since, status__in=("failed", "bounced"))
@@ -176,7 +176,7 @@ def dashboard_context() -> dict[str, Any]:
     """Gather everything the dashboard shows."""
     since = timezone.now() - WINDOW
     depths = collect_queue_depths()
-    queues = [
+    queues: list[dict[str, Any]] = [
         {"name": name, "messages": messages, "consumers": consumers}
         for name, (messages, consumers) in sorted((depths or {}).items())
     ]

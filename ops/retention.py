@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from celery import shared_task
@@ -54,7 +54,7 @@ def _short_transaction_settings() -> None:
         cursor.execute(f"SET LOCAL statement_timeout = '{STATEMENT_TIMEOUT}'")
 
 
-def delivery_id_ceiling(cutoff: Any) -> int | None:
+def delivery_id_ceiling(cutoff: datetime) -> int | None:
     """Return the highest delivery id created before `cutoff` (None if there is none).
 
     Ids grow with created_at (both are set at insert), so a binary search over the primary key finds the
@@ -89,7 +89,7 @@ def delivery_id_ceiling(cutoff: Any) -> int | None:
         return low
 
 
-def _purge_delivery_batch(cutoff: Any, batch: int, ceiling: int) -> tuple[int, int, int]:
+def _purge_delivery_batch(cutoff: datetime, batch: int, ceiling: int) -> tuple[int, int, int]:
     """Delete one batch of old finished deliveries with their events and dead letters; return the counts."""
     delivery = Delivery._meta.db_table
     event = DeliveryEvent._meta.db_table
@@ -122,7 +122,7 @@ def _purge_delivery_batch(cutoff: Any, batch: int, ceiling: int) -> tuple[int, i
     return deliveries, events, dead_letters
 
 
-def _purge_notification_batch(cutoff: Any, batch: int) -> int:
+def _purge_notification_batch(cutoff: datetime, batch: int) -> int:
     """Delete one batch of old notifications that have no delivery left; return how many."""
     notification = Notification._meta.db_table
     delivery = Delivery._meta.db_table
@@ -144,7 +144,7 @@ def _purge_notification_batch(cutoff: Any, batch: int) -> int:
             return cursor.rowcount
 
 
-def _purge_sandbox_batch(cutoff: Any, batch: int) -> int:
+def _purge_sandbox_batch(cutoff: datetime, batch: int) -> int:
     """Delete one batch of sandbox records older than the cutoff; return how many."""
     table = SandboxMessage._meta.db_table
     with transaction.atomic():
@@ -157,7 +157,7 @@ def _purge_sandbox_batch(cutoff: Any, batch: int) -> int:
             return cursor.rowcount
 
 
-def _purge_status_event_batch(cutoff: Any, batch: int) -> int:
+def _purge_status_event_batch(cutoff: datetime, batch: int) -> int:
     """Delete one batch of sent or given-up status events, and of event attempts, older than the cutoff."""
     done = 0
     with transaction.atomic():

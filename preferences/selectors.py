@@ -32,7 +32,7 @@ def recipient_preferences(*, recipient: Recipient) -> dict[str, Any]:
 
 def recipient_device_tokens(*, recipient: Recipient) -> list[dict[str, Any]]:
     """Return a recipient's active devices (platform and token)."""
-    return list(recipient.devices.filter(active=True).order_by("id").values("platform", "token"))
+    return [dict(row) for row in recipient.devices.filter(active=True).order_by("id").values("platform", "token")]
 
 
 def topic_get(*, key: str) -> Topic | None:

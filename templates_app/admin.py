@@ -9,7 +9,7 @@ counter and the preview beside the form. Publishing (or rolling back to an older
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
 from django import forms
 from django.conf import settings
@@ -106,8 +106,11 @@ class TemplateForm(forms.ModelForm):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["category"].choices = [(c, c) for c in settings.NOTIFIER_CATEGORIES]
-        self.fields["add_channel"].choices = [("", "—"), *((c, c) for c in editor.known_channels())]
+        cast(forms.ChoiceField, self.fields["category"]).choices = [(c, c) for c in settings.NOTIFIER_CATEGORIES]
+        cast(forms.ChoiceField, self.fields["add_channel"]).choices = [
+            ("", "—"),
+            *((c, c) for c in editor.known_channels()),
+        ]
         self.latest_content: dict[str, Any] | None = None
         if self.instance.pk:
             self.fields["key"].disabled = True
@@ -181,7 +184,7 @@ class TemplateForm(forms.ModelForm):
 
     def clean(self) -> dict[str, Any]:
         """Read the blocks and validate the new version exactly as template_put will, errors beside fields."""
-        data = super().clean()
+        data = cast(dict[str, Any], super().clean())  # ModelForm.clean returns cleaned_data, never None
         posted_any = self.is_bound and bool(editor.posted_blocks(self.data))
         if not posted_any and self.latest_content is not None:
             content: dict[str, Any] | None = self.latest_content
@@ -267,7 +270,7 @@ class TemplateVersionInline(admin.TabularInline):
     def view_links(self, obj: TemplateVersion) -> str:
         return _version_links(obj, can_publish=False)
 
-    def get_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:  # type: ignore[override]  # a list[str] is one of django-stubs' list | tuple shapes, but list is invariant
         """Offer publish and roll-back links only to those allowed to publish."""
         return _with_links(list(self.fields), request)
 
@@ -320,7 +323,7 @@ class TemplateAdmin(admin.ModelAdmin):
     readonly_fields = ("published_version", "created_at", "updated_at")
     inlines = [TemplateVersionInline]
 
-    def get_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:  # type: ignore[override]  # a list[str] is one of django-stubs' list | tuple shapes, but list is invariant
         """Show the publish box only to those allowed to publish."""
         fields = ["key", "category", "default_locale", "description", "published_version"]
         if request.user.has_perm(PUBLISH_PERMISSION):
@@ -334,10 +337,13 @@ class TemplateAdmin(admin.ModelAdmin):
         if allowed is None:
             return form
 
+        categories: list[str] = allowed  # narrowed here; the class body below does not see the check
+
+        # `form` is the class get_form built at run time: mypy sees a variable, not a class.
         class RestrictedTemplateForm(form):  # type: ignore[misc, valid-type]
             def __init__(self, *args: Any, **kwargs: Any) -> None:
                 super().__init__(*args, **kwargs)
-                self.fields["category"].choices = [(c, c) for c in allowed]
+                cast(forms.ChoiceField, self.fields["category"]).choices = [(c, c) for c in categories]
 
         return RestrictedTemplateForm
 
@@ -358,7 +364,7 @@ class TemplateAdmin(admin.ModelAdmin):
             raise PermissionDenied
         if form.creates_version:
             publish = bool(form.cleaned_data.get("publish")) and request.user.has_perm(PUBLISH_PERMISSION)
-            before = obj.published_version.version if change and obj.published_version_id else None
+            before = obj.published_version.version if change and obj.published_version else None
             version = template_put(
                 key=obj.key,
                 category=form.cleaned_data["category"],
@@ -556,10 +562,10 @@ class TemplateVersionAdmin(admin.ModelAdmin):
     links = TemplateVersionInline.links
     view_links = TemplateVersionInline.view_links
 
-    def get_list_display(self, request: HttpRequest) -> list[str]:
+    def get_list_display(self, request: HttpRequest) -> list[str]:  # type: ignore[override]  # a list[str] is one of django-stubs' list | tuple shapes, but list is invariant
         return _with_links(list(self.list_display), request)
 
-    def get_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:  # type: ignore[override]  # a list[str] is one of django-stubs' list | tuple shapes, but list is invariant
         return _with_links(list(self.fields), request)
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:

@@ -275,6 +275,7 @@ def _guard(original: Callable[..., Any], check: Callable[..., None]) -> Callable
         check(value, *args, **kwargs)
         return check_result(original(first, value, *args, **kwargs))
 
+    # Jinja reads this marker (set by its pass_* decorators) off the function object.
     guarded_passing.jinja_pass_arg = pass_arg  # type: ignore[attr-defined]
     return guarded_passing
 
@@ -388,7 +389,7 @@ def _range_size(node: nodes.Node) -> int | None:
     values = [_const_int(arg) for arg in node.args]
     if not values or any(v is None for v in values) or len(values) > 3 or (len(values) == 3 and values[2] == 0):
         return None
-    return len(range(*values))  # type: ignore[arg-type]
+    return len(range(*values))  # type: ignore[arg-type]  # None ruled out above; any() does not narrow items
 
 
 def _loop_problems(node: nodes.Node, outer: int, limit: int, found: list[str]) -> None:

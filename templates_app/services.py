@@ -270,7 +270,8 @@ def template_version_publish(*, version: TemplateVersion, actor: str = "", audit
         previous = template.published_version_id
         _publish(template=template, version=version, category=template.category, default_locale=template.default_locale)
         if audit_actor is not None:
-            old = TemplateVersion.objects.filter(pk=previous).values_list("version", flat=True).first()
+            # pk=None (a first publish) matches no row, so `old` is None.
+            old = TemplateVersion.objects.filter(pk=previous).values_list("version", flat=True).first()  # type: ignore[misc]
             audit_record(
                 actor=audit_actor, action="template.publish", target_type="template", target_id=template.key,
                 changes={"published_version": [old, version.version]},

@@ -17,7 +17,9 @@ WEBHOOK_CONTENT = {"en": {"webhook": {"body": {"event": "notice", "ref": "{{ ref
 def webhook_template(key: str = "hook") -> TemplateVersion:
     """Create (or update) a transactional webhook template; return its published version."""
     template_put(key=key, category="transactional", default_locale="en", content=WEBHOOK_CONTENT)
-    return TemplateVersion.objects.filter(template__key=key).order_by("-version").first()  # type: ignore[return-value]
+    version = TemplateVersion.objects.filter(template__key=key).order_by("-version").first()
+    assert version is not None  # template_put has just written it
+    return version
 
 
 def make_batch(

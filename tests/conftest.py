@@ -13,12 +13,15 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 from django.conf import settings
 
 from config.celery import app as celery_app
+
+if TYPE_CHECKING:
+    from amqp.channel import Channel as AmqpChannel
 
 pytest_plugins = ["tests.stubs.fixtures", "tests.browser"]
 
@@ -40,7 +43,7 @@ def _ensure_vhost() -> None:
 
 
 _ensure_vhost()
-celery_app.conf.broker_url = BROKER_URL
+celery_app.conf.broker_url = BROKER_URL  # type: ignore[misc]  # a settable key; celery-types: read-only
 settings.CELERY_BROKER_URL = BROKER_URL
 settings.REDIS_KEY_PREFIX = REDIS_PREFIX
 # Webhook tests talk to stand-in receivers on loopback.
@@ -53,7 +56,7 @@ def test_database_url() -> str:
     return f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['TEST']['NAME']}"
 
 
-test_database_url.__test__ = False  # type: ignore[attr-defined]
+test_database_url.__test__ = False  # type: ignore[attr-defined]  # pytest's marker: not a test
 
 
 def purge_all_queues() -> None:
@@ -68,7 +71,8 @@ def purge_all_queues() -> None:
                 channel = conn.channel()
         for level in range(28):
             try:
-                channel.queue_purge(f"celery_delayed_{level}")
+                # py-amqp's channel (RabbitMQ) has queue_purge; kombu's StdChannel type does not say so.
+                cast("AmqpChannel", channel).queue_purge(f"celery_delayed_{level}")
             except Exception:
                 channel = conn.channel()
 
@@ -77,7 +81,7 @@ def queue_depth(name: str) -> int:
     """Return the number of ready messages in a queue of this namespace."""
     with celery_app.connection_for_write() as conn:
         queue = celery_app.amqp.queues[name]
-        _, count, _ = queue(conn.channel()).queue_declare(passive=True)
+        _, count, _ = cast("tuple[str, int, int]", queue(conn.channel()).queue_declare(passive=True))
         return int(count)
 
 

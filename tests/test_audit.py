@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from django.test import Client
 
 from audit.models import AuditEntry
 from audit.services import Actor, audit_record, diff
@@ -36,7 +37,7 @@ def test_staff_user_and_explicit_actor() -> None:
     assert AuditEntry.objects.count() == 2
 
 
-def test_admin_lists_entries_read_only(admin_client) -> None:  # type: ignore[no-untyped-def]
+def test_admin_lists_entries_read_only(admin_client: Client) -> None:
     audit_record(actor=None, action="template.publish", target_type="template", target_id="order_shipped")
     page = admin_client.get("/admin/audit/auditentry/")
     assert page.status_code == 200 and b"template.publish" in page.content

@@ -106,10 +106,10 @@ def test_an_unreachable_broker_sheds_nothing(api: Any, settings: Any) -> None:
     settings.BACKPRESSURE_CACHE_SECONDS = 0
     backpressure.reset_cache()
     previous = celery_app.conf.broker_url
-    celery_app.conf.broker_url = "amqp://guest:guest@127.0.0.1:1/none"
+    celery_app.conf.broker_url = "amqp://guest:guest@127.0.0.1:1/none"  # type: ignore[misc]  # settable at run time
     try:
         assert backpressure.low_backlog() is None
         assert send(api, "promo", "marketing").status_code == 202
     finally:
-        celery_app.conf.broker_url = previous
+        celery_app.conf.broker_url = previous  # type: ignore[misc]  # celery-types: a read-only property
         backpressure.reset_cache()

@@ -42,7 +42,7 @@ from tests.conftest import wait_for
 
 CONTENT = {"en": {"email": {"subject": "Order {{ order_id }}", "text": "Shipped {{ order_id }}"}}}
 # This branch's API still requires the category (API.md lets it default to the template's).
-SEND = {"template": "shipped", "category": "transactional"}
+SEND: dict[str, Any] = {"template": "shipped", "category": "transactional"}
 FAST = RetryPolicy(max_retries=3, budget_seconds=5, backoff_seconds=0.01, max_backoff_seconds=0.05)
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -223,7 +223,7 @@ class _Scripted(BaseHTTPRequestHandler):
 @pytest.fixture
 def scripted() -> Iterator[Any]:
     """Start a loopback server answering POSTs from a script of (status, headers, body)."""
-    handler = type("Handler", (_Scripted,), {"script": [], "seen": []})
+    handler: Any = type("Handler", (_Scripted,), {"script": [], "seen": []})  # a class made here, given a url
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 
 import pytest
+from pytest_django import DjangoAssertNumQueries
 
 from preferences.compliance import Verdict, evaluate, quiet_hours_end, suppressed_addresses
 from preferences.models import Device, Recipient, Suppression
@@ -24,7 +25,7 @@ def _eval(recipient: Recipient, category: str = "marketing", channel: str = "ema
     kw.setdefault("address", "a@example.com")
     kw.setdefault("suppressed", False)
     kw.setdefault("now", NOON)
-    return evaluate(recipient=recipient, category=category, channel=channel, **kw)  # type: ignore[arg-type]
+    return evaluate(recipient=recipient, category=category, channel=channel, **kw)  # type: ignore[arg-type]  # test overrides
 
 
 def test_plain_recipient_is_sent() -> None:
@@ -159,7 +160,7 @@ def test_invalid_or_missing_timezone_falls_back_to_utc() -> None:
 
 
 @pytest.mark.django_db
-def test_suppressed_addresses_in_one_query(django_assert_num_queries: object) -> None:
+def test_suppressed_addresses_in_one_query(django_assert_num_queries: DjangoAssertNumQueries) -> None:
     for i in range(5):
         make_suppression(channel="email", address=f"x{i}@example.com")
     make_suppression(channel="sms", address="+15550000001")
@@ -169,10 +170,10 @@ def test_suppressed_addresses_in_one_query(django_assert_num_queries: object) ->
         ("push", "tok"),
         ("email", ""),
     ]
-    with django_assert_num_queries(1):  # type: ignore[operator]
+    with django_assert_num_queries(1):
         found = suppressed_addresses(pairs)
     assert found == {("email", f"x{i}@example.com") for i in range(5)} | {("sms", "+15550000001")}
-    with django_assert_num_queries(0):  # type: ignore[operator]
+    with django_assert_num_queries(0):
         assert suppressed_addresses([]) == set()
 
 

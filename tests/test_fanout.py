@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import signal
 from collections import Counter
-from typing import Any
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 from django.db import connection
@@ -21,6 +22,9 @@ from templates_app.services import template_put
 from tests import factories
 from tests.conftest import purge_all_queues, queue_depth, wait_for
 from tests.factories import make_device, make_suppression
+
+if TYPE_CHECKING:
+    from amqp.channel import Channel as AmqpChannel
 
 CONTENT = {
     "en": {
@@ -59,7 +63,7 @@ def make_client() -> ApiClient:
 
 
 def accept_topic(client: ApiClient, topic: str, channels: list[str], **extra: Any) -> Notification:
-    data = {"topic": topic, "category": "marketing", "template": "spring_sale", "channels": channels}
+    data: dict[str, Any] = {"topic": topic, "category": "marketing", "template": "spring_sale", "channels": channels}
     data["payload"] = {"pct": 20}
     return notification_accept(client=client, data={**data, **extra}).notification
 
@@ -68,7 +72,7 @@ def drain_ids(queue: str) -> list[int]:
     """Consume every ready message of a queue and return the delivery ids they carry (in order)."""
     ids: list[int] = []
     with celery_app.connection_for_write() as conn:
-        channel = conn.channel()
+        channel = cast("AmqpChannel", conn.channel())  # py-amqp's: it has basic_get
         while True:
             message = channel.basic_get(queue, no_ack=True)
             if message is None:
@@ -206,10 +210,8 @@ def test_the_sweeper_resumes_a_stalled_fanout_only(settings: Any, clean_queues: 
     client = make_client()
     stalled = accept_topic(client, topic.key, ["email"])
     accept_topic(client, topic.key, ["email"], dedup_key="fresh")
-    later = accept_topic(
-        client, topic.key, ["email"], dedup_key="later", send_at=timezone.now() + timezone.timedelta(hours=1)
-    )
-    old = timezone.now() - timezone.timedelta(hours=1)
+    later = accept_topic(client, topic.key, ["email"], dedup_key="later", send_at=timezone.now() + timedelta(hours=1))
+    old = timezone.now() - timedelta(hours=1)
     Notification.objects.filter(pk__in=[stalled.pk, later.pk]).update(updated_at=old)
     purge_all_queues()
 
@@ -228,7 +230,7 @@ def drain_args(queue: str) -> list[list[Any]]:
     """Consume the fan-out messages of a queue and return their task arguments."""
     out: list[list[Any]] = []
     with celery_app.connection_for_write() as conn:
-        channel = conn.channel()
+        channel = cast("AmqpChannel", conn.channel())  # py-amqp's: it has basic_get
         while (message := channel.basic_get(queue, no_ack=True)) is not None:
             out.append(json.loads(message.body)[0])
     return out
@@ -248,7 +250,8 @@ def test_a_large_topic_is_split_into_lanes_that_each_cover_their_range_once(sett
 
     lanes = list(FanoutLane.objects.filter(notification=notification).order_by("lane"))
     assert [lane.lane for lane in lanes] == [0, 1, 2]
-    assert lanes[-1].upper is None and lanes[0].upper < lanes[1].upper
+    upper0, upper1 = lanes[0].upper, lanes[1].upper
+    assert lanes[-1].upper is None and upper0 is not None and upper1 is not None and upper0 < upper1
     assert [lane.cursor for lane in lanes[1:]] == [lanes[0].upper, lanes[1].upper]
     # Lanes 1 and 2 were started next to this run; lane 0 did its first page.
     assert sorted(drain_args("fanout")) == sorted([[str(notification.pk), 1], [str(notification.pk), 2]])
@@ -276,7 +279,7 @@ def test_the_sweeper_resumes_a_stalled_lane(settings: Any, clean_queues: None) -
     notification = accept_topic(make_client(), topic.key, ["email"])
     fanout.fanout_page(notification_id=notification.pk)  # splits; lane 1's message is lost below
     purge_all_queues()
-    old = timezone.now() - timezone.timedelta(hours=1)
+    old = timezone.now() - timedelta(hours=1)
     FanoutLane.objects.filter(notification=notification, lane=1).update(updated_at=old)
 
     assert fanout.fanout_sweep() == 1
@@ -300,7 +303,8 @@ def test_resuming_enqueues_every_unfinished_lane_or_lane_0_before_the_split(sett
     assert fanout.enqueue_unfinished(unsplit.pk) == 1
     assert fanout.enqueue_unfinished(split.pk) == 2
 
-    assert sorted(drain_args("fanout")) == sorted([[str(unsplit.pk)], [str(split.pk)], [str(split.pk), 1]])
+    expected: list[list[Any]] = [[str(unsplit.pk)], [str(split.pk)], [str(split.pk), 1]]
+    assert sorted(drain_args("fanout")) == sorted(expected)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -322,7 +326,7 @@ def test_killed_fanout_worker_resumes_from_its_checkpoint(start_worker: Any) -> 
     notification = accept_topic(client, topic.key, ["email"])
 
     def processed() -> int:
-        return Notification.objects.filter(pk=notification.pk).values_list("fanout_processed", flat=True).first()
+        return Notification.objects.filter(pk=notification.pk).values_list("fanout_processed", flat=True).first() or 0
 
     wait_for(lambda: processed() >= 2_000, timeout=60, interval=0.02)
     first.kill(signal.SIGKILL)

@@ -257,7 +257,9 @@ def test_postgresql_connection_budget_fits_the_pooler() -> None:
         if name == "notifier-api":
             per_pod = int(env["WEB_WORKERS"]) * int(env["WEB_THREADS"])
         elif name in WORKERS:
-            per_pod = int(celery_worker_args(container["command"])["concurrency"]) + 1  # type: ignore[index]
+            args = celery_worker_args(container["command"])
+            assert args is not None, name
+            per_pod = int(args["concurrency"]) + 1
         elif name == "notifier-stream":
             per_pod = 4
         elif name == "notifier-beat":

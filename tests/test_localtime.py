@@ -20,8 +20,8 @@ from tests.factories import make_delivery, make_notification
 CONTENT = {"en": {"inapp": {"title": "Hi", "body": "Good morning"}}}
 
 
-def utc(*args: int) -> datetime:
-    return datetime(*args, tzinfo=UTC)
+def utc(year: int, month: int, day: int, hour: int = 0, minute: int = 0, second: int = 0) -> datetime:
+    return datetime(year, month, day, hour, minute, second, tzinfo=UTC)
 
 
 @pytest.mark.parametrize(

@@ -44,7 +44,7 @@ class _Output:
         threading.Thread(target=self._pump, daemon=True).start()
 
     def _pump(self) -> None:
-        for line in self._proc.stdout:  # type: ignore[union-attr]
+        for line in self._proc.stdout:
             self.lines.append(line)
 
     def wait_for(self, needle: str, timeout: float, start: int = 0) -> int:

@@ -10,6 +10,8 @@ retention batch from ops/retention.py).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.db import connection
@@ -126,7 +128,7 @@ def _assert_indexed(plan: str, index: str | None = None) -> None:
         assert index in plan, plan
 
 
-def _sample(column: str, where: str) -> object:
+def _sample(column: str, where: str) -> Any:  # a value of any column, straight from the database
     with connection.cursor() as c:
         c.execute(f"SELECT {column} FROM notifier_delivery WHERE {where} LIMIT 1")
         return c.fetchone()[0]
@@ -193,7 +195,7 @@ def test_hot_lookups_use_indexes(million_deliveries: None) -> None:
     # Retention (ops/retention.py): the oldest finished deliveries, one batch.
     from ops.retention import FINAL_DELIVERY_STATUSES
 
-    cutoff = timezone.now() - timezone.timedelta(days=7)
+    cutoff = timezone.now() - timedelta(days=7)
     plans["retention boundary probe"] = _plan(
         "SELECT id, created_at FROM notifier_delivery WHERE id >= %s ORDER BY id LIMIT 1", [500_000]
     )

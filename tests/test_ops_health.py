@@ -6,6 +6,7 @@ import socket
 
 import pytest
 from django.test import Client
+from pytest_django import Settings
 
 
 def _closed_loopback_port() -> int:
@@ -34,10 +35,10 @@ def test_readyz_reports_every_dependency_up() -> None:
 
 
 @pytest.mark.django_db
-def test_readyz_is_503_when_the_broker_is_unreachable(settings: object) -> None:
+def test_readyz_is_503_when_the_broker_is_unreachable(settings: Settings) -> None:
     """A broker on a closed port makes readiness 503, names the broker, and leaves the others up."""
-    settings.CELERY_BROKER_URL = f"amqp://guest:guest@127.0.0.1:{_closed_loopback_port()}//"  # type: ignore[attr-defined]
-    settings.READYZ_TIMEOUT_SECONDS = 1.0  # type: ignore[attr-defined]
+    settings.CELERY_BROKER_URL = f"amqp://guest:guest@127.0.0.1:{_closed_loopback_port()}//"
+    settings.READYZ_TIMEOUT_SECONDS = 1.0
     response = Client().get("/readyz")
     body = response.json()
     assert response.status_code == 503

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
+from pytest_django import Settings
 
 from config.celery import app as celery_app
 from core import metrics
@@ -91,9 +92,9 @@ def test_queue_depths_are_read_from_rabbitmq_at_scrape_time() -> None:
 
 
 @pytest.mark.django_db
-def test_scrape_survives_an_unreachable_broker(settings: object) -> None:
+def test_scrape_survives_an_unreachable_broker(settings: Settings) -> None:
     """With RabbitMQ down the scrape still answers, and says so with notifier_broker_up 0."""
-    settings.CELERY_BROKER_URL = "amqp://guest:guest@127.0.0.1:9//"  # type: ignore[attr-defined]
+    settings.CELERY_BROKER_URL = "amqp://guest:guest@127.0.0.1:9//"
     samples = scrape()
     assert value(samples, "notifier_broker_up") == 0
     assert not any(name == "notifier_queue_depth" for name, _ in samples)

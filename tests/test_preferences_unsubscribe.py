@@ -6,6 +6,7 @@ import pytest
 from django.core import signing
 from django.test import Client
 from django.urls import include, path
+from pytest_django import Settings
 
 from preferences.compliance import evaluate
 from preferences.models import Recipient
@@ -22,13 +23,13 @@ urlpatterns = [path("", include("preferences.unsubscribe_urls"))]
 pytestmark = [pytest.mark.django_db, pytest.mark.urls(__name__)]
 
 
-def _path(url: str, settings: object) -> str:
-    base = settings.PUBLIC_BASE_URL.rstrip("/")  # type: ignore[attr-defined]
+def _path(url: str, settings: Settings) -> str:
+    base = settings.PUBLIC_BASE_URL.rstrip("/")
     assert url.startswith(base + "/unsubscribe/")
     return url[len(base) :]
 
 
-def test_get_confirms_and_post_unsubscribes(settings: object) -> None:
+def test_get_confirms_and_post_unsubscribes(settings: Settings) -> None:
     recipient, _ = recipient_upsert(
         user_id="u-unsub", email="u@example.com", category_prefs={"marketing": {"channels": ["email"]}}
     )
@@ -53,7 +54,7 @@ def test_get_confirms_and_post_unsubscribes(settings: object) -> None:
     assert client.post(url).status_code == 200
 
 
-def test_tampered_or_foreign_tokens_are_rejected(settings: object) -> None:
+def test_tampered_or_foreign_tokens_are_rejected(settings: Settings) -> None:
     recipient, _ = recipient_upsert(user_id="u-x")
     url = _path(unsubscribe_url(recipient=recipient, category="social"), settings)
     assert Client().post(url[:-3] + "abc").status_code == 404

@@ -118,9 +118,9 @@ def test_batch_has_per_message_outcomes(provider: TwilioProvider, twilio_stub: T
     outcomes = provider.send_batch([sms(f"+1555123000{i}") for i in range(1, 7)])
     kinds = [type(o).__name__ for o in outcomes]
     assert kinds == ["SendResult", "SendResult", "PermanentError", "RetriableError", "SendResult", "SendResult"]
-    assert outcomes[2].suppress is True  # type: ignore[union-attr]
+    assert outcomes[2].suppress is True
     # Retry-After is read from the answer to that very call, not another thread's.
-    assert outcomes[3].retry_after == 3 and outcomes[3].throttled  # type: ignore[union-attr]
+    assert outcomes[3].retry_after == 3 and outcomes[3].throttled
 
 
 @pytest.mark.parametrize(

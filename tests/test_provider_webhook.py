@@ -285,7 +285,7 @@ def test_batch_sends_concurrently_with_per_message_outcomes(
     messages.insert(2, make_message(f"{webhook_receiver.url}/gone", key="gone"))
     outcomes = provider.send_batch(messages)
     assert [type(o).__name__ for o in outcomes] == ["SendResult"] * 2 + ["PermanentError"] + ["SendResult"] * 3
-    assert sorted(r.header("webhook-id") for r in webhook_receiver.requests) == sorted(
+    assert sorted(str(r.header("webhook-id")) for r in webhook_receiver.requests) == sorted(
         m.idempotency_key for m in messages
     )
 

@@ -20,7 +20,7 @@ def _drain(queue: str) -> list[list[int]]:
     """Take every message off `queue`; return the delivery ids each carried."""
     batches = []
     with celery_app.connection_for_write() as conn:
-        simple = conn.SimpleQueue(celery_app.amqp.queues[queue])
+        simple = conn.SimpleQueue(celery_app.amqp.queues[queue])  # type: ignore[arg-type]  # kombu takes a Queue too
         while True:
             try:
                 message = simple.get(block=True, timeout=1)
@@ -73,6 +73,6 @@ def test_the_heartbeat_renews_the_lease_of_what_this_process_is_still_sending() 
     assert renewed == 1
     for d in (mine, done, other):
         d.refresh_from_db()
-    assert mine.claimed_at > old + timedelta(seconds=90)
+    assert mine.claimed_at is not None and mine.claimed_at > old + timedelta(seconds=90)
     assert done.claimed_at == old and other.claimed_at == old  # not ours, or no longer sending
     assert heartbeat.owned() == []

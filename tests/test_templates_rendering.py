@@ -232,7 +232,11 @@ def test_cache_picks_up_newly_published_version(version: Any) -> None:
 def test_cache_is_bounded() -> None:
     cache = rendering._LRU(3)
     for i in range(10):
-        cache.get_or_create(i, lambda i=i: i * 2)
+
+        def double(n: int = i) -> int:
+            return n * 2
+
+        cache.get_or_create(i, double)
     assert len(cache) == 3
     assert cache.get_or_create(9, lambda: "new") == 18
     assert cache.get_or_create(0, lambda: "new") == "new"

@@ -179,7 +179,7 @@ class Provider:
     name: ClassVar[str] = ""
     channels: ClassVar[tuple[str, ...]] = ()
     # Calls in flight at once for one batch; providers with a batch API override `send_batch` instead.
-    max_concurrency: ClassVar[int] = 16
+    max_concurrency: int = 16  # an instance may set its own (its pool size)
     # The total time one call may take (connect, send, the whole answer). Adapters that can abort a call
     # themselves do so (the webhook adapter); `send_stream` stops waiting for any call past it in any case.
     call_deadline: float = 30.0
@@ -221,7 +221,7 @@ class Provider:
 
     def send_stream(
         self, messages: Sequence[OutboundMessage], *, window: threading.Semaphore | None = None, ticks: bool = False
-    ) -> Iterator[tuple[int, Any]]:
+    ) -> Iterator[tuple[int, Outcome | None]]:
         """Send many messages; yield (index, outcome) as each answer arrives, in no particular order.
 
         With `ticks`, (TICK, None) is also yielded after each group of answers that arrived together (a batch API's
@@ -264,7 +264,7 @@ class Provider:
         workers: int,
         window: threading.Semaphore | None = None,
         ticks: bool = False,
-    ) -> Iterator[tuple[int, Any]]:
+    ) -> Iterator[tuple[int, Outcome | None]]:
         started: dict[int, float] = {}
         lock = threading.Lock()
         closing = threading.Event()

@@ -73,7 +73,8 @@ class _Registering:
     def request(self, *args: Any, **kwargs: Any) -> Any:
         call = getattr(_current, "call", None)
         if call is not None:
-            call.register(self)  # type: ignore[arg-type]
+            call.register(self)
+        # A mixin: `request` is HTTPConnection's, next in the MRO of the classes below, unknown to this class.
         return super().request(*args, **kwargs)  # type: ignore[misc]
 
 

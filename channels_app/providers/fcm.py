@@ -45,7 +45,7 @@ warnings.filterwarnings("ignore", message="Message.token is deprecated", categor
 _app_counter = itertools.count(1)
 
 
-class _MessagingClient(_MessagingService):
+class _MessagingClient(_MessagingService):  # type: ignore[misc]  # firebase_admin ships no annotations
     """The SDK's messaging service with a configurable endpoint and without transport-level retries."""
 
     def __init__(self, app: firebase_admin.App, *, endpoint: str, pool_size: int) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from channels_app.providers.base import OutboundMessage, Provider, SendResult
+from collections.abc import Sequence
+
+from channels_app.providers.base import OutboundMessage, Outcome, Provider, SendResult
 
 
 class InAppProvider(Provider):
@@ -14,5 +16,5 @@ class InAppProvider(Provider):
     def send(self, message: OutboundMessage) -> SendResult:
         return SendResult(provider_message_id=f"inapp-{message.delivery_id}")
 
-    def send_batch(self, messages):  # type: ignore[no-untyped-def]
+    def send_batch(self, messages: Sequence[OutboundMessage]) -> list[Outcome]:
         return [self.send(m) for m in messages]

@@ -69,7 +69,7 @@ _quiet_logger = logging.getLogger("notifier.providers.twilio.http")
 _quiet_logger.setLevel(logging.WARNING)
 
 
-class _HttpClient(TwilioHttpClient):
+class _HttpClient(TwilioHttpClient):  # type: ignore[misc]  # twilio ships no annotations: its base is Any
     """Twilio's HTTP client with a pooled session for http and https, no retries, and an origin override.
 
     The last response is kept per thread, so Retry-After is read from the answer to *this* call when a

@@ -158,7 +158,10 @@ class WebhookProvider(Provider):
     def _post(self, url: str, body: bytes, headers: dict[str, str], call: CallDeadline) -> requests.Response:
         """POST and return the response once its headers are in; sort transport errors."""
         try:
-            return self.session.post(url, data=body, headers=headers, timeout=self.timeout, stream=True)
+            response: requests.Response = self.session.post(
+                url, data=body, headers=headers, timeout=self.timeout, stream=True
+            )
+            return response
         except UnsafeTargetError as exc:
             raise PermanentError(str(exc), code="unsafe_target") from None
         except requests.exceptions.ConnectTimeout:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from drf_spectacular.types import OpenApiTypes
@@ -87,6 +88,8 @@ class TwilioCallbackApi(APIView):
             params = request.data
         except (ParseError, UnsupportedMediaType):
             raise _reject(MalformedCallback("body is not form-encoded"), "twilio") from None
+        if not isinstance(params, Mapping):  # FormParser gives a QueryDict; this narrows DRF's dict | list
+            raise _reject(MalformedCallback("body is not form-encoded"), "twilio")
         try:
             result = twilio_status_handle(
                 urls=urls,

@@ -97,8 +97,11 @@ def _norm_email(address: str) -> str:
     return parseaddr(address)[1].strip().lower()
 
 
-def _targets(deliveries: Sequence[Delivery], addresses: Iterable[str] | None) -> list[Delivery]:
-    """Return the deliveries an event is about: those whose address is listed, or all when none are listed."""
+def _targets(deliveries: Sequence[Delivery], addresses: Iterable[object] | None) -> list[Delivery]:
+    """Return the deliveries an event is about: those whose address is listed, or all when none are listed.
+
+    `addresses` come from the provider's JSON: anything that is not a non-empty string is skipped.
+    """
     wanted = {_norm_email(a) for a in (addresses or []) if isinstance(a, str) and a}
     if not wanted:
         return list(deliveries)
@@ -207,7 +210,7 @@ def ses_event_apply(*, event: Mapping[str, Any], sns_message_id: str) -> Callbac
             return result
         tag = f"sns:{sns_message_id}"
         if kind == "Delivery":
-            body = event.get("delivery") if isinstance(event.get("delivery"), dict) else {}
+            body = _section(event, "delivery")
             targets = _targets(deliveries, body.get("recipients"))
             result.moved = transition(
                 [d.pk for d in targets], to=S.DELIVERED, only_from=DELIVERED_FROM, detail=f"ses:delivery {tag}"
@@ -218,13 +221,13 @@ def ses_event_apply(*, event: Mapping[str, Any], sns_message_id: str) -> Callbac
             )
         elif kind == "Click":
             # Counted as our own redirect counts a click: a `clicked` event (notifier/tracking).
-            body = event.get("click") if isinstance(event.get("click"), dict) else {}
+            body = _section(event, "click")
             link = str(body.get("link") or "")[:900]
             result.events = _record_once(deliveries, f"ses:click {tag} {link}".strip(), status="clicked")
         elif kind == "Bounce":
             _apply_ses_bounce(event, deliveries, tag, result)
         elif kind == "Complaint":
-            body = event.get("complaint") if isinstance(event.get("complaint"), dict) else {}
+            body = _section(event, "complaint")
             listed = [r.get("emailAddress") for r in body.get("complainedRecipients") or [] if isinstance(r, dict)]
             targets = _targets(deliveries, listed)
             feedback = _token(body.get("complaintFeedbackType")) or "unknown"
@@ -244,6 +247,12 @@ def ses_event_apply(*, event: Mapping[str, Any], sns_message_id: str) -> Callbac
     return result
 
 
+def _section(event: Mapping[str, Any], key: str) -> dict[str, Any]:
+    """Return `event[key]` when it is a JSON object, else an empty one."""
+    value = event.get(key)
+    return value if isinstance(value, dict) else {}
+
+
 def _token(value: Any) -> str:
     """Keep a provider-supplied label to a short, log-safe token."""
     return re.sub(r"[^A-Za-z0-9_.-]", "", str(value or ""))[:64]
@@ -253,7 +262,7 @@ def _apply_ses_bounce(
     event: Mapping[str, Any], deliveries: Sequence[Delivery], tag: str, result: CallbackResult
 ) -> None:
     """Permanent bounce: `bounced` and suppress the address; transient or undetermined: an event only."""
-    body = event.get("bounce") if isinstance(event.get("bounce"), dict) else {}
+    body = _section(event, "bounce")
     listed = [r.get("emailAddress") for r in body.get("bouncedRecipients") or [] if isinstance(r, dict)]
     targets = _targets(deliveries, listed)
     bounce_type = _token(body.get("bounceType")) or "Undetermined"

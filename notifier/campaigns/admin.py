@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
@@ -63,7 +64,7 @@ class CampaignForm(forms.ModelForm):
         }
 
     def clean(self) -> dict[str, Any]:
-        data = super().clean()
+        data = cast(dict[str, Any], super().clean())  # ModelForm.clean returns cleaned_data, never None
         if self.instance.pk and self.instance.status not in EDITABLE:
             raise forms.ValidationError(f"A {self.instance.status} campaign cannot be changed; pause or cancel it.")
         if data.get("client") and data.get("template_key"):
@@ -86,6 +87,11 @@ class CampaignForm(forms.ModelForm):
                 else:
                     raise forms.ValidationError(exc.message) from None
         return data
+
+
+def _staff(request: HttpRequest) -> User:
+    """Return the user of an admin request (admin views run only for a logged-in staff user)."""
+    return cast(User, request.user)
 
 
 @admin.register(Campaign)
@@ -220,7 +226,7 @@ class CampaignAdmin(admin.ModelAdmin):
                 category=template.category if template else "marketing",
                 payload=form.parsed_payload(),
                 staff_user_id=str(request.user.pk),
-                email=request.user.email,
+                email=_staff(request).email,
             )
         except (ApiError, TemplateNotFound) as exc:
             form.add_error("template", getattr(exc, "message", str(exc)))
@@ -234,7 +240,7 @@ class CampaignAdmin(admin.ModelAdmin):
             changes={"notification": [None, str(notification.pk)]},
         )
         state = f"delivery #{delivery.pk}, {delivery.status}" if delivery else "no delivery"
-        self.message_user(request, f"Test sent to {request.user.email} ({state}).", messages.SUCCESS)
+        self.message_user(request, f"Test sent to {_staff(request).email} ({state}).", messages.SUCCESS)
 
     def _create(self, request: HttpRequest, form: CampaignWizardForm) -> Campaign | None:
         data = form.cleaned_data

@@ -9,6 +9,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core.errors import ApiError
+from notifier.auth import request_client
 from notifier.campaigns.selectors import campaign_get, campaign_list
 from notifier.campaigns.serializers import (
     CampaignActionOutput,
@@ -27,7 +28,7 @@ from notifier.models import Campaign
 
 
 def _get(request: Request, campaign_id: int) -> Campaign:
-    campaign = campaign_get(client=request.user, campaign_id=campaign_id)
+    campaign = campaign_get(client=request_client(request), campaign_id=campaign_id)
     if campaign is None:
         raise ApiError(404, "not_found", "No such campaign.")
     return campaign

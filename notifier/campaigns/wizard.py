@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import zoneinfo
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from django import forms
 from django.conf import settings
@@ -103,9 +103,11 @@ class CampaignWizardForm(forms.Form):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["topic"].choices = [("", "—"), *topic_choices()]
-        self.fields["template"].choices = [("", "—"), *template_choices()]
-        self.fields["time_zone"].choices = [(z, z) for z in sorted(zoneinfo.available_timezones())]
+        cast(forms.ChoiceField, self.fields["topic"]).choices = [("", "—"), *topic_choices()]
+        cast(forms.ChoiceField, self.fields["template"]).choices = [("", "—"), *template_choices()]
+        cast(forms.ChoiceField, self.fields["time_zone"]).choices = [
+            (z, z) for z in sorted(zoneinfo.available_timezones())
+        ]
 
     def step_fields(self, step: int) -> list[forms.BoundField]:
         """Return the bound fields a step shows."""

@@ -13,6 +13,7 @@ from rest_framework.views import APIView
 
 from core.errors import ApiError
 from core.pagination import CursorPage, invalid_cursor
+from notifier.auth import request_client
 from notifier.deadletters.selectors import dead_letter_get, dead_letter_list
 from notifier.deadletters.serializers import (
     DeadLetterListInput,
@@ -31,7 +32,7 @@ from notifier.models import DeadLetter
 
 
 def _get_or_404(request: Request, dead_letter_id: int) -> DeadLetter:
-    dead_letter = dead_letter_get(dead_letter_id=dead_letter_id, client=request.user)
+    dead_letter = dead_letter_get(dead_letter_id=dead_letter_id, client=request_client(request))
     if dead_letter is None:
         raise ApiError(404, "not_found", "No such dead letter.")
     return dead_letter
@@ -79,7 +80,7 @@ class DeadLetterReplayApi(APIView):
     def post(self, request: Request, dead_letter_id: int) -> Response:
         dead_letter = _get_or_404(request, dead_letter_id)
         try:
-            dead_letter = dead_letter_replay(dead_letter=dead_letter, actor=request.user.name)
+            dead_letter = dead_letter_replay(dead_letter=dead_letter, actor=request_client(request).name)
         except DeadLetterError as exc:
             raise _conflict(exc) from None
         return Response(DeadLetterOutput(dead_letter).data)
@@ -104,8 +105,8 @@ class DeadLetterBulkReplayApi(APIView):
             ids=data.get("ids"),
             all=data["all"],
             channel=data.get("channel"),
-            actor=request.user.name,
-            client=request.user,
+            actor=request_client(request).name,
+            client=request_client(request),
         )
         return Response(ReplayOutput({"replayed": replayed}).data)
 
@@ -121,7 +122,7 @@ class DeadLetterDiscardApi(APIView):
     def post(self, request: Request, dead_letter_id: int) -> Response:
         dead_letter = _get_or_404(request, dead_letter_id)
         try:
-            dead_letter = dead_letter_discard(dead_letter=dead_letter, actor=request.user.name)
+            dead_letter = dead_letter_discard(dead_letter=dead_letter, actor=request_client(request).name)
         except DeadLetterError as exc:
             raise _conflict(exc) from None
         return Response(DeadLetterOutput(dead_letter).data)

@@ -8,8 +8,9 @@ a token can only ever read and mark its own user's inbox. The live stream is an 
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.conf import settings
 from django.http import Http404, HttpRequest, HttpResponse
@@ -32,6 +33,9 @@ from notifier.inbox.serializers import (
 )
 from notifier.inbox.services import inbox_token_create
 from notifier.inbox.tokens import InboxPrincipal, inbox_token_verify
+
+if TYPE_CHECKING:
+    from rest_framework.permissions import _PermissionClass
 
 WIDGET = Path(__file__).resolve().parent / "widget.js"
 
@@ -81,11 +85,16 @@ class IsInboxUser(permissions.BasePermission):
         return isinstance(request.user, InboxPrincipal)
 
 
+def _principal(request: Request) -> InboxPrincipal:
+    """Return the token's principal (IsInboxUser has refused any request without one)."""
+    return cast(InboxPrincipal, request.user)
+
+
 class _TokenBound:
     """Bind an /api/v1 inbox view to the token's user: the user id comes from the token, never the request."""
 
-    authentication_classes = [InboxTokenAuthentication]
-    permission_classes = [IsInboxUser]
+    authentication_classes: Sequence[type[authentication.BaseAuthentication]] = [InboxTokenAuthentication]
+    permission_classes: Sequence[_PermissionClass] = [IsInboxUser]
     # Not an /api/v1 view: no API-key scope applies (the token is the whole authorization).
     required_scope = None
     required_scopes: dict[str, str] = {}

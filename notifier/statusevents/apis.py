@@ -9,6 +9,7 @@ from rest_framework.views import APIView
 
 from core.errors import ApiError
 from core.pagination import CursorPage, cursor_id
+from notifier.auth import request_client
 from notifier.models import EventEndpoint
 from notifier.statusevents.selectors import event_attempts_list, event_endpoint_get
 from notifier.statusevents.serializers import (
@@ -21,7 +22,7 @@ from notifier.statusevents.services import event_endpoint_delete, event_endpoint
 
 
 def _endpoint_or_404(request: Request) -> EventEndpoint:
-    endpoint = event_endpoint_get(client=request.user)
+    endpoint = event_endpoint_get(client=request_client(request))
     if endpoint is None:
         raise ApiError(404, "not_found", "No event endpoint configured.")
     return endpoint
@@ -44,7 +45,7 @@ class EventEndpointApi(APIView):
         v = data.validated_data
         statuses = [t.removeprefix("delivery.") for t in dict.fromkeys(v["events"])]
         endpoint, secret = event_endpoint_put(
-            client=request.user, url=v["url"], statuses=statuses, max_batch=v["max_batch"]
+            client=request_client(request), url=v["url"], statuses=statuses, max_batch=v["max_batch"]
         )
         return Response(EventEndpointOutput(endpoint, context={"secret": secret}).data)
 
@@ -54,7 +55,7 @@ class EventEndpointApi(APIView):
 
     @extend_schema(operation_id="event_endpoint_delete", summary="Delete the event endpoint", responses={204: None})
     def delete(self, request: Request) -> Response:
-        if not event_endpoint_delete(client=request.user):
+        if not event_endpoint_delete(client=request_client(request)):
             raise ApiError(404, "not_found", "No event endpoint configured.")
         return Response(status=204)
 

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Self
 from urllib.parse import parse_qs, urlsplit
 
 
@@ -140,7 +140,7 @@ class StubHTTPServer:
         """Return the stub's base URL, without a trailing slash."""
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> StubHTTPServer:
+    def start(self) -> Self:
         """Start serving in a background thread."""
         self._thread.start()
         return self
@@ -216,7 +216,7 @@ class StubHTTPServer:
         """Return the provider's success answer; subclasses override."""
         return StubResponse(200, b"{}")
 
-    def __enter__(self) -> StubHTTPServer:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

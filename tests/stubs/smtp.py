@@ -23,7 +23,7 @@ class CapturedMail:
     @property
     def message(self) -> EmailMessage:
         """Return the message parsed with the modern email policy."""
-        return message_from_bytes(self.data, policy=policy.default)  # type: ignore[return-value]
+        return message_from_bytes(self.data, policy=policy.default)
 
 
 class _Handler:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlparse
 
@@ -58,7 +59,7 @@ class Command(BaseCommand):
         if options["create_db"]:
             self._create_database(db)
 
-    def _create_database(self, db: dict[str, Any]) -> None:
+    def _create_database(self, db: Mapping[str, Any]) -> None:
         import psycopg
         from psycopg import sql
 
