@@ -58,10 +58,10 @@ def _psql(sql: str, db: str = "postgres") -> None:
     subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-d", db, "-qc", sql], check=True, capture_output=True)
 
 
-def _fresh_vhost() -> None:
+def _ensure_vhost() -> None:
+    """Create the bench vhost unless it exists; it is reused, never deleted (core.queues.purge_queues says why)."""
     try:
-        subprocess.run(["rabbitmqctl", "-q", "delete_vhost", VHOST], capture_output=True, check=False, timeout=60)
-        subprocess.run(["rabbitmqctl", "-q", "add_vhost", VHOST], capture_output=True, check=True, timeout=60)
+        subprocess.run(["rabbitmqctl", "-q", "add_vhost", VHOST], capture_output=True, check=False, timeout=60)
         permissions = ["rabbitmqctl", "-q", "set_permissions", "-p", VHOST, "guest", ".*", ".*", ".*"]
         subprocess.run(permissions, capture_output=True, check=True, timeout=60)
     except (subprocess.TimeoutExpired, subprocess.CalledProcessError):
@@ -69,14 +69,24 @@ def _fresh_vhost() -> None:
         log("rabbitmqctl failed or did not answer within 60 s: the broker is unavailable")
 
 
-def prepare(*, broker: bool = True) -> None:
-    """Create the bench database and vhost from scratch, migrate, and set up Django in this process.
+def _purge_vhost() -> None:
+    from config.celery import app
+    from core.queues import purge_queues
 
-    Without `broker` the vhost is left alone: a benchmark of the database alone causes no vhost churn.
+    try:
+        purge_queues(app)
+    except Exception as exc:  # the broker is away: the benchmarks that need it say so themselves
+        log(f"could not purge the bench vhost: {type(exc).__name__}")
+
+
+def prepare(*, broker: bool = True) -> None:
+    """Create the bench database from scratch and the vhost if missing (emptied), migrate, and set up Django.
+
+    Without `broker` the vhost is left alone: a benchmark of the database alone does not touch RabbitMQ.
     """
     os.environ.update(ENV)
     if broker:
-        _fresh_vhost()
+        _ensure_vhost()
     _psql(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
     _psql(f"CREATE DATABASE {DB_NAME}")
     log("migrating the bench database")
@@ -85,10 +95,12 @@ def prepare(*, broker: bool = True) -> None:
     import django
 
     django.setup()
+    if broker:
+        _purge_vhost()
 
 
 def cleanup(keep: bool, *, broker: bool = True) -> None:
-    """Drop the bench database and vhost (unless keep; the vhost only if `broker`, as in prepare)."""
+    """Drop the bench database (unless keep) and empty the vhost (with `broker`, as in prepare); it stays."""
     from django.db import connections
 
     connections.close_all()
@@ -96,12 +108,8 @@ def cleanup(keep: bool, *, broker: bool = True) -> None:
         log(f"kept database {DB_NAME} and vhost {VHOST}")
         return
     _psql(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
-    if not broker:
-        return
-    try:
-        subprocess.run(["rabbitmqctl", "-q", "delete_vhost", VHOST], capture_output=True, check=False, timeout=60)
-    except subprocess.TimeoutExpired:
-        log(f"rabbitmqctl did not answer: vhost {VHOST} left behind")
+    if broker:
+        _purge_vhost()
 
 
 class Worker:

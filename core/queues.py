@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from celery import Task, current_app
 from celery.signals import worker_init
@@ -183,3 +184,29 @@ def ensure_topology() -> None:
 def _declare_topology_on_worker_start(sender: object = None, **kwargs: object) -> None:
     # The worker's own delayed-delivery step declares its exchanges and bindings right after this.
     declare_topology(delayed_delivery=False)
+
+
+# kombu's native delayed delivery: 28 levels of delay queues, one bit of the countdown each.
+DELAY_LEVELS = 28
+
+
+def purge_queues(app: Any) -> None:
+    """Drop every message in the app's vhost: work, dead-letter and delayed-delivery queues.
+
+    For test runs and benchmarks, which reuse one vhost each instead of deleting and re-creating it: on
+    RabbitMQ 3.10 a vhost added while another one (with quorum queues) is still being deleted has wedged the
+    whole node, so no new connection was ever answered (docs/operations.md).
+    """
+    with app.connection_for_write() as conn:
+        channel = conn.channel()
+        for queue in app.amqp.queues.values():
+            try:
+                queue(channel).declare()
+                queue(channel).purge()
+            except Exception:  # a queue the broker refuses (another shape): a fresh channel, on to the next
+                channel = conn.channel()
+        for level in range(DELAY_LEVELS):
+            try:
+                channel.queue_purge(f"celery_delayed_{level}")
+            except Exception:  # not declared yet (no countdown was ever published here)
+                channel = conn.channel()

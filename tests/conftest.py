@@ -19,9 +19,10 @@ import pytest
 from django.conf import settings
 
 from config.celery import app as celery_app
+from core.queues import purge_queues
 
 if TYPE_CHECKING:
-    from amqp.channel import Channel as AmqpChannel
+    pass
 
 pytest_plugins = ["tests.stubs.fixtures", "tests.browser"]
 
@@ -61,20 +62,7 @@ test_database_url.__test__ = False  # type: ignore[attr-defined]  # pytest's mar
 
 def purge_all_queues() -> None:
     """Drop every message in this namespace's queues (work, dead-letter and delayed)."""
-    with celery_app.connection_for_write() as conn:
-        channel = conn.channel()
-        for queue in celery_app.amqp.queues.values():
-            try:
-                queue(channel).declare()
-                queue(channel).purge()
-            except Exception:
-                channel = conn.channel()
-        for level in range(28):
-            try:
-                # py-amqp's channel (RabbitMQ) has queue_purge; kombu's StdChannel type does not say so.
-                cast("AmqpChannel", channel).queue_purge(f"celery_delayed_{level}")
-            except Exception:
-                channel = conn.channel()
+    purge_queues(celery_app)
 
 
 def queue_depth(name: str) -> int:
