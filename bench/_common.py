@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -79,10 +80,18 @@ def _purge_vhost() -> None:
         log(f"could not purge the bench vhost: {type(exc).__name__}")
 
 
-def prepare(*, broker: bool = True) -> None:
+def add_history_options(p: argparse.ArgumentParser) -> None:
+    """Add --history-days and --history-per-day: finished days loaded before the run (fill_history)."""
+    p.add_argument("--history-days", type=int, default=0, help="past days of finished deliveries loaded first")
+    p.add_argument("--history-per-day", type=int, default=0, help="deliveries per history day")
+
+
+def prepare(*, broker: bool = True, history_days: int = 0, history_per_day: int = 0) -> None:
     """Create the bench database from scratch and the vhost if missing (emptied), migrate, and set up Django.
 
     Without `broker` the vhost is left alone: a benchmark of the database alone does not touch RabbitMQ.
+    With `history_days` and `history_per_day`, that many past days of finished deliveries are loaded
+    (fill_history) before the benchmark starts.
     """
     os.environ.update(ENV)
     if broker:
@@ -97,6 +106,8 @@ def prepare(*, broker: bool = True) -> None:
     django.setup()
     if broker:
         _purge_vhost()
+    if history_days and history_per_day:
+        fill_history(history_days, history_per_day)
 
 
 def cleanup(keep: bool, *, broker: bool = True) -> None:
@@ -110,6 +121,180 @@ def cleanup(keep: bool, *, broker: bool = True) -> None:
     _psql(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
     if broker:
         _purge_vhost()
+
+
+# ---- history: finished days written set-based into their day partitions --------------------------------------
+
+# A UUIDv7 for row k of the day: the day's noon in milliseconds, version 7, variant 10, then md5 bits.
+_UUID7 = (
+    "(lpad(to_hex(%(ms)s::bigint), 12, '0') || '7' || substr(md5(({k})::text), 1, 3) || '8'"
+    " || substr(md5(({k})::text), 4, 15))::uuid"
+)
+
+_FILL_NOTIFICATIONS = """
+INSERT INTO notifier_notification (id, client_id, request_hash, category, template_key, channels, payload,
+    recipient_id, user_id, priority, locale, send_at_local, strategy, fallback_until, status, fanout_processed,
+    trace_id, created_at, updated_at)
+SELECT {uuid}, %(client)s, 'h', 'transactional', 'welcome', '{{email,sms}}', '{{}}', %(r0)s + k %% %(rn)s,
+       'u-bench', 'normal', '', '', 'all', '', 'done', 0, '', %(born)s, %(born)s
+FROM generate_series(1, %(notifications)s) k
+"""
+
+# One address per delivery, as real traffic has: the hash index on address degrades badly on a repeated value.
+# Delivery g belongs to notification `{owner}`: groups of the sizes in `per_notification`, repeated.
+_FILL_DELIVERIES = """
+INSERT INTO notifier_delivery (id, notification_id, recipient_id, channel, priority, address, status, reason,
+    provider, provider_message_id, pinned_provider, attempts, last_error, sms_encoding, created_at, updated_at,
+    sent_at)
+SELECT %(low)s + g, {uuid}, %(r0)s + g %% %(rn)s, CASE WHEN g %% 2 = 0 THEN 'sms' ELSE 'email' END, 'normal',
+       CASE WHEN g %% 2 = 0 THEN '+1555' || lpad(g::text, 7, '0') ELSE 'b' || g || '@example.com' END,
+       CASE WHEN g %% 3 = 0 THEN 'sent' ELSE 'delivered' END, '', 'sandbox',
+       'm-' || g, '', 1, '', '', %(created)s, %(created)s, %(created)s
+FROM generate_series(1, %(deliveries)s) g
+"""
+
+_FILL_EVENTS = """
+INSERT INTO notifier_deliveryevent (delivery_id, status, detail, at)
+SELECT %(low)s + g, s, '', %(created)s FROM generate_series(1, %(deliveries)s) g, unnest(ARRAY['queued', 'sent']) s
+"""
+
+HOT_TABLES = ("notifier_notification", "notifier_delivery", "notifier_deliveryevent")
+
+
+def mib(n: float) -> str:
+    """Format a byte count in MiB."""
+    return f"{n / 1024 / 1024:,.1f} MiB"
+
+
+def fill_day(
+    day: date,
+    deliveries: int,
+    *,
+    created: datetime,
+    per_notification: tuple[int, ...] = (2,),
+    recipients: tuple[int, int] | None = None,
+    analyze: bool = True,
+) -> float:
+    """Write one day of finished deliveries (ids of `day`), two events each, and their notifications.
+
+    Notifications take `day`'s noon (UUIDv7 and created_at) and own the deliveries in groups of the sizes of
+    `per_notification`, repeated; deliveries and events take `created`. `recipients` is (first id, how many)
+    of a contiguous range the rows are spread over (default: one bench recipient). With `analyze` the parent
+    tables are analyzed after (which samples every partition again). Return the seconds taken.
+    """
+    from django.db import connection
+
+    from notifier.models import ApiClient
+    from notifier.partitions import delivery_id_bounds
+    from preferences.models import Recipient
+
+    client, _ = ApiClient.objects.get_or_create(name="bench", defaults={"key_prefix": "bench", "key_hash": "b" * 64})
+    if recipients is None:
+        recipient, _ = Recipient.objects.get_or_create(user_id="u-bench", defaults={"email": "bench@example.com"})
+        recipients = (recipient.pk, 1)
+    # Delivery g (from 1) -> its notification: whole cycles of len(per_notification) notifications, then the
+    # group within the cycle, looked up by the delivery's offset in it.
+    cycle = sum(per_notification)
+    groups = [i for i, size in enumerate(per_notification) for _ in range(size)]
+    owner = f"((g - 1) / {cycle} * {len(per_notification)} + (ARRAY{groups})[(g - 1) % {cycle} + 1] + 1)"
+    full, rest = divmod(deliveries, cycle)
+    born = datetime.combine(day, datetime.min.time(), tzinfo=UTC) + timedelta(hours=12)
+    params = {
+        "ms": int(born.timestamp() * 1000),
+        "client": client.pk,
+        "r0": recipients[0],
+        "rn": recipients[1],
+        "born": born,
+        "notifications": full * len(per_notification) + (groups[rest - 1] + 1 if rest else 0),
+        "deliveries": deliveries,
+        "low": delivery_id_bounds(day)[0],
+        "created": created,
+    }
+    started = time.monotonic()
+    with connection.cursor() as cursor:
+        cursor.execute(_FILL_NOTIFICATIONS.format(uuid=_UUID7.format(k="k")), params)
+        cursor.execute(_FILL_DELIVERIES.format(uuid=_UUID7.format(k=owner.replace("%", "%%"))), params)
+        cursor.execute(_FILL_EVENTS, params)
+        if analyze:
+            cursor.execute("ANALYZE notifier_delivery; ANALYZE notifier_deliveryevent; ANALYZE notifier_notification")
+    return time.monotonic() - started
+
+
+def table_sizes() -> dict[str, int]:
+    """Return the total size (heap, indexes, TOAST) of each hot table, all its partitions together."""
+    from django.db import connection
+
+    out = {}
+    with connection.cursor() as cursor:
+        for table in HOT_TABLES:
+            cursor.execute(
+                "SELECT coalesce(sum(pg_total_relation_size(inhrelid)), 0) FROM pg_inherits"
+                " WHERE inhparent = %s::regclass",
+                [table],
+            )
+            out[table] = int(cursor.fetchone()[0])
+    return out
+
+
+def fill_history(days: int, per_day: int, *, recipients: int = 100_000) -> None:
+    """Load `days` past days (yesterday back) of `per_day` finished deliveries each into real day partitions.
+
+    A fresh bench database cuts over today: its (empty) legacy partitions cover everything before, so
+    `create_partition` would leave the past to them. They are dropped first (`drop_legacy`, as an
+    installation does once the purge has drained them), then each day's three partitions are created,
+    filled set-based (fill_day: notifications of 2 to 10 deliveries, two events per delivery, spread over
+    `recipients` recipients), and VACUUM ANALYZEd, one day at a time. Prints the fill time and sizes.
+    """
+    from django.db import connection
+    from django.utils import timezone
+
+    from notifier import partitions
+
+    dropped = partitions.drop_legacy()
+    log(f"history: {days} days x {per_day:,} deliveries (dropped the empty {', '.join(dropped) or 'nothing'})")
+    n = min(recipients, per_day)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO preferences_recipient (user_id, email, phone, locale, timezone, webhook_url, opted_out, "
+            "channel_prefs, category_prefs, created_at, updated_at) "
+            "SELECT 'h-' || g, 'h-' || g || '@example.com', '', '', '', '', false, '{}', '{}', now(), now() "
+            "FROM generate_series(1, %s) g RETURNING id",
+            [n],
+        )
+        ids = [row[0] for row in cursor.fetchall()]
+    assert max(ids) - min(ids) + 1 == n, "the history recipients' ids are not contiguous"
+    today = timezone.now().astimezone(UTC).date()
+    started, cpu = time.monotonic(), time.process_time()
+    for back in range(days, 0, -1):
+        day = today - timedelta(days=back)
+        for table in HOT_TABLES:
+            partitions.create_partition(table, day)
+        created = datetime.combine(day, datetime.min.time(), tzinfo=UTC) + timedelta(hours=12, minutes=1)
+        t0 = time.monotonic()
+        # The day's own partitions are analyzed by the VACUUM below, the parents once at the end.
+        fill_day(
+            day, per_day, created=created, per_notification=tuple(range(2, 11)), recipients=(min(ids), n), analyze=False
+        )
+        t1 = time.monotonic()
+        names = ", ".join(f'"{partitions.partition_name(t, day)}"' for t in HOT_TABLES)
+        with connection.cursor() as cursor:
+            cursor.execute(f"VACUUM (ANALYZE) {names}")
+        log(f"  {day}: filled in {t1 - t0:.1f} s, vacuumed in {time.monotonic() - t1:.1f} s")
+    t1 = time.monotonic()
+    with connection.cursor() as cursor:
+        # The parents' own statistics (autovacuum never analyzes a partitioned table).
+        cursor.execute(f"ANALYZE {', '.join(HOT_TABLES)}, preferences_recipient")
+    log(f"  parents analyzed in {time.monotonic() - t1:.1f} s")
+    seconds = time.monotonic() - started
+    total = days * per_day
+    sizes = table_sizes()
+    log(
+        f"history loaded: {total:,} deliveries in {seconds:.0f} s ({seconds / total * 1e6:.0f} s per million,"
+        f" client CPU {time.process_time() - cpu:.1f} s)"
+    )
+    for table, size in sizes.items():
+        log(f"  {table:<24} {mib(size):>14}")
+    log(f"  {'all three':<24} {mib(sum(sizes.values())):>14}")
 
 
 class Worker:

@@ -1,12 +1,15 @@
 """End-to-end throughput: topic notification to `sent`, and single notifications through the real HTTP API.
 
     .venv/bin/python bench/e2e.py [--subscribers 200000] [--singles 2000] [--send-pool threads --send-concurrency 8]
+        [--history-days 14 --history-per-day 1430000]
 
 Part 1: a topic of N subscribers on email, a fan-out worker and send workers on email.low with the sandbox
 provider; deliveries per second from accept to the last delivery `sent` (target >= 5,000/s).
 Part 2: M single transactional notifications POSTed to the API under gunicorn by 8 client threads, send
 workers on email.high; accepted -> sent per second, and its ratio to the empty-Celery-task rate measured in
 the same run on the same broker (one message per delivery on this path, so the empty task is the ceiling).
+With --history-days D --history-per-day N, D past days of N finished deliveries each are loaded into their day
+partitions first (bench/_common.fill_history), to compare the same run on full and empty tables.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._common import (
     ApiServer,
     Worker,
+    add_history_options,
     api_key,
     cleanup,
     empty_task_rate,
@@ -44,8 +48,9 @@ def main() -> None:
     p.add_argument("--singles", type=int, default=2000)
     p.add_argument("--send-pool", default="prefork")
     p.add_argument("--send-concurrency", type=int, default=2)
+    add_history_options(p)
     args = p.parse_args()
-    prepare()
+    prepare(history_days=args.history_days, history_per_day=args.history_per_day)
     try:
         noop = empty_task_rate()
         log(f"empty task: publish+consume {noop['end_to_end_per_s']:.0f}/s")
@@ -58,6 +63,7 @@ def main() -> None:
         print(f"empty Celery task           {noop['end_to_end_per_s']:.0f}/s publish+consume")
         print(f"single / empty-task ratio   {single_rate / noop['end_to_end_per_s']:.2f}")
         print(f"send workers                {args.send_pool} x {args.send_concurrency}")
+        print(f"history loaded              {args.history_days} days x {args.history_per_day} deliveries")
     finally:
         cleanup(args.keep)
 

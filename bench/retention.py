@@ -14,8 +14,6 @@ leaves dead tuples until VACUUM; a drop returns the files). No broker is used; t
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 import time
 from datetime import UTC, date, datetime, timedelta
@@ -24,83 +22,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import DB_NAME, ENV, ROOT, _psql, log, parser
-
-# A UUIDv7 for row k of the day: the day's noon in milliseconds, version 7, variant 10, then md5 bits.
-_UUID7 = (
-    "(lpad(to_hex(%(ms)s::bigint), 12, '0') || '7' || substr(md5(({k})::text), 1, 3) || '8'"
-    " || substr(md5(({k})::text), 4, 15))::uuid"
-)
-
-FILL_NOTIFICATIONS = """
-INSERT INTO notifier_notification (id, client_id, request_hash, category, template_key, channels, payload,
-    recipient_id, user_id, priority, locale, send_at_local, strategy, fallback_until, status, fanout_processed,
-    trace_id, created_at, updated_at)
-SELECT {uuid}, %(client)s, 'h', 'transactional', 'welcome', '{{email,sms}}', '{{}}', %(recipient)s, 'u-bench',
-       'normal', '', '', 'all', '', 'done', 0, '', %(born)s, %(born)s
-FROM generate_series(1, %(notifications)s) k
-"""
-
-# One address per delivery, as real traffic has: the hash index on address degrades badly on a repeated value.
-FILL_DELIVERIES = """
-INSERT INTO notifier_delivery (id, notification_id, recipient_id, channel, priority, address, status, reason,
-    provider, provider_message_id, pinned_provider, attempts, last_error, sms_encoding, created_at, updated_at,
-    sent_at)
-SELECT %(low)s + g, {uuid}, %(recipient)s, CASE WHEN g %% 2 = 0 THEN 'sms' ELSE 'email' END, 'normal',
-       CASE WHEN g %% 2 = 0 THEN '+1555' || lpad(g::text, 7, '0') ELSE 'b' || g || '@example.com' END,
-       'delivered', '', 'sandbox',
-       'm-' || g, '', 1, '', '', %(created)s, %(created)s, %(created)s
-FROM generate_series(1, %(deliveries)s) g
-"""
-
-FILL_EVENTS = """
-INSERT INTO notifier_deliveryevent (delivery_id, status, detail, at)
-SELECT %(low)s + g, s, '', %(created)s FROM generate_series(1, %(deliveries)s) g, unnest(ARRAY['queued', 'sent']) s
-"""
-
-TABLES = ("notifier_notification", "notifier_delivery", "notifier_deliveryevent")
-
-
-def prepare_database() -> None:
-    """Create the bench database from scratch and migrate it (no broker needed here)."""
-    os.environ.update(ENV)
-    _psql(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
-    _psql(f"CREATE DATABASE {DB_NAME}")
-    log(f"migrating {DB_NAME}")
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env={**os.environ}, check=True)
-    import django
-
-    django.setup()
-
-
-def fill(day: date, deliveries: int, *, created: datetime) -> float:
-    """Write one day of deliveries (ids of `day`), their events and notifications; return the seconds it took."""
-    from django.db import connection
-
-    from notifier.models import ApiClient
-    from notifier.partitions import delivery_id_bounds
-    from preferences.models import Recipient
-
-    client, _ = ApiClient.objects.get_or_create(name="bench", defaults={"key_prefix": "bench", "key_hash": "b" * 64})
-    recipient, _ = Recipient.objects.get_or_create(user_id="u-bench", defaults={"email": "bench@example.com"})
-    born = datetime.combine(day, datetime.min.time(), tzinfo=UTC) + timedelta(hours=12)
-    params = {
-        "ms": int(born.timestamp() * 1000),
-        "client": client.pk,
-        "recipient": recipient.pk,
-        "born": born,
-        "notifications": (deliveries + 1) // 2,
-        "deliveries": deliveries,
-        "low": delivery_id_bounds(day)[0],
-        "created": created,
-    }
-    started = time.monotonic()
-    with connection.cursor() as cursor:
-        cursor.execute(FILL_NOTIFICATIONS.format(uuid=_UUID7.format(k="k")), params)
-        cursor.execute(FILL_DELIVERIES.format(uuid=_UUID7.format(k="(g + 1) / 2")), params)
-        cursor.execute(FILL_EVENTS, params)
-        cursor.execute("ANALYZE notifier_delivery; ANALYZE notifier_deliveryevent; ANALYZE notifier_notification")
-    return time.monotonic() - started
+from bench._common import HOT_TABLES, cleanup, fill_day, log, mib, parser, prepare
 
 
 def wal_lsn() -> str:
@@ -127,7 +49,7 @@ def sizes(day: date) -> dict[str, int]:
 
     out = {}
     with connection.cursor() as cursor:
-        for table in TABLES:
+        for table in HOT_TABLES:
             cursor.execute("SELECT coalesce(pg_total_relation_size(to_regclass(%s)), 0)", [partition_name(table, day)])
             out[table] = int(cursor.fetchone()[0])
     return out
@@ -146,13 +68,9 @@ def dead_tuples(day: date) -> int:
         cursor.execute("SELECT pg_stat_clear_snapshot()")
         cursor.execute(
             "SELECT coalesce(sum(n_dead_tup), 0) FROM pg_stat_user_tables WHERE relname = ANY(%s)",
-            [[partition_name(t, day) for t in TABLES]],
+            [[partition_name(t, day) for t in HOT_TABLES]],
         )
         return int(cursor.fetchone()[0])
-
-
-def mib(n: float) -> str:
-    return f"{n / 1024 / 1024:,.1f} MiB"
 
 
 def run_delete(day: date, n: int, batch: int) -> dict[str, Any]:
@@ -160,7 +78,7 @@ def run_delete(day: date, n: int, batch: int) -> dict[str, Any]:
     from ops.retention import retention_purge
 
     log(f"filling {day} with {n:,} deliveries for the batched DELETE")
-    filled = fill(day, n, created=datetime.now(tz=UTC) - timedelta(days=40))
+    filled = fill_day(day, n, created=datetime.now(tz=UTC) - timedelta(days=40))
     before = sizes(day)
     log(f"  filled in {filled:.0f} s; the day's tables: {mib(sum(before.values()))}")
     lsn = wal_lsn()
@@ -186,7 +104,7 @@ def run_drop(day: date, n: int) -> dict[str, Any]:
     from notifier.partitions import drop_day
 
     log(f"filling {day} with {n:,} deliveries for the partition drop")
-    filled = fill(day, n, created=datetime.now(tz=UTC))
+    filled = fill_day(day, n, created=datetime.now(tz=UTC))
     before = sizes(day)
     log(f"  filled in {filled:.0f} s; the day's tables: {mib(sum(before.values()))}")
     lsn = wal_lsn()
@@ -211,7 +129,7 @@ def main() -> None:
     p.add_argument("--deliveries", type=int, default=2_000_000)
     p.add_argument("--batch", type=int, default=5000, help="RETENTION_BATCH of the DELETE run")
     args = p.parse_args()
-    prepare_database()
+    prepare(broker=False)
     from django.utils import timezone
 
     today = timezone.now().astimezone(UTC).date()
@@ -221,11 +139,7 @@ def main() -> None:
         drop = run_drop(today + timedelta(days=3), args.deliveries)
         log(f"  drop done: {', '.join(drop['dropped'])}")
     finally:
-        if not args.keep:
-            from django.db import connections
-
-            connections.close_all()
-            _psql(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
+        cleanup(args.keep, broker=False)
     n = args.deliveries
     print()
     print(f"Retention of one day: {n:,} deliveries, {2 * n:,} events, {(n + 1) // 2:,} notifications")

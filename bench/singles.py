@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._common import (
     ApiServer,
     Worker,
+    add_history_options,
     api_key,
     cleanup,
     empty_task_rate,
@@ -54,8 +55,9 @@ def main() -> None:
     p.add_argument("--clients", type=int, default=16)
     p.add_argument("--batches", type=int, default=10, help="calls of 1,000 items to the batch endpoint")
     p.add_argument("--port", type=int, default=int(os.environ.get("BENCH_PORT", "0")), help="default: a free one")
+    add_history_options(p)
     args = p.parse_args()
-    prepare()
+    prepare(history_days=args.history_days, history_per_day=args.history_per_day)
     try:
         noop = empty_task_rate()
         log(f"empty task: publish+consume {noop['end_to_end_per_s']:.0f}/s")
