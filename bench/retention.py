@@ -84,7 +84,7 @@ def fill(day: date, deliveries: int, *, created: datetime) -> float:
     client, _ = ApiClient.objects.get_or_create(name="bench", defaults={"key_prefix": "bench", "key_hash": "b" * 64})
     recipient, _ = Recipient.objects.get_or_create(user_id="u-bench", defaults={"email": "bench@example.com"})
     born = datetime.combine(day, datetime.min.time(), tzinfo=UTC) + timedelta(hours=12)
-    params = {
+    params: dict[str, int | datetime] = {
         "ms": int(born.timestamp() * 1000),
         "client": client.pk,
         "recipient": recipient.pk,
