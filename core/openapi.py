@@ -51,7 +51,7 @@ TAG_DESCRIPTIONS = {
 }
 
 
-class ErrorDetailSerializer(serializers.Serializer[Any]):
+class ErrorDetailSerializer(serializers.Serializer[dict[str, Any]]):
     """What went wrong: a machine code, a sentence for humans and the reasons per field."""
 
     code = serializers.CharField(help_text="Machine code to switch on: invalid, not_found, scope_missing, …")
@@ -64,7 +64,7 @@ class ErrorDetailSerializer(serializers.Serializer[Any]):
     )
 
 
-class ErrorSerializer(serializers.Serializer[Any]):
+class ErrorSerializer(serializers.Serializer[dict[str, Any]]):
     """The body of every error answer."""
 
     error = ErrorDetailSerializer()

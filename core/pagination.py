@@ -76,7 +76,8 @@ class CursorField(serializers.CharField):
         kwargs.setdefault("help_text", "The `next_cursor` of the previous page; leave out for the first page.")
         super().__init__(**kwargs)
 
-    # The override ignore: a CharField validates to a str; this field's value is the decoded position.
+    # An override mypy refuses (hence the ignore): a CharField validates to a str; this field's value is the
+    # decoded position.
     def to_internal_value(self, data: Any) -> dict[str, Any] | None:  # type: ignore[override]
         text = super().to_internal_value(data)
         if not text:
@@ -87,7 +88,7 @@ class CursorField(serializers.CharField):
             raise serializers.ValidationError(INVALID) from None
 
 
-class CursorQuerySerializer(serializers.Serializer[Any]):
+class CursorQuerySerializer(serializers.Serializer[Any]):  # input only: it never serializes an instance
     """Query parameters every cursor-paginated list takes; a list with a page size adds its own `limit`."""
 
     cursor = CursorField()
