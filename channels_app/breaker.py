@@ -106,13 +106,22 @@ def config_for(provider: str) -> BreakerConfig:
     overrides = settings.PROVIDER_CIRCUIT_BREAKERS or {}
     conf = {**DEFAULT_BREAKER, **(overrides.get("default") or {}), **(overrides.get(provider) or {})}
     return BreakerConfig(
-        window_seconds=float(conf["window_seconds"]),
-        bucket_seconds=max(0.001, float(conf["bucket_seconds"])),
-        min_calls=max(1, int(conf["min_calls"])),
-        failure_threshold=float(conf["failure_threshold"]),
-        cooldown_seconds=float(conf["cooldown_seconds"]),
-        half_open_probes=max(1, int(conf["half_open_probes"])),
+        window_seconds=float(_number(conf, "window_seconds")),
+        bucket_seconds=max(0.001, float(_number(conf, "bucket_seconds"))),
+        min_calls=max(1, int(_number(conf, "min_calls"))),
+        failure_threshold=float(_number(conf, "failure_threshold")),
+        cooldown_seconds=float(_number(conf, "cooldown_seconds")),
+        half_open_probes=max(1, int(_number(conf, "half_open_probes"))),
     )
+
+
+def _number(conf: dict[str, object], name: str) -> int | float | str:
+    """Return a breaker setting in a form float() and int() take; the settings come from JSON, so check it."""
+    value = conf[name]
+    if isinstance(value, int | float | str):
+        return value
+    # The TypeError float() would raise, with the setting's name.
+    raise TypeError(f"PROVIDER_CIRCUIT_BREAKERS {name}: expected a number, got {type(value).__name__}")
 
 
 @dataclass(frozen=True)
@@ -270,7 +279,9 @@ class CircuitBreakers:
                 _notify(provider, old, new)
             return Admission(allowed=int(allowed), retry_in=float(retry), state=new)
 
-        return self.guard.run(shared, lambda: self._local_admit(provider, n, conf))
+        # RedisGuard.run returns what either callable returns; both give an Admission.
+        admission: Admission = self.guard.run(shared, lambda: self._local_admit(provider, n, conf))
+        return admission
 
     def allow(self, provider: str) -> bool:
         """Return whether one call to `provider` may be made now."""
@@ -308,7 +319,8 @@ class CircuitBreakers:
             value = client.hget(breaker_key(provider), "st")
             return _text(value) if value is not None else CLOSED
 
-        return self.guard.run(shared, lambda: self._local_breaker(provider).state)
+        stored: str = self.guard.run(shared, lambda: self._local_breaker(provider).state)
+        return stored
 
     def reset(self, provider: str) -> None:
         """Close the breaker and forget its window (an operator's action, also used by tests)."""

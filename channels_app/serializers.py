@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from channels_app.models import SandboxMessage
 from core.pagination import CursorQuerySerializer, cursor_page_serializer
 
 
@@ -15,7 +16,7 @@ class SandboxFilterSerializer(CursorQuerySerializer):
     delivery_id = serializers.IntegerField(required=False)
 
 
-class SandboxMessageOutput(serializers.Serializer):
+class SandboxMessageOutput(serializers.Serializer[SandboxMessage]):
     """A message a sandbox provider recorded instead of sending it."""
 
     id = serializers.IntegerField()

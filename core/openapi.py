@@ -51,18 +51,20 @@ TAG_DESCRIPTIONS = {
 }
 
 
-class ErrorDetailSerializer(serializers.Serializer):
+class ErrorDetailSerializer(serializers.Serializer[dict[str, Any]]):
     """What went wrong: a machine code, a sentence for humans and the reasons per field."""
 
     code = serializers.CharField(help_text="Machine code to switch on: invalid, not_found, scope_missing, …")
     message = serializers.CharField(help_text="A sentence for humans.")
-    fields = serializers.DictField(
+    # The error body's key is "fields"; DRF's metaclass moves declared fields out of the class, so this does not
+    # shadow Serializer.fields at runtime, but the stubs cannot see that.
+    fields = serializers.DictField(  # type: ignore[assignment]
         child=serializers.ListField(child=serializers.CharField()),
         help_text='Reasons per field, by dotted path ("recipient.user_id"); empty when no field is at fault.',
     )
 
 
-class ErrorSerializer(serializers.Serializer):
+class ErrorSerializer(serializers.Serializer[dict[str, Any]]):
     """The body of every error answer."""
 
     error = ErrorDetailSerializer()
@@ -134,7 +136,10 @@ class AutoSchema(SpectacularAutoSchema):
             codes.append(404)
         for code in sorted(codes):
             if str(code) not in responses:
-                responses[str(code)] = self._get_response_for_code(error_response(code), str(code))
+                # drf-spectacular leaves this method unannotated.
+                responses[str(code)] = self._get_response_for_code(  # type: ignore[no-untyped-call]
+                    error_response(code), str(code)
+                )
         return responses
 
 

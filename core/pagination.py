@@ -76,7 +76,8 @@ class CursorField(serializers.CharField):
         kwargs.setdefault("help_text", "The `next_cursor` of the previous page; leave out for the first page.")
         super().__init__(**kwargs)
 
-    # type: ignore[override]: a CharField validates to a str; this field's value is the decoded position.
+    # An override mypy refuses (hence the ignore): a CharField validates to a str; this field's value is the
+    # decoded position.
     def to_internal_value(self, data: Any) -> dict[str, Any] | None:  # type: ignore[override]
         text = super().to_internal_value(data)
         if not text:
@@ -87,7 +88,7 @@ class CursorField(serializers.CharField):
             raise serializers.ValidationError(INVALID) from None
 
 
-class CursorQuerySerializer(serializers.Serializer):
+class CursorQuerySerializer(serializers.Serializer[Any]):  # input only: it never serializes an instance
     """Query parameters every cursor-paginated list takes; a list with a page size adds its own `limit`."""
 
     cursor = CursorField()
@@ -126,11 +127,15 @@ class NextCursorField(serializers.CharField):
 
 
 def cursor_page_serializer(
-    item: type[serializers.BaseSerializer], *, name: str, items_key: str = "results", **extra: serializers.Field
-) -> type[serializers.Serializer]:
+    item: type[serializers.BaseSerializer[Any]],
+    *,
+    name: str,
+    items_key: str = "results",
+    **extra: serializers.Field[Any, Any, Any, Any],
+) -> type[serializers.Serializer[CursorPage]]:
     """Return the serializer of a page of `item`: `{items_key: [...], "next_cursor", **extra}`, for a CursorPage."""
     fields: dict[str, Any] = {
-        items_key: item(many=True, **({} if items_key == "items" else {"source": "items"})),
+        items_key: item(many=True) if items_key == "items" else item(many=True, source="items"),
         "next_cursor": NextCursorField(),
         **extra,
     }

@@ -136,7 +136,7 @@ def own_queue(routing_key: str) -> str | None:
     return None
 
 
-class OwnQueueTask(Task):
+class OwnQueueTask(Task[Any, Any]):
     """A task whose retries go back to the queue its message came from.
 
     Celery routes a retry by the exchange and routing key of the message being retried. A retry with a

@@ -294,7 +294,9 @@ class RateLimiter:
             granted, wait = self._script(client, ACQUIRE_LUA)(keys=[k for k, _ in buckets], args=args)
             return Grant(granted=int(granted), wait=float(wait))
 
-        return self.guard.run(shared, lambda: self._local_acquire(buckets, n, high))
+        # RedisGuard.run returns what either callable returns; both give a Grant.
+        grant: Grant = self.guard.run(shared, lambda: self._local_acquire(buckets, n, high))
+        return grant
 
     def on_throttled(self, provider: str, retry_after: float | None = None, *, account: str | None = None) -> None:
         """Cut the shared rate of the throttled bucket and pause it until `retry_after` seconds from now."""

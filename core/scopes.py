@@ -50,7 +50,7 @@ def parse_scopes(value: str) -> list[str]:
 
 def view_scope(view: Any, method: str) -> str | None:
     """Return the scope `view` declares for `method` (None when it declares none for it)."""
-    per_method = getattr(view, "required_scopes", None)
+    per_method: dict[str, str] | None = getattr(view, "required_scopes", None)
     if per_method:
         # HEAD reads like GET; OPTIONS describes the endpoint and needs what its GET needs, if anything.
         scope = per_method.get(method) or (per_method.get("GET") if method in ("HEAD", "OPTIONS") else None)

@@ -113,7 +113,7 @@ class NotificationListCreateApi(APIView):
         filters = {k: params.validated_data.get(k) for k in ("user_id", "status", "category")}
         try:
             page, next_cursor = notification_list(
-                client=request.user, filters=filters, cursor=request.query_params.get("cursor") or None
+                client=request_client(request), filters=filters, cursor=request.query_params.get("cursor") or None
             )
         except ValueError:
             raise invalid_cursor() from None
@@ -222,7 +222,9 @@ class NotificationDetailApi(APIView):
 
     @extend_schema(operation_id="notification_get", summary="Read a notification", responses=NotificationDetailOutput)
     def get(self, request: Request, notification_id: str) -> Response:
-        notification = _notification_or_404(notification_get(client=request.user, notification_id=str(notification_id)))
+        notification = _notification_or_404(
+            notification_get(client=request_client(request), notification_id=str(notification_id))
+        )
         counts = notification_delivery_counts(notification=notification)
         return Response(NotificationDetailOutput(notification, context={"delivery_counts": counts}).data)
 
@@ -240,7 +242,7 @@ class NotificationCancelApi(APIView):
     )
     def post(self, request: Request, notification_id: str) -> Response:
         notification = _notification_or_404(
-            Notification.objects.filter(client=request.user, pk=notification_id).first()
+            Notification.objects.filter(client=request_client(request), pk=notification_id).first()
         )
         cancelled = notification_cancel(notification=notification)
         return Response(CancelOutput({"notification": notification, "cancelled": cancelled}).data)

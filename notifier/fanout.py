@@ -278,7 +278,7 @@ def _json(value: Any) -> Any:
     return {} if value == "{}" else json.loads(value)
 
 
-def _stop_reason(notification_id: object, campaign_id: int | None, *, lock: bool) -> str:
+def _stop_reason(notification_id: uuid.UUID, campaign_id: int | None, *, lock: bool) -> str:
     """Return why the fan-out must stop ("cancelled", "paused", "done", "missing") or ""."""
     status = Notification.objects.filter(pk=notification_id).values_list("status", flat=True).first()
     if status is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from django.contrib.postgres.fields import ArrayField
@@ -13,13 +14,18 @@ from core.scopes import default_scopes
 from notifier.partitions import delivery_ids_of_notification, new_notification_id, notification_range, uuid7_time
 
 
-def _id_bounds(value: Any, *, many: bool) -> tuple[Any, Any] | None:
+def _id_bounds(value: Any, *, many: bool) -> tuple[datetime, datetime] | None:
     """Return the created_at range of one notification id or of a list of them (None when an id does not say)."""
     if value is None or isinstance(value, models.QuerySet | models.Model):
         return None
     values = list(value) if many else [value]
-    ranges = [notification_range(v) for v in values]
-    if not ranges or any(r is None for r in ranges):
+    ranges: list[tuple[datetime, datetime]] = []
+    for v in values:
+        bounds = notification_range(v)
+        if bounds is None:
+            return None
+        ranges.append(bounds)
+    if not ranges:
         return None
     return min(r[0] for r in ranges), max(r[1] for r in ranges)
 
@@ -31,12 +37,12 @@ class NotificationQuerySet(models.QuerySet):
 
     def any_day(self) -> NotificationQuerySet:
         """Return this queryset without the id's day: for rows whose created_at was changed by hand (tests)."""
-        clone = self._chain()
+        clone = self._chain()  # type: ignore[attr-defined]  # Django's private QuerySet API is not in the stubs
         clone._any_day = True
         return clone
 
     def _clone(self) -> NotificationQuerySet:
-        clone = super()._clone()
+        clone = super()._clone()  # type: ignore[misc]  # Django's private QuerySet API is not in the stubs
         clone._any_day = self._any_day
         return clone
 
@@ -48,7 +54,7 @@ class NotificationQuerySet(models.QuerySet):
                     if bounds is not None:
                         kwargs = {**kwargs, "created_at__range": bounds}
                     break
-        return super()._filter_or_exclude(negate, args, kwargs)
+        return super()._filter_or_exclude(negate, args, kwargs)  # type: ignore[misc]  # private API, as above
 
 
 NotificationManager = models.Manager.from_queryset(NotificationQuerySet)

@@ -509,7 +509,7 @@ def days_to_drop(*, today: date | None = None) -> list[date]:
     """Return the days older than the hot window (DELIVERY_HOT_DAYS) that still have partitions, oldest first."""
     first = today or timezone.now().astimezone(UTC).date()
     cutoff = first - timedelta(days=hot_days() - 1)
-    days = set()
+    days: set[date] = set()
     for table in TABLES:
         days.update(d for d in day_partitions(table) if d < cutoff)
     return sorted(days)

@@ -26,7 +26,7 @@ def notification_get(*, client: ApiClient, notification_id: str) -> Notification
     if notification is None:
         return None
     # A topic notification can have a million deliveries: the detail shows the first ones and the counts.
-    notification.first_deliveries = list(  # type: ignore[attr-defined]
+    notification.first_deliveries = list(
         notification.day_deliveries()
         .order_by("id")
         .prefetch_related(Prefetch("events", queryset=DeliveryEvent.objects.order_by("id")))[:DELIVERIES_IN_DETAIL]

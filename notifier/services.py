@@ -369,9 +369,14 @@ def notifications_accept_batch(
 
 def _days_of(entries: dict[str, tuple[str, str]]) -> dict[str, Any]:
     """Return the created_at filter covering the notifications of these key entries (their UUIDv7 days)."""
-    ranges = [notification_range(notification_id) for notification_id, _ in entries.values()]
-    if not ranges or any(r is None for r in ranges):
-        return {}  # an id from before the partitioning says nothing about its day
+    ranges: list[tuple[datetime, datetime]] = []
+    for notification_id, _ in entries.values():
+        bounds = notification_range(notification_id)
+        if bounds is None:
+            return {}  # an id from before the partitioning says nothing about its day
+        ranges.append(bounds)
+    if not ranges:
+        return {}
     return {"created_at__gte": min(r[0] for r in ranges), "created_at__lte": max(r[1] for r in ranges)}
 
 

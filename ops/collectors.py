@@ -35,7 +35,10 @@ def collect_queue_depths(timeout: float | None = None) -> dict[str, tuple[int, i
             channel = conn.channel()
             for queue in build_queues():
                 try:
-                    _, messages, consumers = channel.queue_declare(queue=queue.name, passive=True)
+                    # kombu types the channel as the abstract StdChannel; py-amqp's channel has queue_declare.
+                    _, messages, consumers = channel.queue_declare(  # type: ignore[attr-defined]
+                        queue=queue.name, passive=True
+                    )
                 except conn.channel_errors:
                     # A missing queue closes the channel (404): note nothing, carry on with a fresh one.
                     channel = conn.channel()

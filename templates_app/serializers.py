@@ -81,7 +81,7 @@ class TemplateOutputSerializer(serializers.Serializer):
         versions = list(template_version_list(template=obj).defer("content"))
         for version in versions:
             version.template = obj
-        return VersionSummarySerializer(versions, many=True).data
+        return VersionSummarySerializer(versions, many=True).data  # type: ignore[return-value]  # many=True gives a ListSerializer: .data is a list, the stubs say a dict
 
 
 class TemplatePreviewInputSerializer(serializers.Serializer):

@@ -381,10 +381,15 @@ def test_operations_charts(live_server: Any, browser: WebDriver) -> None:
             if minutes_ago == 20:
                 record("sandbox", ok=False, n=200)  # the breaker opens
             with celery_app.connection_for_write() as conn:
-                conn.default_channel.queue_purge("email.low")
+                # kombu types the channel as the abstract StdChannel; py-amqp's channel has queue_purge.
+                conn.default_channel.queue_purge("email.low")  # type: ignore[attr-defined]
             for _ in range(backlog):
                 celery_app.send_task("notifier.tasks.noop", queue="email.low")
-            wait_for(lambda backlog=backlog: queue_depth("email.low") == backlog)
+
+            def reached(backlog: int = backlog) -> bool:
+                return queue_depth("email.low") == backlog
+
+            wait_for(reached)
             assert ops_sample(now=now - timedelta(minutes=minutes_ago)) is not None
     finally:
         purge_all_queues()

@@ -3,6 +3,7 @@ API process through Redis (two real gunicorn processes), per process while Redis
 
 from __future__ import annotations
 
+import functools
 import json
 import socket
 import urllib.error
@@ -112,7 +113,7 @@ def two_api_processes(start_process: Callable[..., Any]) -> list[str]:
             return False
 
     for url in urls:
-        wait_for(lambda url=url: up(url), timeout=60)
+        wait_for(functools.partial(up, url), timeout=60)
     return urls
 
 

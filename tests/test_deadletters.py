@@ -253,8 +253,9 @@ def test_api_requires_a_key() -> None:
 def _admin_request() -> Any:
     request = RequestFactory().post("/admin/notifier/deadletter/")
     request.user = make_staff_user("oncall", superuser=True)
-    request.session = {}
-    request._messages = FallbackStorage(request)
+    request.session = {}  # type: ignore[assignment]  # the messages framework needs only a mapping here
+    # Where the messages middleware would put the storage (Django's request carries no such attribute).
+    request._messages = FallbackStorage(request)  # type: ignore[attr-defined]
     return request
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from django.contrib import admin
 from django.test import Client
@@ -37,7 +39,7 @@ def test_dashboard_shows_outcomes_queues_dead_letters_and_breakers() -> None:
     make_delivery_event(delivery=sent, status="sent", at=timezone.now())
     make_delivery_event(delivery=failed, status="failed", at=timezone.now())
     # An event older than the window is not counted.
-    make_delivery_event(delivery=failed, status="failed", at=timezone.now() - timezone.timedelta(hours=2))
+    make_delivery_event(delivery=failed, status="failed", at=timezone.now() - timedelta(hours=2))
     make_dead_letter(delivery=failed, channel="sms", queue="sms.high", reason="exhausted")
     staff = make_staff_user("ops", password="x", is_superuser=True)
     client = Client()

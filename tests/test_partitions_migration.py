@@ -96,7 +96,9 @@ def legacy_database() -> Iterator[str]:
 
 
 def _scalar(conn: psycopg.Connection[Any], sql: str, params: Any = None) -> Any:
-    return conn.execute(sql, params).fetchone()[0]
+    row = conn.execute(sql, params).fetchone()
+    assert row is not None, sql
+    return row[0]
 
 
 def test_migration_on_a_populated_database_keeps_every_row_and_never_stops_accepts(legacy_database: str) -> None:
@@ -141,7 +143,7 @@ def test_migration_on_a_populated_database_keeps_every_row_and_never_stops_accep
     print(f"accepts during the run: {len(accepted)}, slowest {max(accepted) * 1000:.0f} ms")
 
     with psycopg.connect(legacy_database, autocommit=True) as conn:
-        kinds = dict(
+        kinds: dict[str, str] = dict(
             conn.execute(
                 "SELECT relname, relkind FROM pg_class WHERE relname IN"
                 " ('notifier_notification', 'notifier_delivery', 'notifier_deliveryevent')"

@@ -171,7 +171,7 @@ def test_suppressions_add_list_page_and_delete(api: APIClient) -> None:
     seen: list[int] = []
     cursor: str | None = None
     while True:
-        params = {"channel": "sms", "limit": 2, **({"cursor": cursor} if cursor else {})}
+        params: dict[str, str | int] = {"channel": "sms", "limit": 2, **({"cursor": cursor} if cursor else {})}
         page = api.get("/api/v1/suppressions", params).json()
         seen += [s["id"] for s in page["results"]]
         cursor = page["next_cursor"]

@@ -50,7 +50,14 @@ def test_bulk_subscribe_limits_and_errors(api: APIClient) -> None:
     r = api.post("/api/v1/topics/t/subscribers", {"user_ids": too_many}, format="json")
     assert r.status_code == 400 and "user_ids" in r.json()["error"]["fields"]
     assert not Recipient.objects.exists()
-    for body in ({}, {"user_ids": []}, {"user_ids": "u1"}, {"user_ids": ["x" * 256]}, {"user_ids": [None]}):
+    bodies: list[dict[str, object]] = [
+        {},
+        {"user_ids": []},
+        {"user_ids": "u1"},
+        {"user_ids": ["x" * 256]},
+        {"user_ids": [None]},
+    ]
+    for body in bodies:
         r = api.post("/api/v1/topics/t/subscribers", body, format="json")
         assert r.status_code == 400, body
         assert any(k.startswith("user_ids") for k in r.json()["error"]["fields"]), body

@@ -212,7 +212,7 @@ class CampaignAdmin(admin.ModelAdmin):
             "review": data if step == 4 else {},
             "send_at": form.send_at() if step == 4 and data else None,
             "send_at_local": form.send_at_local_value() if step == 4 and data else "",
-            "user_email": request.user.email,
+            "user_email": _staff(request).email,
         }
         return TemplateResponse(request, "admin/notifier/campaign/wizard.html", context)
 

@@ -48,12 +48,12 @@ class CampaignListCreateApi(APIView):
     def post(self, request: Request) -> Response:
         serializer = CampaignInput(data=request.data)
         serializer.is_valid(raise_exception=True)
-        campaign = campaign_create(client=request.user, **serializer.validated_data)
+        campaign = campaign_create(client=request_client(request), **serializer.validated_data)
         return Response(CampaignDetailOutput(campaign).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(operation_id="campaigns_list", summary="List campaigns", responses=CampaignListOutput)
     def get(self, request: Request) -> Response:
-        return Response(CampaignListOutput({"results": campaign_list(client=request.user)}).data)
+        return Response(CampaignListOutput({"results": campaign_list(client=request_client(request))}).data)
 
 
 class CampaignDetailApi(APIView):

@@ -94,7 +94,7 @@ class CampaignDetailOutput(CampaignOutput):
 
     @extend_schema_field(CampaignRunSerializer(many=True))
     def get_runs(self, campaign: Campaign) -> list[dict[str, Any]]:
-        return CampaignRunSerializer(campaign_runs(campaign=campaign), many=True).data
+        return CampaignRunSerializer(campaign_runs(campaign=campaign), many=True).data  # type: ignore[return-value]  # many=True gives a ListSerializer: .data is a list, the stubs say a dict
 
 
 class CampaignActionOutput(CampaignDetailOutput):

@@ -142,7 +142,8 @@ class CampaignWizardForm(forms.Form):
             if local_instant(self._wall_clock(), LAST_ZONE) <= timezone.now():
                 self.add_error("send_at_local", "This time has passed in every time zone.")
         elif "send_at_local" in names and data.get("send_at_local") and data.get("time_zone"):
-            if self.send_at() <= timezone.now():
+            send_at = self.send_at()  # not None here: a time and a zone are given, and not per recipient
+            if send_at is not None and send_at <= timezone.now():
                 self.add_error("send_at_local", "This time is in the past.")
         return not self.errors
 

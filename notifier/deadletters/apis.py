@@ -62,7 +62,7 @@ class DeadLetterListApi(APIView):
                 filters=data,
                 cursor=request.query_params.get("cursor") or None,
                 limit=data["limit"],
-                client=request.user,
+                client=request_client(request),
             )
         except ValueError:
             raise invalid_cursor() from None

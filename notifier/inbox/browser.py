@@ -110,7 +110,7 @@ class BrowserInboxListApi(_TokenBound, InboxListApi):
         responses=InboxPage,
     )
     def get(self, request: Request) -> Response:  # type: ignore[override]
-        return super().get(request, user_id=request.user.user_id)
+        return super().get(request, user_id=_principal(request).user_id)
 
 
 class BrowserInboxReadApi(_TokenBound, InboxItemReadApi):
@@ -123,7 +123,7 @@ class BrowserInboxReadApi(_TokenBound, InboxItemReadApi):
         responses=InboxItemSerializer,
     )
     def post(self, request: Request, delivery_id: int) -> Response:  # type: ignore[override]
-        return super().post(request, user_id=request.user.user_id, delivery_id=delivery_id)
+        return super().post(request, user_id=_principal(request).user_id, delivery_id=delivery_id)
 
 
 class BrowserInboxReadAllApi(_TokenBound, InboxReadAllApi):
@@ -136,7 +136,7 @@ class BrowserInboxReadAllApi(_TokenBound, InboxReadAllApi):
         responses=InboxReadAllOutput,
     )
     def post(self, request: Request) -> Response:  # type: ignore[override]
-        return super().post(request, user_id=request.user.user_id)
+        return super().post(request, user_id=_principal(request).user_id)
 
 
 class InboxTokenApi(APIView):
