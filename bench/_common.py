@@ -199,7 +199,7 @@ def fill_day(
     owner = f"((g - 1) / {cycle} * {len(per_notification)} + (ARRAY{groups})[(g - 1) % {cycle} + 1] + 1)"
     full, rest = divmod(deliveries, cycle)
     born = datetime.combine(day, datetime.min.time(), tzinfo=UTC) + timedelta(hours=12)
-    params = {
+    params: dict[str, Any] = {
         "ms": int(born.timestamp() * 1000),
         "client": client.pk,
         "r0": recipients[0],
