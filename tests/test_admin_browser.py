@@ -239,6 +239,17 @@ def _wizard_start(driver: WebDriver, base: str, name: str) -> None:
     Select(driver.find_element(By.NAME, "client")).select_by_visible_text("marketing-tool")
 
 
+def _wizard_next(driver: WebDriver) -> None:
+    """Go to the wizard's next step and wait until the step before it is gone.
+
+    The steps carry the answers so far in hidden fields of the same names, so waiting for a field to be
+    present could find the old page's hidden one, which goes stale under the test as the next page loads.
+    """
+    old = driver.find_element(By.ID, "wizard-form")
+    driver.find_element(By.ID, "wizard-next").click()
+    wait(driver).until(ec.staleness_of(old))
+
+
 def test_a_marketer_creates_test_sends_schedules_and_pauses_a_campaign(
     live_server: Any, browser: WebDriver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -260,7 +271,7 @@ def test_a_marketer_creates_test_sends_schedules_and_pauses_a_campaign(
     topic_select = Select(browser.find_element(By.NAME, "topic"))
     assert "newsletter — 2 subscribers" in [o.text for o in topic_select.options]
     topic_select.select_by_value("newsletter")
-    browser.find_element(By.ID, "wizard-next").click()
+    _wizard_next(browser)
 
     Select(wait(browser).until(ec.presence_of_element_located((By.NAME, "template")))).select_by_value("spring")
     payload = browser.find_element(By.NAME, "payload")
@@ -274,7 +285,7 @@ def test_a_marketer_creates_test_sends_schedules_and_pauses_a_campaign(
     assert "Test sent to max@example.com" in message
     assert Delivery.objects.filter(address="max@example.com", channel="email").count() == 1
     screenshot(browser, "campaign-wizard")
-    browser.find_element(By.ID, "wizard-next").click()
+    _wizard_next(browser)
 
     when = wait(browser).until(ec.presence_of_element_located((By.NAME, "send_at_local")))
     browser.execute_script("arguments[0].value = '2031-06-01T09:30'", when)
@@ -282,7 +293,7 @@ def test_a_marketer_creates_test_sends_schedules_and_pauses_a_campaign(
     rate = browser.find_element(By.NAME, "rate_per_second")
     rate.clear()
     rate.send_keys("25")
-    browser.find_element(By.ID, "wizard-next").click()
+    _wizard_next(browser)
     review = wait(browser).until(ec.presence_of_element_located((By.ID, "review"))).text
     assert "2031-06-01 09:30 Europe/Berlin" in review
     browser.find_element(By.ID, "wizard-create").click()
@@ -316,9 +327,9 @@ def test_the_wizard_schedules_a_campaign_at_each_recipients_local_time(
     topic_subscribe(topic=topic, user_ids=["tokyo", "nowhere"])
     _wizard_start(browser, live_server.url, "Morning coffee")
     Select(browser.find_element(By.NAME, "topic")).select_by_value("early-birds")
-    browser.find_element(By.ID, "wizard-next").click()
+    _wizard_next(browser)
     Select(wait(browser).until(ec.presence_of_element_located((By.NAME, "template")))).select_by_value("morning")
-    browser.find_element(By.ID, "wizard-next").click()
+    _wizard_next(browser)
 
     when = wait(browser).until(ec.presence_of_element_located((By.NAME, "send_at_local")))
     options = {e.get_attribute("value"): e for e in browser.find_elements(By.NAME, "schedule_in")}
@@ -327,7 +338,7 @@ def test_the_wizard_schedules_a_campaign_at_each_recipients_local_time(
     browser.execute_script("arguments[0].value = '2031-06-01T08:00'", when)
     Select(browser.find_element(By.NAME, "time_zone")).select_by_value("Europe/Berlin")
     screenshot(browser, "campaign-schedule")
-    browser.find_element(By.ID, "wizard-next").click()
+    _wizard_next(browser)
     review = wait(browser).until(ec.presence_of_element_located((By.ID, "review"))).text
     assert "2031-06-01 08:00 in each recipient's time zone (Europe/Berlin for recipients without one)" in review
     browser.find_element(By.ID, "wizard-create").click()
