@@ -297,6 +297,18 @@ def fill_history(days: int, per_day: int, *, recipients: int = 100_000) -> None:
     log(f"  {'all three':<24} {mib(sum(sizes.values())):>14}")
 
 
+def stop_process_group(proc: subprocess.Popen[Any], *, grace: float = 20) -> None:
+    """Stop a process started with start_new_session=True and its children: SIGTERM, then SIGKILL after `grace`."""
+    if proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+
 class Worker:
     """A `celery worker` subprocess on the bench database and vhost."""
 
@@ -346,13 +358,7 @@ class Worker:
             return 0.0
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
+        stop_process_group(self.proc, grace=30)
         self._log.close()
 
 
@@ -501,12 +507,7 @@ class ApiServer:
         return self
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
+        stop_process_group(self.proc)
         self._log.close()
 
 

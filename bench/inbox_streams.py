@@ -18,7 +18,6 @@ import json
 import os
 import random
 import resource
-import signal
 import subprocess
 import sys
 import time
@@ -40,6 +39,7 @@ from bench._common import (
     parser,
     percentile,
     prepare,
+    stop_process_group,
     wait_until,
     workers,
 )
@@ -75,12 +75,7 @@ class StreamServer:
         return p.memory_info().rss / 2**20, sum(p.cpu_times()[:2])
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
+        stop_process_group(self.proc)
         self._log.close()
 
 
