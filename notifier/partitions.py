@@ -6,8 +6,11 @@ Three tables are declaratively partitioned by RANGE, one partition per UTC day, 
 - `notifier_notification` on `created_at`. Notification ids are UUIDv7, whose first 48 bits are the creation
   time in milliseconds, so a lookup by id adds the `created_at` range that id implies (`notification_range`)
   and touches one partition (two within NOTIFICATION_ID_SLACK of midnight).
-- `notifier_delivery` on `id`. A delivery id is `days_since_epoch << 40 | sequence` (`delivery_id_day`), so a
+- `notifier_delivery` on `id`. A delivery id is `days_since_epoch << 37 | sequence` (`delivery_id_day`), so a
   lookup by id (claim, outcome write, resend, API) is pruned by PostgreSQL itself, with no extra predicate.
+  The id stays below 2^53 until the year 2149, so it is exact as a JSON number in JavaScript (the inbox
+  widget, browsers, any JS client); with a 40-bit shift today's ids were already past 2^54 and the widget
+  marked the wrong item read.
 - `notifier_deliveryevent` on `delivery_id`, with the deliveries' ranges: a delivery's events live in the
   same day as the delivery and go with it.
 
@@ -52,7 +55,10 @@ TABLES = (EVENT, DELIVERY, NOTIFICATION)
 KEYS = {NOTIFICATION: "created_at", DELIVERY: "id", EVENT: "delivery_id"}
 
 EPOCH = date(1970, 1, 1)
-DAY_SHIFT = 40
+# 16 bits of day and 37 of sequence: 2^53 - 1 (JavaScript's Number.MAX_SAFE_INTEGER) is the last id of
+# 2149-06-06, and 137 billion deliveries a day is far beyond the seed's volume.
+DAY_SHIFT = 37
+MAX_SAFE_ID = 2**53 - 1
 SEQUENCE_MASK = (1 << DAY_SHIFT) - 1
 # The most a notification's created_at may differ from the time in its UUIDv7 (both are taken in Python
 # while one request is handled); a lookup by id searches this far either side.

@@ -77,7 +77,9 @@ def test_support_finds_a_delivery_by_email_reads_its_timeline_and_resends_it(
     search = browser.find_element(By.ID, "searchbar")
     search.send_keys("ana@example.com")
     search.submit()
-    rows = browser.find_elements(By.CSS_SELECTOR, "#result_list tbody tr")
+    # submit() does not wait for the result page: wait for it, or the rows are read from the page being left.
+    wait(browser).until(ec.url_contains("q=ana"))
+    rows = wait(browser).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#result_list tbody tr"))
     assert len(rows) == 1
     rows[0].find_element(By.CSS_SELECTOR, "th a").click()
     timeline = wait(browser).until(ec.presence_of_element_located((By.ID, "timeline"))).text

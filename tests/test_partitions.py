@@ -23,6 +23,7 @@ from notifier.models import DeadLetter, Delivery, DeliveryEvent, FanoutLane, Not
 from notifier.partitions import (
     DELIVERY,
     EVENT,
+    MAX_SAFE_ID,
     NOTIFICATION,
     day_partitions,
     delivery_id_bounds,
@@ -117,6 +118,21 @@ def test_ids_carry_their_day(api: Any, template: None) -> None:
     assert delivery_id_day(delivery.pk) == today()
     low, high = delivery_id_bounds(today())
     assert low <= delivery.pk < high
+
+
+@pytest.mark.django_db
+def test_delivery_ids_stay_exact_as_javascript_numbers_until_2149() -> None:
+    """Every delivery id the database makes up to 2149-06-06 is at most 2^53 - 1, the last exact JS integer."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT notifier_delivery_id(now()), notifier_delivery_id('2149-06-06T23:59:59Z'),"
+            " notifier_delivery_id('2149-06-07T00:00:00Z')"
+        )
+        now_id, last_id, past_id = cursor.fetchone()
+    assert delivery_id_day(now_id) == today() and now_id <= MAX_SAFE_ID
+    assert delivery_id_day(last_id) == date(2149, 6, 6) and last_id <= MAX_SAFE_ID
+    assert delivery_id_bounds(date(2149, 6, 6))[1] - 1 == MAX_SAFE_ID
+    assert past_id > MAX_SAFE_ID
 
 
 @pytest.mark.django_db
