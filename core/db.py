@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Any, Generic, TypeVar, cast
 
 import psycopg
-from django.db import connection
+from django.db import close_old_connections, connection
 from django.db.models import Field, Model
 from django.db.models.base import ModelState
 
@@ -158,3 +158,14 @@ def insert_rows(objs: Sequence[M]) -> None:
     for obj in objs:
         obj._state.adding = False
         obj._state.db = connection.alias
+
+
+def close_old_task_connections(sender: Any = None, **_kwargs: Any) -> None:
+    """Close this thread's database connections past DATABASE_CONN_MAX_AGE or broken, as Django does per request.
+
+    Connected to Celery's task_prerun and task_postrun in place of the Django fix-up's unconditional close
+    (config/celery.py). Eager tasks run inside their caller's transaction and are left alone.
+    """
+    if getattr(getattr(sender, "request", None), "is_eager", False):
+        return
+    close_old_connections()
