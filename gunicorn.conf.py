@@ -22,8 +22,11 @@ timeout = 30
 keepalive = 5
 # Recycle a worker after 1,000-1,100 requests: bounds slow leaks in any library; the jitter keeps the workers
 # from restarting all at once. Metrics survive (multiprocess files; none of our gauges is per live process).
-max_requests = 1000
-max_requests_jitter = 100
+# A worker is replaced after this many requests, a guard against slow leaks. At 1,000 a busy worker was
+# replaced every half minute and each replacement cost a new interpreter importing Django (about 2 s of CPU)
+# plus cold caches: 15 % of the API's CPU at 75 requests/s (bench/singles.py).
+max_requests = 100_000
+max_requests_jitter = 10_000
 # Only these peers may set the client address and scheme through X-Forwarded-* headers.
 forwarded_allow_ips = env.str("FORWARDED_ALLOW_IPS", "127.0.0.1")
 # The heartbeat file lives in memory, not on a (possibly read-only or slow) container filesystem.

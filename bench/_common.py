@@ -349,13 +349,7 @@ class Worker:
 
     def cpu_seconds(self) -> float:
         """Return the CPU time (user + system) used so far by the worker and its pool processes."""
-        import psutil
-
-        try:
-            main = psutil.Process(self.proc.pid)
-            return sum(sum(p.cpu_times()[:2]) for p in [main, *main.children(recursive=True)])
-        except psutil.NoSuchProcess:
-            return 0.0
+        return process_tree_cpu(self.proc.pid)
 
     def stop(self) -> None:
         stop_process_group(self.proc, grace=30)
@@ -372,6 +366,21 @@ def workers(*started: Worker) -> Iterator[list[Worker]]:
     finally:
         for w in started:
             w.stop()
+
+
+def process_tree_cpu(pid: int) -> float:
+    """Return the CPU seconds of a process and its descendants, those that exited too (pool or worker restarts).
+
+    A live child counts through its own times; one that exited and was reaped counts through its parent's
+    children_user/children_system.
+    """
+    import psutil
+
+    try:
+        main = psutil.Process(pid)
+        return sum(main.cpu_times()[:4]) + sum(sum(p.cpu_times()[:2]) for p in main.children(recursive=True))
+    except psutil.NoSuchProcess:
+        return 0.0
 
 
 def service_cpu_seconds() -> dict[str, float]:

@@ -33,20 +33,11 @@ from bench._common import (
     parser,
     percentile,
     prepare,
+    process_tree_cpu,
     service_cpu_seconds,
     wait_until,
     workers,
 )
-
-
-def _cpu(proc_pid: int) -> float:
-    import psutil
-
-    try:
-        main = psutil.Process(proc_pid)
-        return sum(sum(p.cpu_times()[:2]) for p in [main, *main.children(recursive=True)])
-    except psutil.NoSuchProcess:
-        return 0.0
 
 
 def main() -> None:
@@ -88,7 +79,7 @@ def run(args: Any, noop: dict[str, float]) -> None:
     try:
         server.wait_ready()
         with workers(send):
-            cpu0 = {"api (gunicorn)": _cpu(server.proc.pid), "send worker": send.cpu_seconds()}
+            cpu0 = {"api (gunicorn)": process_tree_cpu(server.proc.pid), "send worker": send.cpu_seconds()}
             cpu0 |= service_cpu_seconds()
             counter = iter(range(n))
             lock = threading.Lock()
@@ -136,7 +127,7 @@ def run(args: Any, noop: dict[str, float]) -> None:
 
             wait_until(all_sent, timeout=600, interval=1, what="singles sent")
             span = qs.aggregate(a=Min("notification__created_at"), b=Max("sent_at"))
-            cpu1 = {"api (gunicorn)": _cpu(server.proc.pid), "send worker": send.cpu_seconds()}
+            cpu1 = {"api (gunicorn)": process_tree_cpu(server.proc.pid), "send worker": send.cpu_seconds()}
             cpu1 |= service_cpu_seconds()
             to_sent = (span["b"] - span["a"]).total_seconds()
             ms = [x * 1000 for x in latencies]
