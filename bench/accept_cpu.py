@@ -28,6 +28,7 @@ def main() -> None:
     p = parser(__doc__ or "")
     p.add_argument("--accepts", type=int, default=1000)
     p.add_argument("--cprofile", type=int, default=0, help="cProfile lines to print (0: none)")
+    p.add_argument("--profile-out", default="", help="also save the cProfile stats to this file (pstats format)")
     args = p.parse_args()
     prepare(broker=False)
     try:
@@ -77,7 +78,10 @@ def run(args: Any) -> None:
 
         profiler.disable()
         out = io.StringIO()
-        pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(args.cprofile)
+        stats = pstats.Stats(profiler, stream=out)
+        stats.sort_stats("cumulative").print_stats(args.cprofile)
+        if args.profile_out:
+            stats.dump_stats(args.profile_out)
         print(out.getvalue())
     print(f"\n=== bench/accept_cpu.py: {n} single accepts in-process (Django test client) ===")
     print(f"request thread CPU per accept   mean {statistics.fmean(cpu):.2f} ms, p50 {percentile(cpu, 50):.2f} ms,")

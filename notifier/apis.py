@@ -17,6 +17,7 @@ from rest_framework.views import APIView
 from core.errors import ApiError
 from core.openapi import error_response
 from core.pagination import CursorPage, invalid_cursor
+from core.serializers import represent_with, thread_serializer, validate_with
 from notifier.auth import request_client
 from notifier.backpressure import check_backpressure
 from notifier.models import Notification
@@ -92,14 +93,11 @@ class NotificationListCreateApi(APIView):
         ],
     )
     def post(self, request: Request) -> Response:
-        serializer = NotificationInput(data=request.data)
-        serializer.is_valid(raise_exception=True)
-        _shed_if_overloaded(serializer.validated_data)
-        result = notification_accept(
-            client=request_client(request), data=serializer.validated_data, trace_id=trace_id_of(request)
-        )
+        data = validate_with(NotificationInput, request.data)
+        _shed_if_overloaded(data)
+        result = notification_accept(client=request_client(request), data=data, trace_id=trace_id_of(request))
         code = status.HTTP_200_OK if result.duplicate else status.HTTP_202_ACCEPTED
-        return Response(AcceptOutput(result).data, status=code)
+        return Response(represent_with(AcceptOutput, result), status=code)
 
     @extend_schema(
         operation_id="notifications_list",
@@ -186,7 +184,7 @@ class NotificationBatchApi(APIView):
         items = body.validated_data["notifications"]
         # One serializer instance for every item: DRF deep-copies its declared fields per instance, which was
         # most of a batch's validation time.
-        validator = NotificationInput()
+        validator = thread_serializer(NotificationInput)
         checked = [self._validate(validator, item) for item in items]
         valid = [(i, data) for i, data in enumerate(checked) if not isinstance(data, Exception)]
         accepted = notifications_accept_batch(

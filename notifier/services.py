@@ -519,7 +519,8 @@ def _prepare_user(notification: Notification, user_id: str) -> list[Delivery]:
     localtime.apply_to_single(notification, recipient)  # send_at_local in the recipient's time zone
     if notification.send_at and notification.send_at > now:
         notification.status = Notification.Status.SCHEDULED
-    notification.save(force_insert=True)
+    # insert_rows, as the batch path: the ORM's INSERT compilation was a tenth of an accept's CPU.
+    insert_rows([notification])
 
     deliveries = [
         _plan_delivery(notification, recipient, channel, address, now)
@@ -530,7 +531,7 @@ def _prepare_user(notification: Notification, user_id: str) -> list[Delivery]:
     frequency.apply_at_accept(notification, recipient, deliveries)
     # ... and fallback between channels (notifier/strategy.py): later steps wait as pending.
     strategy.plan_at_accept(notification, deliveries, now)
-    Delivery.objects.bulk_create(deliveries)
+    insert_rows(deliveries)
     record_events(((d.pk, d.status, d.reason) for d in deliveries), at=now)
     strategy.after_accept(notification, deliveries, now)
     to_publish = [(d.pk, d.channel, d.priority) for d in deliveries if d.status == Delivery.Status.QUEUED]

@@ -79,6 +79,16 @@ def test_malformed_json_is_a_400(api: Any) -> None:
     assert response.json()["error"]["code"] == "malformed_json"
 
 
+@pytest.mark.parametrize(("raw", "message"), [("null", "No data provided"), ("[1]", "Invalid data")])
+def test_a_body_that_is_not_an_object_is_a_400(api: Any, raw: str, message: str) -> None:
+    """The send body is validated by a reused serializer instance: errors keep the shape is_valid gives them."""
+    response = api.post("/api/v1/notifications", raw, content_type="application/json")
+    assert response.status_code == 400, response.content
+    error = response.json()["error"]
+    assert message in str(error["fields"]["non_field_errors"]), error
+    assert Notification.objects.count() == 0
+
+
 def test_unknown_user_gets_suppressed_deliveries_for_missing_addresses(api: Any, template: None) -> None:
     response = api.post("/api/v1/notifications", body(), format="json")
     assert response.status_code == 202
