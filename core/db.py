@@ -7,6 +7,7 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic, TypeVar, cast
 
@@ -121,6 +122,41 @@ def _insert_expression(field: Field[Any, Any], index: int) -> str:
     return f"(e->>{index})::{db_type}"
 
 
+@dataclass(frozen=True)
+class _InsertPlan:
+    """What insert_rows needs of a model, worked out once per model: its fields and the INSERT statement."""
+
+    pk: Any
+    generated: bool
+    fields: list[Any]
+    stamped: list[Any]
+    sql: str
+
+
+_insert_plans: dict[type[Model], _InsertPlan] = {}
+
+
+def _insert_plan(model: type[Model]) -> _InsertPlan:
+    """Return the model's insert plan; built on first use (the SQL's column types cost more than a row)."""
+    plan = _insert_plans.get(model)
+    if plan is not None:
+        return plan
+    meta = model._meta
+    pk = meta.pk
+    generated = pk is not None and pk.get_internal_type() in {"AutoField", "BigAutoField", "SmallAutoField"}
+    fields = [f for f in meta.concrete_fields if not (generated and f is pk)]
+    stamped = [f for f in fields if getattr(f, "auto_now", False) or getattr(f, "auto_now_add", False)]
+    # A concrete field always has a column (the stubs type it `str | None` for the non-concrete ones).
+    columns = ", ".join(connection.ops.quote_name(cast(str, f.column)) for f in fields)
+    values = ", ".join(_insert_expression(f, i) for i, f in enumerate(fields))
+    table = connection.ops.quote_name(meta.db_table)
+    sql = f"INSERT INTO {table} ({columns}) SELECT {values} FROM json_array_elements(%s::json) AS e"  # noqa: S608
+    if generated:
+        sql += f" RETURNING {connection.ops.quote_name(cast(str, pk.column))}"
+    plan = _insert_plans[model] = _InsertPlan(pk=pk, generated=generated, fields=fields, stamped=stamped, sql=sql)
+    return plan
+
+
 def insert_rows(objs: Sequence[M]) -> None:
     """INSERT model instances with one statement, their values as one JSON parameter; set generated ids.
 
@@ -131,30 +167,17 @@ def insert_rows(objs: Sequence[M]) -> None:
     """
     if not objs:
         return
-    meta = type(objs[0])._meta
-    pk = meta.pk
-    generated = pk is not None and pk.get_internal_type() in {"AutoField", "BigAutoField", "SmallAutoField"}
-    fields = [f for f in meta.concrete_fields if not (generated and f is pk)]
+    plan = _insert_plan(type(objs[0]))
     rows = []
     for obj in objs:
-        row = []
-        for field in fields:
-            if getattr(field, "auto_now", False) or getattr(field, "auto_now_add", False):
-                field.pre_save(obj, True)
-            row.append(field.get_prep_value(field.value_from_object(obj)))
-        rows.append(row)
-    # A concrete field always has a column (the stubs type it `str | None` for the non-concrete ones).
-    columns = ", ".join(connection.ops.quote_name(cast(str, f.column)) for f in fields)
-    values = ", ".join(_insert_expression(f, i) for i, f in enumerate(fields))
-    table = connection.ops.quote_name(meta.db_table)
-    sql = f"INSERT INTO {table} ({columns}) SELECT {values} FROM json_array_elements(%s::json) AS e"  # noqa: S608
-    if generated:
-        sql += f" RETURNING {connection.ops.quote_name(cast(str, pk.column))}"
+        for field in plan.stamped:
+            field.pre_save(obj, True)
+        rows.append([field.get_prep_value(field.value_from_object(obj)) for field in plan.fields])
     with bound_cursor() as cursor:
-        cursor.execute(sql, [json_rows(rows)])
-        if generated:
+        cursor.execute(plan.sql, [json_rows(rows)])
+        if plan.generated:
             for obj, (value,) in zip(objs, cursor.fetchall(), strict=True):
-                setattr(obj, pk.attname, value)
+                setattr(obj, plan.pk.attname, value)
     for obj in objs:
         obj._state.adding = False
         obj._state.db = connection.alias
