@@ -37,6 +37,7 @@ from notifier.policy import send_policy
 from notifier.roles import ROLE_PERMISSIONS
 from preferences.compliance import suppressed_addresses
 from preferences.models import Device, Recipient, Topic
+from preferences.selectors import recipient_for_send
 from preferences.services import recipient_upsert
 from templates_app.models import TemplateVersion
 from templates_app.selectors import TemplateNotFound, template_version_resolve
@@ -510,7 +511,7 @@ def _prepare_user(notification: Notification, user_id: str) -> list[Delivery]:
     """Write a single-recipient notification with one delivery per (channel, address); publish after commit."""
     # A user the service has not heard of yet gets a bare recipient: in-app still works, and channels that
     # need contact data are reported as suppressed with reason no_address instead of failing the request.
-    recipient = Recipient.objects.filter(user_id=user_id).first()
+    recipient = recipient_for_send(user_id=user_id)
     if recipient is None:
         recipient, _ = recipient_upsert(user_id=user_id)
     notification.recipient = recipient
@@ -522,10 +523,15 @@ def _prepare_user(notification: Notification, user_id: str) -> list[Delivery]:
     # insert_rows, as the batch path: the ORM's INSERT compilation was a tenth of an accept's CPU.
     insert_rows([notification])
 
-    deliveries = [
-        _plan_delivery(notification, recipient, channel, address, now)
+    targets = [
+        (channel, address)
         for channel in notification.channels
         for address in channel_addresses(recipient, channel, webhook_default=notification.client.webhook_url)
+    ]
+    dead = suppressed_addresses(targets)
+    deliveries = [
+        _plan_delivery(notification, recipient, channel, address, now, suppressed=(channel, address) in dead)
+        for channel, address in targets
     ]
     # Smarter delivery hooks (notifier/frequency.py): the category's per-recipient cap.
     frequency.apply_at_accept(notification, recipient, deliveries)
