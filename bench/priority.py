@@ -1,18 +1,25 @@
-"""OTP latency while a campaign drains: p50/p99 of accept -> handed to the provider.
+"""OTP latency while a campaign drains, or while singles flood in: p50/p99 of accept -> handed to the provider.
 
     .venv/bin/python bench/priority.py [--recipients 100000] [--rate 100000] [--otps 60]
+    .venv/bin/python bench/priority.py --load singles [--clients 16] [--otps 60]
 
 A campaign to a topic of N recipients (marketing, low priority, capped at --rate per second) drains through
 its own low-queue workers; meanwhile an OTP (security, high priority) is POSTed to the real HTTP API once a
 second, served by separate high-queue workers (DESIGN.md: priorities need separate queues and processes).
 Latency per OTP is its delivery's sent_at minus its notification's created_at. Target p99 <= 500 ms.
+
+With `--load singles` there is no campaign: --clients HTTP clients send single notifications (social, normal
+priority, which travels on the low queue) as fast as the API takes them for the whole run, as bench/singles.py
+does, and the OTPs are measured against that.
 """
 
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import sys
+import threading
 import time
 import urllib.request
 from datetime import datetime
@@ -43,6 +50,8 @@ def main() -> None:
     p.add_argument("--recipients", type=int, default=100_000)
     p.add_argument("--rate", type=int, default=100_000)
     p.add_argument("--otps", type=int, default=60)
+    p.add_argument("--load", choices=["campaign", "singles"], default="campaign")
+    p.add_argument("--clients", type=int, default=16, help="with --load singles: concurrent HTTP clients")
     args = p.parse_args()
     prepare()
     try:
@@ -61,7 +70,14 @@ def run(args: argparse.Namespace) -> None:
     noop = empty_task_rate()
     make_template("promo", "marketing")
     make_template("otp", "security")
-    make_topic("everyone", args.recipients)
+    make_template("news", "social")
+    if args.load == "campaign":
+        make_topic("everyone", args.recipients)
+    else:
+        Recipient.objects.bulk_create(
+            [Recipient(user_id=f"load-{i}", email=f"load-{i}@example.com") for i in range(args.recipients)],
+            batch_size=5000,
+        )
     key = api_key()
     client = ApiClient.objects.get()
     Recipient.objects.create(user_id="otp-user", email="otp@example.com")
@@ -72,12 +88,24 @@ def run(args: argparse.Namespace) -> None:
     try:
         server.wait_ready()
         with workers(low, fan, high):
-            campaign_create(
-                client=client, name="bench", template="promo", topic="everyone", channels=["email"],
-                payload={"n": 1}, rate_per_second=args.rate,
-            )  # fmt: skip
+            stop = threading.Event()
+            loaders: list[threading.Thread] = []
+            if args.load == "campaign":
+                campaign_create(
+                    client=client, name="bench", template="promo", topic="everyone", channels=["email"],
+                    payload={"n": 1}, rate_per_second=args.rate,
+                )  # fmt: skip
+                campaign_sent = Delivery.objects.filter(notification__campaign__isnull=False, status="sent")
+            else:
+                loaders = [
+                    threading.Thread(target=_singles_load, args=(server.port, key, c, args, stop))
+                    for c in range(args.clients)
+                ]
+                for t in loaders:
+                    t.start()
+                campaign_sent = Delivery.objects.filter(notification__template_key="news", status="sent")
+            load_started = time.monotonic()
             ids: list[str] = []
-            campaign_sent = Delivery.objects.filter(notification__campaign__isnull=False, status="sent")
             for i in range(args.otps):
                 started = time.monotonic()
                 body = {"recipient": {"user_id": "otp-user"}, "category": "security", "template": "otp"}
@@ -91,6 +119,10 @@ def run(args: argparse.Namespace) -> None:
                 if i % 10 == 0:
                     log(f"  otp {i}; campaign sent so far {campaign_sent.count()}")
                 time.sleep(max(0.0, 1.0 - (time.monotonic() - started)))
+            stop.set()
+            for t in loaders:
+                t.join()
+            load_seconds = time.monotonic() - load_started
             otps = Delivery.objects.filter(notification_id__in=ids)
             wait_until(lambda: otps.filter(status="sent").count() == len(ids), timeout=120, what="otps sent")
             during = campaign_sent.count()
@@ -100,14 +132,18 @@ def run(args: argparse.Namespace) -> None:
     # Every OTP was waited for until sent: sent_at is set.
     rows = [(d.notification.created_at, cast(datetime, d.sent_at)) for d in otps.select_related("notification")]
     latencies = [(sent - accepted).total_seconds() * 1000 for accepted, sent in rows]
-    # The OTPs that were accepted while campaign deliveries were still being sent: the ones the target is about.
+    # The OTPs accepted while campaign (or load) deliveries were still being sent: the ones the target is about.
     draining = [(sent - accepted).total_seconds() * 1000 for accepted, sent in rows if accepted <= drained_at]
     print("\n=== bench/priority.py ===")
-    print(f"campaign                    {args.recipients} recipients, cap {args.rate}/s")
-    print(f"campaign deliveries sent while OTPs ran  {during}")
+    if args.load == "campaign":
+        print(f"campaign                    {args.recipients} recipients, cap {args.rate}/s")
+        print(f"campaign deliveries sent while OTPs ran  {during}")
+    else:
+        print(f"singles load                {args.clients} HTTP clients, normal priority (social, email.low)")
+        print(f"singles sent while OTPs ran {during} ({during / load_seconds:.0f}/s)")
     print(f"OTPs                        {len(latencies)} (one a second through the HTTP API)")
     print(
-        f"OTP accept -> provider (ms) while the campaign drained ({len(draining)} OTPs): "
+        f"OTP accept -> provider (ms) while the {args.load} load was being sent ({len(draining)} OTPs): "
         f"p50 {percentile(draining, 50):.0f}, p99 {percentile(draining, 99):.0f}, max {max(draining, default=0):.0f}"
         "  (target p99 <= 500)"
     )
@@ -116,6 +152,21 @@ def run(args: argparse.Namespace) -> None:
         f"p99 {percentile(latencies, 99):.0f}, max {max(latencies):.0f}"
     )
     print(f"empty Celery task           {noop['end_to_end_per_s']:.0f}/s publish+consume")
+
+
+def _singles_load(port: int, key: str, client_no: int, args: argparse.Namespace, stop: threading.Event) -> None:
+    """Send normal-priority single notifications over one keep-alive connection until `stop` is set."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    i = 0
+    while not stop.is_set():
+        user = f"load-{(client_no * 7919 + i) % args.recipients}"
+        body = {"recipient": {"user_id": user}, "category": "social", "template": "news", "channels": ["email"]}
+        body["payload"] = {"n": i}
+        conn.request("POST", "/api/v1/notifications", json.dumps(body), headers)
+        conn.getresponse().read()
+        i += 1
+    conn.close()
 
 
 if __name__ == "__main__":
