@@ -122,6 +122,9 @@ def _insert_expression(field: Field[Any, Any], index: int) -> str:
     return f"(e->>{index})::{db_type}"
 
 
+_PLAIN = (str, int)
+
+
 @dataclass(frozen=True)
 class _InsertPlan:
     """What insert_rows needs of a model, worked out once per model: its fields and the INSERT statement."""
@@ -168,11 +171,19 @@ def insert_rows(objs: Sequence[M]) -> None:
     if not objs:
         return
     plan = _insert_plan(type(objs[0]))
+    pairs = [(field, field.attname) for field in plan.fields]
     rows = []
     for obj in objs:
         for field in plan.stamped:
             field.pre_save(obj, True)
-        rows.append([field.get_prep_value(field.value_from_object(obj)) for field in plan.fields])
+        values = obj.__dict__
+        row = []
+        for field, attname in pairs:
+            value = values[attname] if attname in values else field.value_from_object(obj)
+            # A str, an int or None is what get_prep_value would return for it (and what the cast reads back);
+            # skipping the call for them halves the cost of a row.
+            row.append(value if value is None or type(value) in _PLAIN else field.get_prep_value(value))
+        rows.append(row)
     with bound_cursor() as cursor:
         cursor.execute(plan.sql, [json_rows(rows)])
         if plan.generated:

@@ -37,7 +37,7 @@ from notifier.policy import send_policy
 from notifier.roles import ROLE_PERMISSIONS
 from preferences.compliance import suppressed_addresses
 from preferences.models import Device, Recipient, Topic
-from preferences.selectors import recipient_for_send
+from preferences.selectors import recipient_for_send, recipients_for_send
 from preferences.services import recipient_upsert
 from templates_app.models import TemplateVersion
 from templates_app.selectors import TemplateNotFound, template_version_resolve
@@ -409,12 +409,12 @@ def _write_batch(
     """Write new single-recipient notifications, their deliveries and events: one statement per table."""
     now = timezone.now()
     user_ids = {item["recipient"]["user_id"] for _, item, _ in items}
-    recipients = {r.user_id: r for r in Recipient.objects.filter(user_id__in=user_ids)}
+    recipients = recipients_for_send(user_ids=user_ids)
     missing = user_ids - set(recipients)
     if missing:
         # Users the service has not heard of get a bare recipient, as on the single path.
         Recipient.objects.bulk_create([Recipient(user_id=u) for u in sorted(missing)], ignore_conflicts=True)
-        recipients.update({r.user_id: r for r in Recipient.objects.filter(user_id__in=missing)})
+        recipients.update(recipients_for_send(user_ids=missing))
     tokens: dict[int, list[str]] = {}
     if any("push" in decision.channels for _, _, decision in items):
         devices = Device.objects.filter(recipient__in=[r.pk for r in recipients.values()], active=True)

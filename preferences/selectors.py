@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from django.db.models import QuerySet
@@ -11,6 +12,9 @@ from preferences.models import Recipient, Subscription, Suppression, Topic
 
 _RECIPIENT = RowLoader(Recipient)
 _RECIPIENT_BY_USER_ID = f"SELECT {_RECIPIENT.columns('r')} FROM preferences_recipient r WHERE r.user_id = %s"  # noqa: S608
+_RECIPIENTS_BY_USER_ID = (
+    f"SELECT {_RECIPIENT.columns('r')} FROM preferences_recipient r WHERE r.user_id = ANY(%s::text[])"  # noqa: S608
+)
 
 
 def recipient_get(*, user_id: str, include_erased: bool = False) -> Recipient | None:
@@ -31,6 +35,17 @@ def recipient_for_send(*, user_id: str) -> Recipient | None:
         cursor.execute(_RECIPIENT_BY_USER_ID, [user_id])
         row = cursor.fetchone()
     return _RECIPIENT.build(row) if row is not None else None
+
+
+def recipients_for_send(*, user_ids: Collection[str]) -> dict[str, Recipient]:
+    """Return the recipients among `user_ids` by user id, as recipient_for_send does for one (erased ones too)."""
+    if not user_ids:
+        return {}
+    with bound_cursor() as cursor:
+        cursor.execute(_RECIPIENTS_BY_USER_ID, [list(user_ids)])
+        rows = cursor.fetchall()
+    found = [_RECIPIENT.build(row) for row in rows]
+    return {r.user_id: r for r in found}
 
 
 def recipient_preferences(*, recipient: Recipient) -> dict[str, Any]:
