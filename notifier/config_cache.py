@@ -7,7 +7,8 @@ An accept read its client (authentication) and its template's published version 
 two queries, about a quarter of its CPU. Both are kept here, per process, and invalidated by a generation
 number in Redis: every save or delete of an ApiClient, EventEndpoint, Template or TemplateVersion (any
 process, admin or API) bumps it after commit, and a lookup first reads it (one Redis GET, far cheaper than a
-query) and drops the process's entries when it moved. A key revoked or rotated, or a template published, is
+query; the lookups of one request share one read, `one_generation`) and drops the process's entries when it
+moved. A key revoked or rotated, or a template published, is
 therefore seen by the next request of every process, not after a TTL: a post_save signal with a TTL alone
 would leave a revoked key working in the other processes for the TTL. Writes that bypass model signals
 (`QuerySet.update`) must call `config_changed()` themselves if a cached answer depends on them; those on
@@ -24,7 +25,9 @@ from __future__ import annotations
 import copy
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any, TypeVar
 
 from django.db import transaction
@@ -43,13 +46,36 @@ _entries: dict[tuple[str, str], tuple[Any, float]] = {}
 _seen_generation: list[str | None] = [None]
 
 
+# Inside one_generation(): the generation read by the block's first lookup (empty until then).
+_pinned: ContextVar[list[str | None] | None] = ContextVar("config_cache_generation", default=None)
+
+
+@contextmanager
+def one_generation() -> Iterator[None]:
+    """Read the generation at most once inside the block: the lookups of one request share one Redis GET.
+
+    A change made by another process during the request is seen by the next request, as before; one made in
+    this process clears its entries at once anyway (config_changed).
+    """
+    token = _pinned.set([])
+    try:
+        yield
+    finally:
+        _pinned.reset(token)
+
+
 def _generation() -> str | None:
     """Return the current generation, or None when Redis cannot say (then nothing is cached)."""
+    pinned = _pinned.get()
+    if pinned:
+        return pinned[0]
     try:
-        value = get_redis().get(rkey(*_GENERATION))
+        value: str | None = str(get_redis().get(rkey(*_GENERATION)) or "0")
     except RedisError:
-        return None
-    return str(value or "0")
+        value = None
+    if pinned is not None:
+        pinned.append(value)
+    return value
 
 
 def cached(kind: str, key: str, load: Callable[[], T | None]) -> T | None:

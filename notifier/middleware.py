@@ -11,6 +11,7 @@ from django.http import HttpRequest, HttpResponse
 
 from core import metrics, tracing
 from core.logs import bind_delivery_context, clear_log_context
+from notifier import config_cache
 
 access_log = logging.getLogger("notifier.access")
 
@@ -47,7 +48,8 @@ class RequestContextMiddleware:
         started = time.monotonic()
         status = 500
         try:
-            response = self.get_response(request)
+            with config_cache.one_generation():  # the request's cached lookups share one Redis read
+                response = self.get_response(request)
             status = response.status_code
             response[tracing.TRACEPARENT] = ctx.traceparent
             return response

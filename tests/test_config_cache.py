@@ -48,6 +48,22 @@ def test_a_cached_client_is_read_without_a_query_until_another_process_changes_a
 
 
 @pytest.mark.django_db(transaction=True)
+def test_one_request_reads_the_generation_once_and_the_next_request_sees_a_change(api_client_factory: Any) -> None:
+    """Inside one_generation() (one request) the lookups share the first generation read; the next one re-reads."""
+    client, _ = api_client_factory()
+    key_hash = hash_key(api_client_rotate_key(client=client))
+    assert config_cache.api_client(key_hash) is not None
+    with config_cache.one_generation():
+        assert config_cache.api_client(key_hash) is not None
+        ApiClient.objects.filter(pk=client.pk).update(is_active=False)
+        get_redis().incr(rkey("config", "generation"))
+        # Still the generation this request started with: its lookups agree with each other.
+        assert _queries(lambda: config_cache.api_client(key_hash)) == 0
+    with config_cache.one_generation():
+        assert config_cache.api_client(key_hash) is None
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_revoked_key_is_refused_at_the_next_request(api_client_factory: Any) -> None:
     template_put(key="welcome", category="transactional", default_locale="en", content=CONTENT)
     client, http = api_client_factory()
