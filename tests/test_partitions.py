@@ -136,6 +136,46 @@ def test_delivery_ids_stay_exact_as_javascript_numbers_until_2149() -> None:
 
 
 @pytest.mark.django_db
+def test_the_claims_generic_plan_reads_only_the_ids_it_claims() -> None:
+    """Prepared, the claim runs on a generic plan: it must probe its ids, not read every row between them."""
+    import re
+
+    from tests.factories import make_delivery
+
+    deliveries = [make_delivery(status=Delivery.Status.QUEUED) for _ in range(120)]
+    first, last = deliveries[0].pk, deliveries[-1].pk
+    numbered = iter(range(1, 8))
+    prepared = re.sub(r"%s", lambda _: f"${next(numbered)}", _CLAIM_SQL).replace("%%", "%")
+    with connection.cursor() as cursor:
+        cursor.execute("BEGIN")
+        try:
+            cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+            cursor.execute(
+                f"PREPARE claim_generic (bigint[], bigint, bigint, float8, bigint[], bigint, bigint) AS {prepared}"
+            )
+            ids = int_array([first, last])
+            cursor.execute(
+                "EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE claim_generic (%s, %s, %s, 60, %s, %s, %s)",
+                [ids, first, last, ids, first, last],
+            )
+            plan = cursor.fetchone()[0]
+        finally:
+            cursor.execute("ROLLBACK")
+            cursor.execute("DEALLOCATE ALL")
+    plan = json.loads(plan) if isinstance(plan, str) else plan
+    read: list[int] = []
+
+    def walk(node: dict[str, Any]) -> None:
+        if node.get("Relation Name", "").startswith(DELIVERY) and "Scan" in node["Node Type"]:
+            read.append(node["Actual Rows"] * node.get("Actual Loops", 1))
+        for child in node.get("Plans", []):
+            walk(child)
+
+    walk(plan[0]["Plan"])
+    assert read and max(read) <= 2, read  # two ids claimed; the 118 rows between them are never read
+
+
+@pytest.mark.django_db
 def test_hot_queries_touch_only_their_day(api: Any, template: None) -> None:
     """Claim, load, outcome write, API read by id, inbox item, callbacks: each plan touches one day's partition."""
     recipient = Recipient.objects.create(user_id="u-part", email="p@example.com")
@@ -145,7 +185,7 @@ def test_hot_queries_touch_only_their_day(api: Any, template: None) -> None:
     one_day = {partition_name(DELIVERY, day)}
 
     # The send path: claim and load by ids, the outcome written back (the UPDATE … FROM json of outcomes.py).
-    assert touched(_CLAIM_SQL, [int_array(ids), min(ids), max(ids), 60, min(ids), max(ids)]) == one_day
+    assert touched(_CLAIM_SQL, [int_array(ids), min(ids), max(ids), 60, int_array(ids), min(ids), max(ids)]) == one_day
     assert touched(_LOAD_SQL, [int_array(ids), min(ids), max(ids)]) == one_day
     outcome = (
         "UPDATE notifier_delivery AS d SET status = %s, updated_at = now()"
