@@ -29,7 +29,8 @@ from channels_app.sms_fit import sms_fit
 from core.db import RowLoader, bound_cursor, int_array
 from notifier import config_cache, frequency
 from notifier.digest import is_digest
-from notifier.models import Campaign, Delivery, Notification
+from notifier.models import ApiClient, Campaign, Delivery, Notification
+from notifier.partitions import notification_range
 from notifier.tracking.services import decorate as tracking_decorate
 from preferences.compliance import evaluate, suppressed_addresses
 from preferences.emails import personalize, uses_preferences_url
@@ -213,6 +214,43 @@ _LOAD_SQL = (
 )
 
 
+_NOTIFICATIONS = RowLoader(Notification)
+_CLIENTS = RowLoader(ApiClient)
+_CAMPAIGNS = RowLoader(Campaign)
+_NOTIFICATIONS_SQL = (
+    f"SELECT {_NOTIFICATIONS.columns('n')}, {_CLIENTS.columns('c')}, {_CAMPAIGNS.columns('k')}"  # noqa: S608
+    " FROM notifier_notification n JOIN notifier_apiclient c ON c.id = n.client_id"
+    " LEFT JOIN notifier_campaign k ON k.id = n.campaign_id"
+    " WHERE n.id = ANY(%s::uuid[]) AND n.created_at BETWEEN %s AND %s"
+)
+
+
+def _load_notifications(ids: set[Any]) -> dict[Any, Notification]:
+    """Load a batch's notifications with their client and campaign (as select_related would), in one raw query.
+
+    The queryset's compilation of the two joins was a third of a small batch's CPU. The ids' UUIDv7 times
+    bound `created_at`, so the plan reads only their day's partition (notifier/partitions.py).
+    """
+    ranges = [r for r in map(notification_range, ids) if r is not None]
+    if not ranges:  # ids from before UUIDv7 (the legacy partition): no time to bound them by
+        return Notification.objects.select_related("client", "campaign").in_bulk(ids)
+    low, high = min(r[0] for r in ranges), max(r[1] for r in ranges)
+    with bound_cursor() as cursor:
+        cursor.execute(_NOTIFICATIONS_SQL, [[str(i) for i in ids], low, high])
+        rows = cursor.fetchall()
+    found: dict[Any, Notification] = {}
+    n_width, c_width = _NOTIFICATIONS.width, _CLIENTS.width
+    for row in rows:
+        notification = _NOTIFICATIONS.build(row[:n_width])
+        cache = notification._state.fields_cache
+        cache["client"] = _CLIENTS.build(row[n_width : n_width + c_width])
+        cache["campaign"] = _CAMPAIGNS.build(row[n_width + c_width :]) if notification.campaign_id else None
+        found[notification.pk] = notification
+    if len(found) < len(ids):  # an id outside its UUIDv7's day (or a legacy one): the ORM finds it anywhere
+        found |= Notification.objects.select_related("client", "campaign").in_bulk(set(ids) - set(found))
+    return found
+
+
 def _load(ids: Sequence[int]) -> list[Delivery]:
     """Load claimed deliveries with their recipients (as select_related would), in one query."""
     with bound_cursor() as cursor:
@@ -251,9 +289,7 @@ def deliver(delivery_ids: Sequence[int]) -> BatchReport:
 def _deliver_claimed(claimed: Claim, out: Outcomes) -> None:
     deliveries = _load(claimed.ids)
     # A batch usually belongs to one notification: load it (with client and campaign) once, not per row.
-    notifications = Notification.objects.select_related("client", "campaign").in_bulk(
-        {d.notification_id for d in deliveries}
-    )
+    notifications = _load_notifications({d.notification_id for d in deliveries})
     for delivery in deliveries:
         delivery.notification = notifications[delivery.notification_id]
     # Status events and inbox notifications only where someone listens: decided once for the batch.
