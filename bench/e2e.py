@@ -55,7 +55,7 @@ def main() -> None:
         noop = empty_task_rate()
         log(f"empty task: publish+consume {noop['end_to_end_per_s']:.0f}/s")
         topic_rate = topic_to_sent(args)
-        single_rate = singles_to_sent(args)
+        single_rate = singles_to_sent(args) if args.singles else 0.0
         print("\n=== bench/e2e.py ===")
         print(f"topic -> sent               {topic_rate:.0f} deliveries/s ({args.subscribers} subscribers)")
         print("                            (target >= 5000/s)")
