@@ -32,7 +32,7 @@ from channels_app.deadletter import publish_dead_letters
 from channels_app.providers.base import ProviderError, SendResult, UnexpectedError
 from channels_app.sms_fit import count_sent as count_sms_segments
 from core import metrics
-from core.db import bound_cursor, int_array, json_rows
+from core.db import bound_cursor, json_rows
 from core.logs import log_lines, mask_text
 from core.queues import queue_name
 from notifier import strategy
@@ -336,14 +336,11 @@ class Outcomes:
         sql = (
             f"UPDATE notifier_delivery AS d SET {', '.join(assignments)}, updated_at = %s"  # noqa: S608 - fixed names
             " FROM json_array_elements(%s::json) AS e WHERE d.id = (e->>0)::bigint"
-            # The ids as an index condition, so the prepared statement's generic plan probes them instead of
-            # reading every row between the lowest and the highest (channels_app.services.claim), and their
-            # span as constants: the planner prunes to their day's partition (notifier/partitions.py).
-            " AND d.id = ANY(%s::bigint[]) AND d.id BETWEEN %s AND %s"
+            # The ids' own span as constants: the planner prunes to their day's partition (notifier/partitions.py).
+            " AND d.id BETWEEN %s AND %s"
         )
         ids = [d.pk for d in deliveries]
-        rows_json = json_rows(zip(ids, *varying, strict=True))
-        return sql, [*params, at, rows_json, int_array(ids), min(ids), max(ids)]
+        return sql, [*params, at, json_rows(zip(ids, *varying, strict=True)), min(ids), max(ids)]
 
     def _write_rows(self, updates: list[tuple[Delivery, dict[str, Any]]], at: datetime) -> None:
         """Apply every outcome to its row with a single statement, whatever the count."""
