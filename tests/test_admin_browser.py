@@ -406,10 +406,8 @@ def test_operations_charts(live_server: Any, browser: WebDriver) -> None:
             assert ops_sample(now=now - timedelta(minutes=minutes_ago)) is not None
     finally:
         purge_all_queues()
-    browser.get(f"{live_server.url}/admin/login/")
-    browser.find_element(By.NAME, "username").send_keys("ops")
-    browser.find_element(By.NAME, "password").send_keys("pw-browser-123456")
-    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    # The shared helper waits for the logged-in page: a get() right after the click could overtake the POST.
+    login(browser, live_server.url, "ops")
     browser.get(f"{live_server.url}/admin/notifier/dashboard/")
     # The dashboard reads a day of events and the broker's queue depths: slower than a form under a full run.
     charts = wait(browser, 60).until(ec.presence_of_element_located((By.ID, "ops-charts")))
