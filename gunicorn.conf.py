@@ -20,11 +20,10 @@ threads = env.int("WEB_THREADS", 4)
 graceful_timeout = 30
 timeout = 30
 keepalive = 5
-# Recycle a worker after 1,000-1,100 requests: bounds slow leaks in any library; the jitter keeps the workers
-# from restarting all at once. Metrics survive (multiprocess files; none of our gauges is per live process).
-# A worker is replaced after this many requests, a guard against slow leaks. At 1,000 a busy worker was
-# replaced every half minute and each replacement cost a new interpreter importing Django (about 2 s of CPU)
-# plus cold caches: 15 % of the API's CPU at 75 requests/s (bench/singles.py).
+# Recycle a worker after 100,000-110,000 requests: bounds slow leaks in any library; the jitter keeps the
+# workers from restarting all at once. Metrics survive (multiprocess files; none of our gauges is per live
+# process). At 1,000 a busy worker was replaced every half minute, each time a new interpreter importing Django
+# (about 2 s of CPU) with cold caches: 15 % of the API's CPU at 75 requests/s (bench/singles.py).
 max_requests = 100_000
 max_requests_jitter = 10_000
 # Only these peers may set the client address and scheme through X-Forwarded-* headers.

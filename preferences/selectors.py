@@ -11,7 +11,6 @@ from core.db import RowLoader, bound_cursor
 from preferences.models import Recipient, Subscription, Suppression, Topic
 
 _RECIPIENT = RowLoader(Recipient)
-_RECIPIENT_BY_USER_ID = f"SELECT {_RECIPIENT.columns('r')} FROM preferences_recipient r WHERE r.user_id = %s"  # noqa: S608
 _RECIPIENTS_BY_USER_ID = (
     f"SELECT {_RECIPIENT.columns('r')} FROM preferences_recipient r WHERE r.user_id = ANY(%s::text[])"  # noqa: S608
 )
@@ -31,10 +30,7 @@ def recipient_for_send(*, user_id: str) -> Recipient | None:
     The same instance the ORM would build (through core.db.RowLoader); compiling the queryset had cost more
     than running it.
     """
-    with bound_cursor() as cursor:
-        cursor.execute(_RECIPIENT_BY_USER_ID, [user_id])
-        row = cursor.fetchone()
-    return _RECIPIENT.build(row) if row is not None else None
+    return recipients_for_send(user_ids=[user_id]).get(user_id)
 
 
 def recipients_for_send(*, user_ids: Collection[str]) -> dict[str, Recipient]:
