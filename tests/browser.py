@@ -12,9 +12,11 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support import expected_conditions as ec
 from selenium.webdriver.support.ui import WebDriverWait
 
@@ -81,8 +83,27 @@ def login(driver: WebDriver, base_url: str, username: str) -> None:
 
 
 def wait(driver: WebDriver, timeout: float = 20) -> WebDriverWait:
-    """Return a waiter for conditions in the page."""
-    return WebDriverWait(driver, timeout)
+    """Return a waiter for conditions in the page.
+
+    A condition that reads an element while the page is being replaced finds it stale; that is "not yet",
+    so the waiter asks again instead of failing the test.
+    """
+    return WebDriverWait(driver, timeout, ignored_exceptions=(StaleElementReferenceException,))
+
+
+def submit(driver: WebDriver, button: WebElement, *, confirm: bool = False) -> None:
+    """Click a button that submits a form and wait until the page it leaves is gone.
+
+    A click returns before the next page arrives, so anything the test looks for afterwards could be found
+    on the page being left (which then goes stale under the test). Waiting for the old document to go stale
+    orders the test after the navigation. `confirm` accepts the page's confirm() dialog first.
+    """
+    old = driver.find_element(By.TAG_NAME, "html")
+    button.click()
+    if confirm:
+        wait(driver).until(ec.alert_is_present()).accept()
+    wait(driver).until(ec.staleness_of(old))
+    wait(driver).until(lambda d: d.execute_script("return document.readyState") == "complete")
 
 
 def screenshot(driver: WebDriver, name: str) -> Path:

@@ -23,7 +23,7 @@ from preferences.services import recipient_upsert
 from templates_app.models import Template, TemplateVersion
 from templates_app.services import template_put
 from templates_app.sms import sms_info
-from tests.browser import login, screenshot, staff_user, wait
+from tests.browser import login, screenshot, staff_user, submit, wait
 from tests.conftest import wait_for
 from tests.factories import make_staff_user, make_topic
 
@@ -81,15 +81,13 @@ def test_support_finds_a_delivery_by_email_reads_its_timeline_and_resends_it(
     wait(browser).until(ec.url_contains("q=ana"))
     rows = wait(browser).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#result_list tbody tr"))
     assert len(rows) == 1
-    rows[0].find_element(By.CSS_SELECTOR, "th a").click()
+    submit(browser, rows[0].find_element(By.CSS_SELECTOR, "th a"))
     timeline = wait(browser).until(ec.presence_of_element_located((By.ID, "timeline"))).text
     for label in ("Request accepted", "Queued", "Attempt 1", "Accepted by the provider"):
         assert label in timeline
     assert "Ihre Bestellung A-7" in browser.find_element(By.ID, "sent-content").text
 
-    browser.find_element(By.ID, "action-resend").click()
-    browser.switch_to.alert.accept()
-    wait(browser).until(ec.url_contains("/change/"))
+    submit(browser, browser.find_element(By.ID, "action-resend"), confirm=True)
     wait_for(lambda: Delivery.objects.filter(resent_from=original.pk).exists())
     resent = Delivery.objects.get(resent_from=original.pk)
     assert browser.current_url.endswith(f"/admin/notifier/delivery/{resent.pk}/change/")
@@ -125,7 +123,7 @@ def test_support_edits_the_german_subject_previews_publishes_and_rolls_back(
     screenshot(browser, "template-editor")
 
     browser.find_element(By.NAME, "publish").click()
-    browser.find_element(By.NAME, "_continue").click()
+    submit(browser, browser.find_element(By.NAME, "_continue"))
     wait(browser).until(ec.presence_of_element_located((By.CSS_SELECTOR, ".messagelist")))
     template = Template.objects.get(key="order_shipped")
     assert template.published_version.version == 2
@@ -133,11 +131,11 @@ def test_support_edits_the_german_subject_previews_publishes_and_rolls_back(
         template.published_version.content["de"]["email"]["subject"] == "Ihre Bestellung {{ order_id }} ist unterwegs"
     )
 
-    browser.find_element(By.LINK_TEXT, "Roll back to this").click()
+    submit(browser, browser.find_element(By.LINK_TEXT, "Roll back to this"))
     confirm = wait(browser).until(ec.presence_of_element_located((By.ID, "confirm-text"))).text
     assert "back from version 2 to version 1" in confirm
     assert Template.objects.get(key="order_shipped").published_version.version == 2  # not before confirming
-    browser.find_element(By.ID, "confirm-publish").click()
+    submit(browser, browser.find_element(By.ID, "confirm-publish"))
     wait(browser).until(ec.presence_of_element_located((By.CSS_SELECTOR, ".messagelist")))
     assert Template.objects.get(key="order_shipped").published_version.version == 1
     actions = list(
@@ -156,7 +154,7 @@ def test_a_syntax_error_is_shown_beside_its_field_and_nothing_is_saved(
     subject = browser.find_element(By.NAME, "c__de__email__subject")
     subject.clear()
     subject.send_keys("Ihre Bestellung {{ order_id ")
-    browser.find_element(By.NAME, "_continue").click()
+    submit(browser, browser.find_element(By.NAME, "_continue"))
     errors = (
         wait(browser).until(ec.presence_of_element_located((By.CSS_SELECTOR, "#errors-c__de__email__subject li"))).text
     )
@@ -247,9 +245,7 @@ def _wizard_next(driver: WebDriver) -> None:
     The steps carry the answers so far in hidden fields of the same names, so waiting for a field to be
     present could find the old page's hidden one, which goes stale under the test as the next page loads.
     """
-    old = driver.find_element(By.ID, "wizard-form")
-    driver.find_element(By.ID, "wizard-next").click()
-    wait(driver).until(ec.staleness_of(old))
+    submit(driver, driver.find_element(By.ID, "wizard-next"))
 
 
 def test_a_marketer_creates_test_sends_schedules_and_pauses_a_campaign(
@@ -279,10 +275,10 @@ def test_a_marketer_creates_test_sends_schedules_and_pauses_a_campaign(
     payload = browser.find_element(By.NAME, "payload")
     payload.clear()
     payload.send_keys('{"percent": 20}')
-    browser.find_element(By.ID, "wizard-preview").click()
+    submit(browser, browser.find_element(By.ID, "wizard-preview"))
     sample = wait(browser).until(ec.presence_of_element_located((By.ID, "wizard-sample"))).text
     assert "Frühlingsangebot 20%" in sample and "sub-1" in sample
-    browser.find_element(By.ID, "wizard-test").click()
+    submit(browser, browser.find_element(By.ID, "wizard-test"))
     message = wait(browser).until(ec.presence_of_element_located((By.CSS_SELECTOR, ".messagelist"))).text
     assert "Test sent to max@example.com" in message
     assert Delivery.objects.filter(address="max@example.com", channel="email").count() == 1
@@ -298,15 +294,15 @@ def test_a_marketer_creates_test_sends_schedules_and_pauses_a_campaign(
     _wizard_next(browser)
     review = wait(browser).until(ec.presence_of_element_located((By.ID, "review"))).text
     assert "2031-06-01 09:30 Europe/Berlin" in review
-    browser.find_element(By.ID, "wizard-create").click()
+    submit(browser, browser.find_element(By.ID, "wizard-create"))
 
     status = wait(browser).until(ec.presence_of_element_located((By.ID, "campaign-status")))
     assert status.text == "scheduled"
     campaign = Campaign.objects.get(name="Spring sale")
     assert campaign.send_at.isoformat() == "2031-06-01T07:30:00+00:00"  # 09:30 in Berlin, summer time
     assert campaign.rate_per_second == 25
-    browser.find_element(By.ID, "campaign-pause").click()
-    wait(browser).until(lambda d: d.find_element(By.ID, "campaign-status").text == "paused")
+    submit(browser, browser.find_element(By.ID, "campaign-pause"))
+    assert browser.find_element(By.ID, "campaign-status").text == "paused"
     assert Campaign.objects.get(pk=campaign.pk).status == "paused"
     assert browser.find_element(By.ID, "campaign-resume")
     actions = set(AuditEntry.objects.filter(actor_name="max").values_list("action", flat=True))
@@ -343,7 +339,7 @@ def test_the_wizard_schedules_a_campaign_at_each_recipients_local_time(
     _wizard_next(browser)
     review = wait(browser).until(ec.presence_of_element_located((By.ID, "review"))).text
     assert "2031-06-01 08:00 in each recipient's time zone (Europe/Berlin for recipients without one)" in review
-    browser.find_element(By.ID, "wizard-create").click()
+    submit(browser, browser.find_element(By.ID, "wizard-create"))
 
     status = wait(browser).until(ec.presence_of_element_located((By.ID, "campaign-status")))
     assert status.text == "scheduled"
@@ -461,7 +457,7 @@ def test_a_delivery_timeline_shows_attempts_errors_and_callbacks(
 
     login(browser, live_server.url, "sue")
     browser.get(f"{live_server.url}/admin/notifier/delivery/?q=0100-ses-b12")
-    browser.find_element(By.CSS_SELECTOR, "#result_list tbody tr th a").click()
+    submit(browser, browser.find_element(By.CSS_SELECTOR, "#result_list tbody tr th a"))
     items = wait(browser).until(ec.presence_of_element_located((By.ID, "timeline"))).find_elements(By.TAG_NAME, "li")
     labels = [item.find_element(By.TAG_NAME, "strong").text for item in items]
     assert labels == [
