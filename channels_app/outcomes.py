@@ -303,7 +303,7 @@ class Outcomes:
     )
 
     def _update_statement(self, updates: list[tuple[Delivery, dict[str, Any]]], at: datetime) -> tuple[str, list[Any]]:
-        """Return the UPDATE … FROM json_array_elements(…) that applies every outcome to its row ("" for none).
+        """Return the UPDATE … FROM jsonb_array_elements(…) that applies every outcome to its row ("" for none).
 
         Outcomes differ per row (a provider message id each), so grouping rows by identical values would be
         one statement per delivery; one JSON parameter of per-row values keeps it one round trip.
@@ -335,7 +335,7 @@ class Outcomes:
                 varying.append(values)
         sql = (
             f"UPDATE notifier_delivery AS d SET {', '.join(assignments)}, updated_at = %s"  # noqa: S608 - fixed names
-            " FROM json_array_elements(%s::json) AS e WHERE d.id = (e->>0)::bigint"
+            " FROM jsonb_array_elements(%s::jsonb) AS e WHERE d.id = (e->>0)::bigint"
             # The ids' own span as constants: the planner prunes to their day's partition (notifier/partitions.py).
             " AND d.id BETWEEN %s AND %s"
         )
@@ -362,7 +362,7 @@ class Outcomes:
         if events:
             parts.append(
                 "ev AS (INSERT INTO notifier_deliveryevent (delivery_id, status, detail, at)"
-                " SELECT (e->>0)::bigint, e->>1, e->>2, %s FROM json_array_elements(%s::json) AS e)"
+                " SELECT (e->>0)::bigint, e->>1, e->>2, %s FROM jsonb_array_elements(%s::jsonb) AS e)"
             )
             params += [at, json_rows((i, status, detail[:1024]) for i, status, detail in events)]
         if not parts:

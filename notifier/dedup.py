@@ -91,7 +91,7 @@ def _cutoff() -> Any:
 
 _RESERVE_SQL = """
     INSERT INTO notifier_dedupkey (client_id, dedup_key, notification_id, request_hash, created_at)
-    SELECT %s, e->>0, (e->>1)::uuid, e->>2, %s FROM json_array_elements(%s::json) AS e
+    SELECT %s, e->>0, (e->>1)::uuid, e->>2, %s FROM jsonb_array_elements(%s::jsonb) AS e
     ON CONFLICT (client_id, dedup_key) DO UPDATE
         SET notification_id = EXCLUDED.notification_id, request_hash = EXCLUDED.request_hash,
             created_at = EXCLUDED.created_at

@@ -52,7 +52,7 @@ def record_events(rows: Iterable[tuple[int, str, str]], *, at: datetime | None =
         else:
             cursor.execute(
                 "INSERT INTO notifier_deliveryevent (delivery_id, status, detail, at)"
-                " SELECT (e->>0)::bigint, e->>1, e->>2, %s FROM json_array_elements(%s::json) AS e",
+                " SELECT (e->>0)::bigint, e->>1, e->>2, %s FROM jsonb_array_elements(%s::jsonb) AS e",
                 [at or timezone.now(), json_rows(zip(ids, statuses, details, strict=True))],
             )
     # Status events to the calling service and live inbox streams: one more statement for the whole batch.

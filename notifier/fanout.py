@@ -11,7 +11,7 @@ by PostgreSQL, another's is decided in Python. Per page of a lane:
    with its recipients, their active push devices and the suppression list, in three queries;
 2. plan every (recipient, channel, address) with `notifier.planning.delivery_plan()` (as accept does) and
    insert the deliveries and their first events in one statement
-   (`INSERT … SELECT … FROM json_array_elements(…) ON CONFLICT DO NOTHING`), `published_at` set for the
+   (`INSERT … SELECT … FROM jsonb_array_elements(…) ON CONFLICT DO NOTHING`), `published_at` set for the
    queued ones, in a short transaction;
 3. publish the page's queued deliveries (500 ids per message); if any insert conflicted (the page is being
    redone after a crash) the queued ids are selected again, so what a crash left unpublished goes now;
@@ -213,7 +213,7 @@ _INSERT_SQL = """
         )
         SELECT notifier_delivery_id(%s::timestamptz), %s, (e->>0)::bigint, e->>1, %s, e->>2, e->>3, e->>4,
                (e->>5)::timestamptz, CASE WHEN e->>3 = 'queued' THEN %s::timestamptz END, '', '', 0, '', %s, %s
-        FROM json_array_elements(%s::json) AS e
+        FROM jsonb_array_elements(%s::jsonb) AS e
         -- The partition's own unique index on (notification, recipient, channel, address) is the arbiter: a
         -- notification's deliveries all take its day (the id above), so a resumed page never doubles.
         ON CONFLICT DO NOTHING

@@ -211,7 +211,7 @@ def _database_verdicts(cap: Cap, category: str, group: list[Delivery]) -> dict[t
               AND d.created_at > clock_timestamp() - make_interval(secs => %s)
               AND d.status <> ALL(%s::text[])
               AND n.created_at < (e->>2)::timestamptz AND n.id <> (e->>1)::uuid
-        ) FROM json_array_elements(%s::json) AS e
+        ) FROM jsonb_array_elements(%s::jsonb) AS e
     """
     with bound_cursor() as cursor:
         cursor.execute(

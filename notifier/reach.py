@@ -39,7 +39,7 @@ _INTERESTING = frozenset(EVENT_STATUSES) | frozenset(INBOX_STATUSES)
 
 _SQL = """
     WITH v AS (
-        SELECT (e->>0)::bigint AS id, e->>1 AS status, e->>2 AS detail FROM json_array_elements(%s::json) AS e
+        SELECT (e->>0)::bigint AS id, e->>1 AS status, e->>2 AS detail FROM jsonb_array_elements(%s::jsonb) AS e
     ), ev AS (
         INSERT INTO notifier_statusevent (endpoint_id, delivery_id, type, data, at, state, attempts)
         SELECT ep.id, d.id, 'delivery.' || v.status,

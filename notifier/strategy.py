@@ -296,7 +296,7 @@ def _decide_locked(ids: list[int]) -> Decisions:
         if deadlines:
             cursor.execute(
                 "UPDATE notifier_delivery AS d SET not_before = (e->>1)::timestamptz, updated_at = %s"
-                " FROM json_array_elements(%s::json) AS e WHERE d.id = (e->>0)::bigint AND d.status = 'pending'",
+                " FROM jsonb_array_elements(%s::jsonb) AS e WHERE d.id = (e->>0)::bigint AND d.status = 'pending'",
                 [now, json_rows(deadlines)],
             )
         record_events(events, at=now)

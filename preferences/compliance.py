@@ -147,7 +147,7 @@ def suppressed_addresses(pairs: list[tuple[str, str]]) -> set[tuple[str, str]]:
     with bound_cursor() as cursor:
         cursor.execute(
             "SELECT s.channel, s.address FROM preferences_suppression s "
-            "JOIN json_array_elements(%s::json) AS e ON s.channel = e->>0 AND s.address = e->>1",
+            "JOIN jsonb_array_elements(%s::jsonb) AS e ON s.channel = e->>0 AND s.address = e->>1",
             [json_rows(wanted)],
         )
         return {(channel, address) for channel, address in cursor.fetchall()}

@@ -149,7 +149,7 @@ def test_hot_queries_touch_only_their_day(api: Any, template: None) -> None:
     assert touched(_LOAD_SQL, [int_array(ids), min(ids), max(ids)]) == one_day
     outcome = (
         "UPDATE notifier_delivery AS d SET status = %s, updated_at = now()"
-        " FROM json_array_elements(%s::json) AS e WHERE d.id = (e->>0)::bigint AND d.id BETWEEN %s AND %s"
+        " FROM jsonb_array_elements(%s::jsonb) AS e WHERE d.id = (e->>0)::bigint AND d.id BETWEEN %s AND %s"
     )
     assert touched(outcome, ["sent", json.dumps([[i] for i in ids]), min(ids), max(ids)]) == one_day
     assert touched_qs(Delivery.objects.filter(pk__in=ids)) == one_day  # the relay's mark_published

@@ -81,7 +81,7 @@ class SandboxProvider(Provider):
                 "INSERT INTO channels_app_sandboxmessage"
                 " (delivery_id, channel, provider, address, content, send_count, created_at)"
                 " SELECT (e->>0)::bigint, e->>1, %s, e->>2, (e->3)::jsonb, 1, %s"
-                " FROM json_array_elements(%s::json) AS e"
+                " FROM jsonb_array_elements(%s::jsonb) AS e"
                 " ON CONFLICT (delivery_id) DO UPDATE SET send_count = channels_app_sandboxmessage.send_count + 1",
                 [
                     self.name,
