@@ -1,4 +1,7 @@
-"""Serializer instances reused by a thread: DRF builds a serializer's fields anew for every instance."""
+"""Serializer helpers of every app: instances reused by a thread, and the free-form JSON object field.
+
+DRF builds a serializer's fields anew for every instance, hence the reused instances.
+"""
 
 from __future__ import annotations
 
@@ -46,3 +49,31 @@ def validate_with(cls: type[serializers.Serializer[Any]], data: Any) -> dict[str
 def represent_with(cls: type[serializers.Serializer[Any]], instance: Any) -> dict[str, Any]:
     """Return `cls(instance).data`, built with this thread's instance of the serializer."""
     return dict(thread_serializer(cls).to_representation(instance))
+
+
+def _holds_nul(value: Any) -> bool:
+    """Return True if a string anywhere in a parsed JSON value (an object's keys too) holds a NUL character."""
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any("\x00" in key or _holds_nul(item) for key, item in value.items())
+    if isinstance(value, list):
+        return any(_holds_nul(item) for item in value)
+    return False
+
+
+class JsonObjectField(serializers.DictField):
+    """A free-form JSON object (template variables, template content), refused if a string in it holds a NUL.
+
+    PostgreSQL stores neither a NUL in `text` nor `\\u0000` in `jsonb`: accepted, such a value failed the
+    INSERT with a 500, and in a batch it took its neighbours' rows with it. DRF's CharField refuses it the same
+    way (ProhibitNullCharactersValidator), so the message is DRF's.
+    """
+
+    default_error_messages = {"null_characters": "Null characters are not allowed."}
+
+    def to_internal_value(self, data: Any) -> dict[str, Any]:
+        value = super().to_internal_value(data)
+        if _holds_nul(value):
+            self.fail("null_characters")
+        return value

@@ -12,6 +12,7 @@ from rest_framework import serializers
 from core.errors import exception_handler
 from core.openapi import ErrorDetailSerializer
 from core.pagination import CursorQuerySerializer, cursor_page_serializer
+from core.serializers import JsonObjectField
 from notifier.localtime import parse_wall_clock
 from notifier.models import Delivery, Notification
 from notifier.services import AcceptResult
@@ -54,7 +55,7 @@ class NotificationInput(StrictSerializer):
         max_length=5,
         help_text="Default: the template's channels.",
     )
-    payload = serializers.DictField(required=False, default=dict, help_text="Template variables.")
+    payload = JsonObjectField(required=False, default=dict, help_text="Template variables.")
     dedup_key = serializers.CharField(
         max_length=255, required=False, allow_blank=False, help_text="Idempotency key, unique per API client."
     )

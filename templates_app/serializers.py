@@ -7,6 +7,7 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from core.serializers import JsonObjectField
 from templates_app.models import Template, TemplateVersion
 from templates_app.selectors import template_version_list
 from templates_app.sms import sms_preview
@@ -39,7 +40,7 @@ class TemplatePutInputSerializer(serializers.Serializer):
     category = serializers.CharField(max_length=64)
     default_locale = serializers.CharField(max_length=35, required=False)
     publish = serializers.BooleanField(default=True, help_text="False keeps the new version as a draft.")
-    content = serializers.DictField(help_text="Per locale, per channel: the parts of the message (API.md).")
+    content = JsonObjectField(help_text="Per locale, per channel: the parts of the message (API.md).")
 
 
 class TemplatePutOutputSerializer(serializers.Serializer):
@@ -87,7 +88,7 @@ class TemplateOutputSerializer(serializers.Serializer):
 class TemplatePreviewInputSerializer(serializers.Serializer):
     """The body of POST /api/v1/templates/{key}/preview."""
 
-    payload = serializers.DictField(default=dict, help_text="Template variables.")
+    payload = JsonObjectField(default=dict, help_text="Template variables.")
     locale = serializers.CharField(max_length=35, required=False, allow_blank=True, default="")
     version = serializers.IntegerField(min_value=1, required=False, help_text="Default: the published version.")
 

@@ -58,6 +58,11 @@ def test_category_not_allowed_for_client_is_403(api_client_factory: Any, templat
         ({"channels": []}, "channels"),
         ({"priority": "urgent"}, "priority"),
         ({"payload": "x"}, "payload"),
+        # PostgreSQL stores no NUL in text or jsonb: refused up front, in a value, a nested one or a key.
+        ({"payload": {"code": "12\u00003"}}, "payload"),
+        ({"payload": {"items": [{"name": "a\u0000"}]}}, "payload"),
+        ({"payload": {"k\u0000": 1}}, "payload"),
+        ({"dedup_key": "k\u0000"}, "dedup_key"),
         ({"topic": "all"}, "recipient"),
         ({"recipient": {}}, "recipient.user_id"),
         ({"send_at": "tomorrow"}, "send_at"),

@@ -127,3 +127,16 @@ def test_a_batch_repeated_as_a_whole_is_all_duplicates(api: Any) -> None:
     assert [r["status"] for r in again] == [200] * 50
     assert [r["id"] for r in again] == [r["id"] for r in first]
     assert Notification.objects.filter(dedup_key__startswith="k-").count() == 50
+
+
+def test_a_nul_character_in_one_item_costs_only_that_item(api: Any) -> None:
+    """A payload PostgreSQL cannot store is that item's 400; the rest of the batch is written."""
+    for user_id in ("u-1", "u-2", "u-3"):
+        make_recipient(user_id=user_id, email=f"{user_id}@example.com")
+    bad = item("u-2") | {"payload": {"name": "x\u0000y"}}
+    response = api.post(URL, {"notifications": [item("u-1"), bad, item("u-3")]}, format="json")
+    assert response.status_code == 200, response.content
+    results = response.json()["results"]
+    assert [r["status"] for r in results] == [202, 400, 202]
+    assert results[1]["error"]["fields"] == {"payload": ["Null characters are not allowed."]}
+    assert sorted(Notification.objects.values_list("user_id", flat=True)) == ["u-1", "u-3"]

@@ -90,6 +90,7 @@ def test_a_recurring_campaign_gets_a_crontab_schedule_and_bad_input_is_400(api: 
         (body(channels=["sms", "webhook"]), "channels"),
         (body(rate_per_second=0), "rate_per_second"),
         (body(colour="red"), "colour"),
+        (body(payload={"pct": "2\u00000"}), "payload"),
     ):
         answer = api.post(URL, bad, format="json")
         assert answer.status_code == 400, (bad, answer.content)

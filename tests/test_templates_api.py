@@ -100,6 +100,7 @@ def test_requires_api_key(db: None) -> None:
         ({**BODY, "content": {"en": {"sms": {"text": "x"}}, "EN": {"sms": {"text": "y"}}}}, "content.EN"),
         ({**BODY, "content": {"en!": {"sms": {"text": "x"}}}}, "content.en!"),
         ({**BODY, "publish": "maybe"}, "publish"),
+        ({**BODY, "content": {"en": {"sms": {"text": "a\u0000b"}}}}, "content"),
     ],
 )
 def test_put_validation_errors_name_the_field(api: Any, body: dict[str, Any], field: str) -> None:
@@ -198,6 +199,7 @@ def test_preview_missing_variable_is_400_naming_it(api: Any) -> None:
         ({"payload": "not an object"}, "payload"),
         ({"payload": {}, "version": 0}, "version"),
         ({"payload": {}, "version": "x"}, "version"),
+        ({"payload": {"name": "a\u0000b"}}, "payload"),
     ],
 )
 def test_preview_bad_input_is_400(api: Any, body: dict[str, Any], field: str) -> None:

@@ -8,6 +8,7 @@ from django.conf import settings
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from core.serializers import JsonObjectField
 from notifier.campaigns.selectors import campaign_progress, campaign_runs
 from notifier.models import Campaign
 from notifier.serializers import TEMPLATE_SPEC, StrictSerializer
@@ -25,7 +26,7 @@ class CampaignInput(StrictSerializer):
     channels = serializers.ListField(
         child=serializers.ChoiceField(choices=settings.CHANNELS), required=False, allow_empty=False, max_length=5
     )
-    payload = serializers.DictField(required=False, default=dict)
+    payload = JsonObjectField(required=False, default=dict)
     send_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
     crontab = serializers.CharField(max_length=128, required=False, allow_blank=True, default="")
     timezone = serializers.CharField(max_length=64, default="UTC")
