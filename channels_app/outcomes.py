@@ -32,7 +32,7 @@ from channels_app.deadletter import publish_dead_letters
 from channels_app.providers.base import ProviderError, SendResult, UnexpectedError
 from channels_app.sms_fit import count_sent as count_sms_segments
 from core import metrics
-from core.db import bound_cursor, json_rows
+from core.db import bound_cursor, json_rows, span_prepare
 from core.logs import log_lines, mask_text
 from core.queues import queue_name
 from notifier import strategy
@@ -347,7 +347,7 @@ class Outcomes:
         sql, params = self._update_statement(updates, at)
         if sql:
             with bound_cursor() as cursor:
-                cursor.execute(sql, params)
+                cursor.execute(sql, params, prepare=span_prepare([d.pk for d, _ in updates]))
 
     def _write_in_one_statement(
         self, updates: list[tuple[Delivery, dict[str, Any]]], events: list[tuple[int, str, str]], at: datetime
@@ -368,7 +368,8 @@ class Outcomes:
         if not parts:
             return
         with bound_cursor() as cursor:
-            cursor.execute(f"WITH {', '.join(parts)} SELECT 1", params)
+            prepare = span_prepare([d.pk for d, _ in updates])
+            cursor.execute(f"WITH {', '.join(parts)} SELECT 1", params, prepare=prepare)
 
     def _write(
         self,

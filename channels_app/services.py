@@ -26,7 +26,7 @@ from channels_app.outcomes import BatchReport, DbClock, Outcomes, backoff_second
 from channels_app.providers import registry
 from channels_app.providers.base import OutboundMessage, Outcome, RetriableError, SendResult
 from channels_app.sms_fit import sms_fit
-from core.db import RowLoader, bound_cursor, int_array
+from core.db import RowLoader, bound_cursor, int_array, span_prepare
 from notifier import config_cache, frequency
 from notifier.digest import is_digest
 from notifier.models import ApiClient, Campaign, Delivery, Notification
@@ -98,7 +98,11 @@ def claim(delivery_ids: Sequence[int]) -> Claim:
         # One statement, so no transaction block: the claim and its events commit together.
         # The ids' span as constants too: the planner prunes to their day's partition (notifier/partitions.py).
         low, high = (min(delivery_ids), max(delivery_ids)) if delivery_ids else (0, -1)
-        cursor.execute(_CLAIM_SQL, [int_array(delivery_ids), low, high, settings.SENDING_LEASE_SECONDS, low, high])
+        cursor.execute(
+            _CLAIM_SQL,
+            [int_array(delivery_ids), low, high, settings.SENDING_LEASE_SECONDS, low, high],
+            prepare=span_prepare(delivery_ids),
+        )
         rows = cursor.fetchall()
     return Claim(
         ids=[row[0] for row in rows],
@@ -251,7 +255,7 @@ def _load_notifications(ids: set[Any]) -> dict[Any, Notification]:
 def _load(ids: Sequence[int]) -> list[Delivery]:
     """Load claimed deliveries with their recipients (as select_related would), in one query."""
     with bound_cursor() as cursor:
-        cursor.execute(_LOAD_SQL, [int_array(ids), min(ids), max(ids)])
+        cursor.execute(_LOAD_SQL, [int_array(ids), min(ids), max(ids)], prepare=span_prepare(ids))
         rows = cursor.fetchall()
     width = _DELIVERIES.width
     deliveries = []

@@ -20,10 +20,10 @@ from typing import Any, cast
 from celery import current_app as celery_app
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models.functions import Now
 from django.utils import timezone
 
 from core import metrics, tracing
+from core.db import bound_cursor, int_array, span_prepare
 from core.queues import broker_recently_down, ensure_topology, mark_broker_down, queue_name
 from notifier.events import record_events
 from notifier.models import Delivery
@@ -87,13 +87,23 @@ def group_by_queue(rows: Iterable[tuple[int, str, str]]) -> dict[str, list[int]]
     return groups
 
 
+# The ids' span as constants prunes to their day's partition (notifier/partitions.py); the semi-join probes
+# the primary key whatever the statistics (channels_app.services.claim says why not `= ANY`).
+MARK_PUBLISHED_SQL = (
+    "UPDATE notifier_delivery SET published_at = now()"
+    " WHERE id IN (SELECT unnest(%s::bigint[])) AND id BETWEEN %s AND %s"
+)
+
+
 def mark_published(ids: Sequence[int]) -> None:
     """Record that a message for these deliveries is in the broker (the relay leaves them alone).
 
-    On the database's clock, like every time the relay compares it with.
+    On the database's clock, like every time the relay compares it with. One raw statement: as a queryset
+    update, compiling it was 5 % of the API's CPU under single sends (the coalescer marks every publish).
     """
     if ids:
-        Delivery.objects.filter(pk__in=list(ids)).update(published_at=Now())
+        with bound_cursor() as cursor:
+            cursor.execute(MARK_PUBLISHED_SQL, [int_array(ids), min(ids), max(ids)], prepare=span_prepare(ids))
 
 
 def publish_now(rows: Iterable[tuple[int, str, str]], *, countdown: float | None = None) -> list[int]:

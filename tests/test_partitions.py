@@ -14,12 +14,13 @@ from django.db import connection
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from channels_app.services import _CLAIM_SQL, _LOAD_SQL
-from core.db import int_array
+from channels_app.services import _CLAIM_SQL, _LOAD_SQL, _load, claim
+from core.db import SPAN_PLANNED_PER_CALL, int_array
 from core.redis_guard import get_redis
 from notifier import dedup, partitions
 from notifier.inbox.selectors import inbox_item_get
 from notifier.models import DeadLetter, Delivery, DeliveryEvent, FanoutLane, Notification
+from notifier.outbox import MARK_PUBLISHED_SQL, mark_published
 from notifier.partitions import (
     DELIVERY,
     EVENT,
@@ -152,7 +153,7 @@ def test_hot_queries_touch_only_their_day(api: Any, template: None) -> None:
         " FROM jsonb_array_elements(%s::jsonb) AS e WHERE d.id = (e->>0)::bigint AND d.id BETWEEN %s AND %s"
     )
     assert touched(outcome, ["sent", json.dumps([[i] for i in ids]), min(ids), max(ids)]) == one_day
-    assert touched_qs(Delivery.objects.filter(pk__in=ids)) == one_day  # the relay's mark_published
+    assert touched(MARK_PUBLISHED_SQL, [int_array(ids), min(ids), max(ids)]) == one_day
     assert touched_qs(DeliveryEvent.objects.filter(delivery_id__in=ids)) == {partition_name(EVENT, day)}
 
     # API reads by id: the notification (its UUIDv7's day) and its deliveries (their ids' day).
@@ -186,6 +187,52 @@ def test_hot_queries_touch_only_their_day(api: Any, template: None) -> None:
     assert partition_name(DELIVERY, day) in recent
     assert all(partition_name(DELIVERY, day + timedelta(n)) not in recent for n in range(1, 8))
     assert len(recent) <= 2
+
+
+def _plan_counts(fragment: str) -> int | None:
+    """Return how many times this session ran the prepared statement holding `fragment` (None: not prepared)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT generic_plans + custom_plans FROM pg_prepared_statements WHERE statement LIKE %s",
+            [f"%{fragment}%"],
+        )
+        row = cursor.fetchone()
+    return None if row is None else int(row[0])
+
+
+@pytest.mark.parametrize(
+    ("run", "fragment"),
+    [
+        (claim, "FROM target WHERE d.id = target.id"),
+        (mark_published, "SET published_at = now() WHERE id IN"),
+        (_load, "JOIN preferences_recipient r ON r.id = d.recipient_id"),
+    ],
+    ids=["claim", "mark_published", "load"],
+)
+def test_ids_spread_wide_are_planned_with_their_values_not_on_the_prepared_plan(
+    db: None, run: Any, fragment: str
+) -> None:
+    """A prepared statement over `id BETWEEN min AND max` reaches the generic plan, which reads the whole span.
+
+    Ids close together (a fan-out page, singles accepted together) keep the prepared statement; ids spread
+    over a day (a relay batch, scheduled deliveries woken together) are planned with their values every time
+    (core.db.span_prepare): their runs never reach the prepared statement.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT notifier_delivery_id(now())")
+        base = int(cursor.fetchone()[0])
+    near, far = [base, base + 7], [base, base + SPAN_PLANNED_PER_CALL + 1]
+    threshold = connection.connection.prepare_threshold  # DATABASE_PREPARE_THRESHOLD
+    assert threshold is not None
+    for _ in range(threshold + 1):  # past the threshold: prepared
+        run(near)
+    runs = _plan_counts(fragment)
+    assert runs is not None
+    for _ in range(6):
+        run(far)
+    assert _plan_counts(fragment) == runs  # not one run on the prepared statement
+    run(near)
+    assert _plan_counts(fragment) == runs + 1  # the counter does count
 
 
 def _post_all(raw_key: str, payload: dict[str, Any], n: int) -> list[tuple[int, str]]:
