@@ -1,11 +1,12 @@
 """Single notifications as a calling service sends them: 16 concurrent HTTP clients against gunicorn.
 
-    BENCH_NS=me .venv/bin/python bench/singles.py [--singles 3000] [--clients 16] [--batches 10]
+    BENCH_NS=me .venv/bin/python bench/singles.py [--singles 3000] [--clients 16] [--batches 10] [--batch-callers 4]
 
 The API runs as the Procfile runs it (gunicorn, 2 workers x 4 threads), the send worker as `worker_high`
 (threads x 8) with the sandbox provider. Prints: accepted requests/s with p50/p99 latency; accept -> `sent`
 deliveries/s (first accept to last sent_at, as the database recorded them); the empty-Celery-task rate beside
-it; CPU seconds per component during the run; and the batch endpoint's notifications/s (1,000 items a call).
+it; CPU seconds per component during the run; and the batch endpoint's notifications/s (1,000 items a call),
+from one caller and from several at once.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ def main() -> None:
     p.add_argument("--singles", type=int, default=3000)
     p.add_argument("--clients", type=int, default=16)
     p.add_argument("--batches", type=int, default=10, help="calls of 1,000 items to the batch endpoint")
+    p.add_argument("--batch-callers", type=int, default=4, help="callers at once in the second batch run")
     p.add_argument("--port", type=int, default=int(os.environ.get("BENCH_PORT", "0")), help="default: a free one")
     add_history_options(p)
     args = p.parse_args()
@@ -68,7 +70,7 @@ def run(args: Any, noop: dict[str, float]) -> None:
     key = api_key()
     n = args.singles
     Recipient.objects.bulk_create(
-        [Recipient(user_id=f"s-{i}", email=f"s-{i}@example.com") for i in range(n + args.batches * 1000)],
+        [Recipient(user_id=f"s-{i}", email=f"s-{i}@example.com") for i in range(n + 2 * args.batches * 1000)],
         batch_size=5000,
     )
     send = Worker("singles-high", ["email.high"], concurrency=8, pool="threads")
@@ -142,42 +144,56 @@ def run(args: Any, noop: dict[str, float]) -> None:
             print(f"CPU seconds during the singles run ({to_sent:.1f} s wall, 2 cores = {2 * to_sent:.0f} CPU-s):")
             for name, before in cpu0.items():
                 print(f"  {name:<18} {cpu1[name] - before:6.1f} s")
-            batch_rate, batch_errors = batch_accepts(args, key)
-            print(f"batch accept              {batch_rate:.0f} notifications/s ({args.batches} calls of 1,000 items)")
-            if batch_errors:
-                print(f"  errors                  {batch_errors}")
+            for callers, first in ((1, n), (args.batch_callers, n + args.batches * 1000)):
+                batch_rate, batch_errors = batch_accepts(args, key, callers=callers, first=first)
+                print(
+                    f"batch accept              {batch_rate:.0f} notifications/s ({args.batches} calls of 1,000 items,"
+                    f" {callers} caller{'s' if callers > 1 else ''} at once)"
+                )
+                if batch_errors:
+                    print(f"  errors                  {batch_errors}")
     finally:
         server.stop()
 
 
-def batch_accepts(args: Any, key: str) -> tuple[float, list[str]]:
-    """POST the batch endpoint `args.batches` times with 1,000 new items each; return notifications/s, errors."""
-    conn = http.client.HTTPConnection("127.0.0.1", args.port, timeout=120)
+def batch_accepts(args: Any, key: str, *, callers: int, first: int) -> tuple[float, list[str]]:
+    """POST the batch endpoint `args.batches` times (1,000 new items each) from `callers` threads at once.
+
+    Return notifications/s and the errors. Items are numbered from `first`, so every call's are new.
+    """
     headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
-    total = 0
+    accepted = [0] * callers
     errors: list[str] = []
+
+    def caller(c: int) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", args.port, timeout=120)
+        for b in range(c, args.batches, callers):
+            items = [
+                {
+                    "recipient": {"user_id": f"s-{first + b * 1000 + i}"},
+                    "category": "security",
+                    "template": "otp",
+                    "channels": ["email"],
+                    "payload": {"n": i},
+                }
+                for i in range(1000)
+            ]
+            conn.request("POST", "/api/v1/notifications/batch", json.dumps({"notifications": items}), headers)
+            response = conn.getresponse()
+            answer = response.read()
+            if response.status != 200:
+                errors.append(f"HTTP {response.status}: {answer[:200]!r}")
+                continue
+            accepted[c] += sum(1 for r in json.loads(answer)["results"] if r.get("status") == 202)
+        conn.close()
+
+    threads = [threading.Thread(target=caller, args=(c,)) for c in range(callers)]
     started = time.monotonic()
-    for b in range(args.batches):
-        items = [
-            {
-                "recipient": {"user_id": f"s-{args.singles + b * 1000 + i}"},
-                "category": "security",
-                "template": "otp",
-                "channels": ["email"],
-                "payload": {"n": i},
-            }
-            for i in range(1000)
-        ]
-        conn.request("POST", "/api/v1/notifications/batch", json.dumps({"notifications": items}), headers)
-        response = conn.getresponse()
-        answer = response.read()
-        if response.status != 200:
-            errors.append(f"HTTP {response.status}: {answer[:200]!r}")
-            continue
-        results = json.loads(answer)["results"]
-        total += sum(1 for r in results if r.get("status") == 202)
-    conn.close()
-    return total / (time.monotonic() - started), errors
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return sum(accepted) / (time.monotonic() - started), errors
 
 
 if __name__ == "__main__":
