@@ -205,7 +205,7 @@ def _plan_counts(fragment: str) -> int | None:
     [
         (claim, "FROM target WHERE d.id = target.id"),
         (mark_published, "SET published_at = now() WHERE id IN"),
-        (_load, "JOIN preferences_recipient r ON r.id = d.recipient_id"),
+        (_load, "r.id = d.recipient_id WHERE d.id IN (SELECT unnest"),
     ],
     ids=["claim", "mark_published", "load"],
 )
