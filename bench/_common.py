@@ -494,10 +494,15 @@ class ApiServer:
         self._log = self.log_path.open("w")
         self.proc = subprocess.Popen(
             [
-                sys.executable, "-m", "gunicorn", "config.wsgi:application", "-b", f"127.0.0.1:{port}",
-                "-w", str(workers), "--threads", str(threads), "--access-logfile", "/dev/null",
+                # As the Procfile runs it (gunicorn.conf.py: request recycling, keep-alive, no access log).
+                sys.executable, "-m", "gunicorn", "-c", "gunicorn.conf.py", "config.wsgi:application",
             ],
-            cwd=ROOT, env={**os.environ, **ENV}, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+            cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+            env={
+                **os.environ, **ENV, "GUNICORN_BIND": f"127.0.0.1:{port}",
+                "WEB_WORKERS": os.environ.get("WEB_WORKERS", str(workers)),
+                "WEB_THREADS": os.environ.get("WEB_THREADS", str(threads)),
+            },
         )  # fmt: skip
 
     def wait_ready(self) -> ApiServer:
