@@ -247,7 +247,10 @@ def test_stream_pushes_messages_and_counts_and_resumes_without_gaps(
 
 
 def _shadow(driver: Any, script: str) -> Any:
-    return driver.execute_script(f"const r = document.querySelector('notifier-inbox').shadowRoot; {script}")
+    """Run `script` with `r` bound to the widget's shadow root; None while the widget is not built yet."""
+    return driver.execute_script(
+        f"const r = document.querySelector('notifier-inbox')?.shadowRoot; if (!r) return null; {script}"
+    )
 
 
 @pytest.mark.django_db(transaction=True)
@@ -259,7 +262,8 @@ def test_widget_shows_a_message_sent_over_the_api_and_marks_it_read(
     server = stream_server({"INBOX_DEMO_ENABLED": "true"})
     start_worker(queues=["inapp.high", "inapp.low"])
     browser.get(f"{server.url}/inbox/demo/?user_id=w-1")
-    wait_for(lambda: _shadow(browser, "return r.querySelector('.list').textContent") == "No notifications", 20)
+    # Polled: the widget builds its list after the page has loaded.
+    wait_for(lambda: _shadow(browser, "return r.querySelector('.list')?.textContent") == "No notifications", 20)
     assert _shadow(browser, "return r.querySelector('.badge').hidden") is True
 
     body = {"recipient": {"user_id": "w-1"}, "category": "transactional", "template": "inbox-t", "channels": ["inapp"]}
