@@ -52,13 +52,22 @@ def represent_with(cls: type[serializers.Serializer[Any]], instance: Any) -> dic
 
 
 def _holds_nul(value: Any) -> bool:
-    """Return True if a string anywhere in a parsed JSON value (an object's keys too) holds a NUL character."""
-    if isinstance(value, str):
-        return "\x00" in value
-    if isinstance(value, dict):
-        return any("\x00" in key or _holds_nul(item) for key, item in value.items())
-    if isinstance(value, list):
-        return any(_holds_nul(item) for item in value)
+    """Return True if a string anywhere in a parsed JSON value (an object's keys too) holds a NUL character.
+
+    Walked with a stack, not by recursion: a payload nested as deep as the JSON parser allows must not raise
+    RecursionError here, deeper in the request's stack than the parser was.
+    """
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return True
+        elif isinstance(item, dict):
+            pending.extend(item.keys())
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
     return False
 
 
