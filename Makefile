@@ -7,9 +7,20 @@ FLOWER_PORT ?= 5555
 # The inbox stream server (uvicorn: SSE, /inbox/v1/, widget and demo page).
 STREAM_PORT ?= 8010
 export STREAM_PORT
-# Everything started from this Makefile is development mode: DEBUG on, the built-in SECRET_KEY, cookies over
-# plain HTTP. Without DEVELOPMENT=true the settings refuse to start with no SECRET_KEY (docs/security.md).
-DEV := DEVELOPMENT=true DEBUG=true
+# Its processes, each holding a share of the open streams: two on a box shared with the API, the workers and
+# PostgreSQL keep a topic's message to 10,000 streams under 2 s when the box is busy (docs/decisions/0073-*.md).
+STREAM_WORKERS ?= 2
+# Everything started from this Makefile is development mode: the built-in SECRET_KEY, cookies over plain HTTP,
+# the inbox demo page. Without DEVELOPMENT=true the settings refuse to start with no SECRET_KEY (docs/security.md).
+# DEBUG stays off unless asked for (`make run DEBUG=true`): its query log and debug cursor cost every request
+# (docs/decisions.md, "The accept at the floor").
+DEBUG ?= false
+DEV := DEVELOPMENT=true DEBUG=$(DEBUG)
+# `make run FLOWER=1` adds Flower (and with it the task events every worker then sends, a price per task);
+# `make run CELERY_TASK_LOGS=true` the two INFO lines per task of Celery's workers.
+FLOWER ?=
+CELERY_TASK_LOGS ?= false
+RUN_PROCESSES := web worker_high worker_low worker_fanout worker_maintenance worker_events stream beat $(if $(FLOWER),flower)
 
 # Lock files: requirements.txt (runtime, what the image installs) and requirements-dev.txt (everything for
 # tests, lint, benchmarks and `make run`), compiled with hashes from requirements.in / requirements-dev.in.
@@ -17,9 +28,9 @@ DEV := DEVELOPMENT=true DEBUG=true
 PIP_COMPILE := CUSTOM_COMPILE_COMMAND="make lock" $(VENV)/bin/pip-compile --quiet --generate-hashes \
 	--allow-unsafe --strip-extras --no-emit-index-url --no-emit-find-links
 
-.PHONY: run test typecheck lint format services migrate demo bench clean lock
+.PHONY: run test typecheck lint format services migrate demo bench clean lock client-dist
 
-# The Python client is installed for its tests (tests/test_client_python.py); its only dependency, httpx, is
+# The Python client is installed for its tests (tests/project/test_client_python.py); its only dependency, httpx, is
 # in the development lock, and a hashed lock file cannot name a local path, hence a second install, --no-deps.
 CLIENT_SOURCES := clients/python/pyproject.toml $(wildcard clients/python/src/notifier_client/*)
 
@@ -44,13 +55,16 @@ migrate: services
 
 demo: migrate
 	@$(DEV) $(PY) manage.py collectstatic --noinput -v0
-	@$(DEV) $(PY) manage.py bootstrap_demo
+	@$(DEV) INBOX_DEMO_ENABLED=true $(PY) manage.py bootstrap_demo
 
-## Serve the API on :$(PORT), the inbox streams on :$(STREAM_PORT), the channel, fan-out and event workers,
-## beat and Flower (:$(FLOWER_PORT)). Flower is optional: if it cannot start (its port is taken), the rest keeps running.
+## Serve the API on :$(PORT), the inbox streams on :$(STREAM_PORT), the channel, fan-out and event workers and
+## beat; Flower (:$(FLOWER_PORT)) with FLOWER=1. Flower is optional: if it cannot start (its port is taken), the
+## rest keeps running.
 run: demo
-	@echo "Development mode ($(DEV)): built-in SECRET_KEY, plain-HTTP cookies. Not for production (docs/operations.md)."
-	$(DEV) PORT=$(PORT) FLOWER_PORT=$(FLOWER_PORT) $(VENV)/bin/honcho start -f Procfile -p $(PORT)
+	@echo "Development mode ($(DEV)): built-in SECRET_KEY, plain-HTTP cookies, the inbox demo page. Not for production (docs/operations.md)."
+	@echo "Fast by default: DEBUG=$(DEBUG) (make run DEBUG=true for tracebacks and the query log), Celery task log lines $(if $(filter true,$(CELERY_TASK_LOGS)),on,off) (CELERY_TASK_LOGS=true), Flower and task events $(if $(FLOWER),on,off) (FLOWER=1)."
+	$(DEV) INBOX_DEMO_ENABLED=true CELERY_TASK_LOGS=$(CELERY_TASK_LOGS) PORT=$(PORT) FLOWER_PORT=$(FLOWER_PORT) STREAM_WORKERS=$(STREAM_WORKERS) \
+		$(VENV)/bin/honcho start -f Procfile -p $(PORT) $(RUN_PROCESSES)
 
 ## Run the test suite against the real PostgreSQL, RabbitMQ and Redis, after the lint, the import contract and the
 ## OpenAPI schema, which must generate without a single warning (docs/api.md, "The schema and how views are written").
@@ -60,10 +74,17 @@ test: services
 	$(VENV)/bin/lint-imports
 	$(PY) scripts/import_graph.py
 	DEVELOPMENT=true $(VENV)/bin/mypy .
-	$(DEV) $(PY) manage.py spectacular --validate --fail-on-warn --file var/openapi.yml
+	DEVELOPMENT=true DEBUG=true $(PY) manage.py spectacular --validate --fail-on-warn --file var/openapi.yml
 	$(VENV)/bin/pytest
 
-## Check the type annotations of the whole project (configuration and baseline: pyproject.toml, docs/decisions.md).
+## Build the Python client's release artifacts (wheel and sdist) into dist/ and check them as PyPI would. The tests
+## do the same in a temporary directory (tests/project/test_client_python.py), with `mypy --strict` on the package.
+client-dist: $(VENV)/.installed
+	rm -rf dist/notifier_client-*
+	$(PY) -m build --no-isolation --outdir dist clients/python
+	$(PY) -m twine check --strict dist/notifier_client-*
+
+## Check the type annotations of the whole project (pyproject.toml; docs/decisions/0067-checked-types.md).
 typecheck: $(VENV)/.installed
 	DEVELOPMENT=true $(VENV)/bin/mypy .
 
