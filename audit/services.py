@@ -60,3 +60,12 @@ def audit_record(
         target_id=str(target_id)[:255],
         changes=masked,
     )
+
+
+def audit_forget_target(*, target_type: str, target_id: str, replacement: str) -> int:
+    """Rename the target of every entry about an erased object (its id is personal data); return how many.
+
+    The one change ever made to the audit log: the entries stay, with what happened and when, but no longer
+    name the person (their `changes` were masked when written).
+    """
+    return AuditEntry.objects.filter(target_type=target_type, target_id=target_id).update(target_id=replacement)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.contrib import admin
 
 from channels_app.models import SandboxMessage
-from notifier.admin import ReadOnlyAdmin
+from notifier.staff.admin import ReadOnlyAdmin
 
 
 @admin.register(SandboxMessage)

@@ -20,7 +20,7 @@ class ChannelsAppConfig(AppConfig):
     def ready(self) -> None:
         # Imported here, not at the top: these modules import models, which need the app registry ready.
         from channels_app.erasure import sandbox_forget_recipient
-        from notifier.selectors import register_provider_names
+        from notifier.deliveries.selectors import register_provider_names
 
         worker_init.connect(checks.check_providers_on_worker_start, weak=False)
         register_provider_names(PROVIDER_CLASSES)

@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from channels_app.models import SandboxMessage
-from notifier.models import Delivery
+from notifier.deliveries.models import Delivery
 from preferences.models import Recipient
 
 

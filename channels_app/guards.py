@@ -31,28 +31,27 @@ from channels_app.providers.base import (
 )
 from core import metrics, ratelimit
 from core.categories import is_optional
+from notifier.deliveries.selectors import delivery_mode
 from preferences.services import preference_link, unsubscribe_url
 
 if TYPE_CHECKING:
     from channels_app.outcomes import Outcomes
-    from notifier.models import Delivery
+    from notifier.deliveries.models import Delivery
 
 BREAKER_WAIT_SECONDS = 30.0
 
 
+SANDBOX = "sandbox"
+
+
 def pick_provider(channel: str, delivery: Delivery, out: Outcomes, want: int = 1) -> str | None:
-    """Return the provider for this attempt, or None after deferring the delivery (no provider available)."""
-    names = registry.chain(channel)
-    if delivery.pinned_provider:
-        # An earlier attempt may have reached this provider: only it may have the next one, however long the
-        # delivery has to wait for it (open breaker, rate limit). A provider removed from the chain since
-        # gives way to the first one, recorded as a failover event below.
-        pinned = delivery.pinned_provider
-        names = [pinned] if pinned in names else names[:1]
-    elif delivery.provider in names and delivery.last_error and len(names) > 1:
-        # The last attempt failed retriably on this provider: start with the next one.
-        start = (names.index(delivery.provider) + 1) % len(names)
-        names = names[start:] + names[:start]
+    """Return the provider for this attempt, or None after deferring the delivery (no provider available).
+
+    A test client's deliveries go to the sandbox provider whatever the channel's chain says: a staging service
+    calling a production installation reaches no person (docs/api.md, "Test keys").
+    """
+    # Only the sandbox for a test key, even for a delivery pinned elsewhere: it never reaches a real provider.
+    names = [SANDBOX] if delivery_mode(delivery) == "test" else _live_chain(channel, delivery)
     retry_in = BREAKER_WAIT_SECONDS
     for name in names:
         admitted, wait = _breaker_admits(name, out, want)
@@ -63,6 +62,22 @@ def pick_provider(channel: str, delivery: Delivery, out: Outcomes, want: int = 1
         retry_in = min(retry_in, wait or BREAKER_WAIT_SECONDS)
     out.wait(delivery, until=out.now + timedelta(seconds=max(retry_in, 1.0)), reason="breaker_open")
     return None
+
+
+def _live_chain(channel: str, delivery: Delivery) -> list[str]:
+    """Return the providers this attempt may try, in order: the channel's chain, pinned or rotated by history."""
+    names = registry.chain(channel)
+    if delivery.pinned_provider:
+        # An earlier attempt may have reached this provider: only it may have the next one, however long the
+        # delivery has to wait for it (open breaker, rate limit). A provider removed from the chain since
+        # gives way to the first one, recorded as a failover event below.
+        pinned = delivery.pinned_provider
+        return [pinned] if pinned in names else names[:1]
+    if delivery.provider in names and delivery.last_error and len(names) > 1:
+        # The last attempt failed retriably on this provider: start with the next one.
+        start = (names.index(delivery.provider) + 1) % len(names)
+        return names[start:] + names[:start]
+    return names
 
 
 def _breaker_admits(name: str, out: Outcomes, want: int = 1) -> tuple[bool, float]:

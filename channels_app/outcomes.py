@@ -14,7 +14,6 @@ which sees every change of a group at once.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import random
@@ -32,13 +31,14 @@ from channels_app.deadletter import publish_dead_letters
 from channels_app.providers.base import ProviderError, SendResult, UnexpectedError
 from channels_app.sms_fit import count_sent as count_sms_segments
 from core import metrics
-from core.db import bound_cursor, json_rows, span_prepare
 from core.logs import log_lines, mask_text
 from core.queues import queue_name
-from notifier import strategy
-from notifier.events import record_events
-from notifier.models import DeadLetter, Delivery
-from notifier.outbox import publish
+from notifier.deadletters.models import DeadLetter
+from notifier.deliveries import fallback
+from notifier.deliveries.models import Delivery
+from notifier.deliveries.outbox import publish
+from notifier.deliveries.selectors import delivery_mode
+from notifier.deliveries.status import outcomes_write, outcomes_write_with_events, record_events
 from preferences.services import suppression_add
 from templates_app.rendering import RenderError
 
@@ -265,12 +265,13 @@ class Outcomes:
 
     @staticmethod
     def _count_metrics(updates: list[tuple[Delivery, dict[str, Any]]]) -> None:
-        counts: dict[tuple[str, str, str], int] = defaultdict(int)
+        counts: dict[tuple[str, str, str, str], int] = defaultdict(int)
         for delivery, fields in updates:
             if "status" in fields:
-                counts[(delivery.channel, fields.get("provider") or delivery.provider or "none", fields["status"])] += 1
-        for (channel, provider, status), n in counts.items():
-            metrics.count_deliveries(channel, provider, status, n)
+                provider = fields.get("provider") or delivery.provider or "none"
+                counts[(delivery.channel, provider, fields["status"], delivery_mode(delivery))] += 1
+        for (channel, provider, status, mode), n in counts.items():
+            metrics.count_deliveries(channel, provider, status, n, mode=mode)
         count_sms_segments(updates)
         # Accept (or due time, for scheduled and retried ones) to the provider's acknowledgement.
         latencies: dict[tuple[str, str], list[float]] = defaultdict(list)
@@ -284,93 +285,6 @@ class Outcomes:
         for (channel, priority), values in latencies.items():
             metrics.observe_delivery_latency(channel, priority, values)
 
-    # The columns an outcome may change; every touched row is written with all of them in one statement.
-    COLUMNS = (
-        ("status", "text"),
-        ("reason", "text"),
-        ("provider", "text"),
-        ("pinned_provider", "text"),
-        ("provider_message_id", "text"),
-        ("attempts", "integer"),
-        ("last_error", "text"),
-        ("not_before", "timestamptz"),
-        ("published_at", "timestamptz"),
-        ("sent_at", "timestamptz"),
-        ("template_version_id", "bigint"),
-        ("content", "jsonb"),
-        ("sms_encoding", "text"),
-        ("sms_segments", "integer"),
-    )
-
-    def _update_statement(self, updates: list[tuple[Delivery, dict[str, Any]]], at: datetime) -> tuple[str, list[Any]]:
-        """Return the UPDATE … FROM jsonb_array_elements(…) that applies every outcome to its row ("" for none).
-
-        Outcomes differ per row (a provider message id each), so grouping rows by identical values would be
-        one statement per delivery; one JSON parameter of per-row values keeps it one round trip.
-        """
-        rows: dict[int, Delivery] = {}
-        for delivery, fields in updates:
-            for name, value in fields.items():
-                setattr(delivery, name, value)
-            rows[delivery.pk] = delivery
-        if not rows:
-            return "", []
-        deliveries = list(rows.values())
-        # A column with one value across the group (status, provider, sent_at, …) travels as one parameter;
-        # only the columns that differ per row (the provider's message id) travel in the rows.
-        assignments: list[str] = []
-        params: list[Any] = []
-        varying: list[list[Any]] = []
-        for name, kind in self.COLUMNS:
-            values = [getattr(d, name) for d in deliveries]
-            if kind == "jsonb":
-                values = [json.dumps(v) if v is not None else None for v in values]
-            cast = "text" if kind == "jsonb" else kind
-            suffix = "::jsonb" if kind == "jsonb" else ""
-            if all(v == values[0] for v in values):
-                assignments.append(f"{name} = %s::{cast}{suffix}")
-                params.append(values[0])
-            else:
-                assignments.append(f"{name} = (e->>{len(varying) + 1})::{cast}{suffix}")
-                varying.append(values)
-        sql = (
-            f"UPDATE notifier_delivery AS d SET {', '.join(assignments)}, updated_at = %s"  # noqa: S608 - fixed names
-            " FROM jsonb_array_elements(%s::jsonb) AS e WHERE d.id = (e->>0)::bigint"
-            # The ids' own span as constants: the planner prunes to their day's partition (notifier/partitions.py).
-            " AND d.id BETWEEN %s AND %s"
-        )
-        ids = [d.pk for d in deliveries]
-        return sql, [*params, at, json_rows(zip(ids, *varying, strict=True)), min(ids), max(ids)]
-
-    def _write_rows(self, updates: list[tuple[Delivery, dict[str, Any]]], at: datetime) -> None:
-        """Apply every outcome to its row with a single statement, whatever the count."""
-        sql, params = self._update_statement(updates, at)
-        if sql:
-            with bound_cursor() as cursor:
-                cursor.execute(sql, params, prepare=span_prepare([d.pk for d, _ in updates]))
-
-    def _write_in_one_statement(
-        self, updates: list[tuple[Delivery, dict[str, Any]]], events: list[tuple[int, str, str]], at: datetime
-    ) -> None:
-        """Write the rows and their events as one statement: one round trip and one commit, no transaction block.
-
-        Only for a group with no status events to write (they read the rows' new values, which a statement's
-        other parts do not see), no dead letter and no suppression (the common case of a campaign's batch).
-        """
-        update, params = self._update_statement(updates, at)
-        parts = [f"u AS ({update} RETURNING d.id)"] if update else []
-        if events:
-            parts.append(
-                "ev AS (INSERT INTO notifier_deliveryevent (delivery_id, status, detail, at)"
-                " SELECT (e->>0)::bigint, e->>1, e->>2, %s FROM jsonb_array_elements(%s::jsonb) AS e)"
-            )
-            params += [at, json_rows((i, status, detail[:1024]) for i, status, detail in events)]
-        if not parts:
-            return
-        with bound_cursor() as cursor:
-            prepare = span_prepare([d.pk for d, _ in updates])
-            cursor.execute(f"WITH {', '.join(parts)} SELECT 1", params, prepare=prepare)
-
     def _write(
         self,
         updates: list[tuple[Delivery, dict[str, Any]]],
@@ -380,10 +294,10 @@ class Outcomes:
         at: datetime,
     ) -> None:
         if not self.reach and not dead and not suppress:
-            self._write_in_one_statement(updates, events, at)
+            outcomes_write_with_events(updates, events, at)
             return
         with transaction.atomic():
-            self._write_rows(updates, at)
+            outcomes_write(updates, at)
             record_events(events, at=at, reach=self.reach)
             # In the same transaction as the failure: once a delivery reads failed, its address is suppressed.
             for channel, address, code in suppress:
@@ -428,8 +342,8 @@ class Outcomes:
                 pause = min(pause * 2, 5.0)
         self._count_metrics(updates)
         self._log_outcomes(updates)
-        # Smarter delivery hook (notifier/strategy.py): a fallback chain's next step may start, or be skipped.
-        strategy.after_outcomes(updates)
+        # Smarter delivery hook (notifier/fallback.py): a fallback chain's next step may start, or be skipped.
+        fallback.after_outcomes(updates)
         now = self.now
         # Delayed messages are routed by whole seconds anyway (publish rounds up): one message per second of
         # delay and queue, not one per delivery (rate-limit waits are spread a fraction of a second apart).

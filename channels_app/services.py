@@ -14,8 +14,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
@@ -26,89 +25,26 @@ from channels_app.outcomes import BatchReport, DbClock, Outcomes, backoff_second
 from channels_app.providers import registry
 from channels_app.providers.base import OutboundMessage, Outcome, RetriableError, SendResult
 from channels_app.sms_fit import sms_fit
-from core.db import RowLoader, bound_cursor, int_array, span_prepare
-from notifier import config_cache, frequency
-from notifier.digest import is_digest
-from notifier.models import ApiClient, Campaign, Delivery, Notification
-from notifier.partitions import notification_range
+from notifier.campaigns.models import Campaign
+from notifier.campaigns.selectors import attach_campaigns
+from notifier.deliveries import frequency
+from notifier.deliveries.models import Delivery, Notification
+from notifier.deliveries.queries import deliveries_load_for_send, notifications_load_for_send
+from notifier.deliveries.status import Claim, deliveries_claim, deliveries_renew_leases
+from notifier.dispatch.digest import is_digest
+from notifier.statusevents.selectors import has_event_endpoint
 from notifier.tracking.services import decorate as tracking_decorate
 from preferences.compliance import evaluate, suppressed_addresses
 from preferences.emails import personalize, uses_preferences_url
-from preferences.models import Recipient
+from templates_app import layouts
 from templates_app.models import TemplateVersion
-from templates_app.rendering import RenderError, header_value, render
+from templates_app.rendering import RenderError, RenderRequest, header_value, render_many
 
 logger = logging.getLogger(__name__)
 
 S = Delivery.Status
 # Re-exported: callers read the batch report and the backoff curve from here.
-__all__ = ["BatchReport", "Claim", "backoff_seconds", "claim", "deliver", "heartbeat"]
-
-
-@dataclass(frozen=True)
-class Claim:
-    """What a claim took: the ids now owned, the attempts of those taken back after a lease, the DB's time."""
-
-    ids: list[int]
-    reclaimed: dict[int, int]
-    db_now: datetime | None
-
-
-_CLAIM_SQL = """
-    WITH target AS (
-        SELECT id, status AS was FROM notifier_delivery
-        WHERE id IN (SELECT unnest(%s::bigint[])) AND id BETWEEN %s AND %s AND (
-            (status IN ('queued', 'deferred') AND (not_before IS NULL OR not_before <= now() + interval '1 second')
-             AND reason NOT LIKE 'digest%%')
-            OR (status = 'sending' AND claimed_at < now() - make_interval(secs => %s))
-        )
-        ORDER BY id
-        FOR UPDATE
-    ), claimed AS (
-        UPDATE notifier_delivery AS d
-        SET status = 'sending', attempts = d.attempts + 1, claimed_at = now(), updated_at = now()
-        FROM target WHERE d.id = target.id AND d.id BETWEEN %s AND %s
-        RETURNING d.id, d.attempts, target.was
-    ), events AS (
-        INSERT INTO notifier_deliveryevent (delivery_id, status, detail, at)
-        SELECT id, 'sending', CASE WHEN was = 'sending' THEN 'reclaimed after lease expiry' ELSE '' END, now()
-        FROM claimed
-    )
-    SELECT id, attempts, was = 'sending', now() FROM claimed
-"""
-
-
-def claim(delivery_ids: Sequence[int]) -> Claim:
-    """Atomically move waiting deliveries to `sending`; return the ids this worker now owns.
-
-    Only a delivery still waiting (queued or deferred, and due) can be claimed, or one whose worker died
-    mid-send (`sending` past its lease). A second message for the same delivery therefore finds nothing.
-    Every claim counts an attempt, a re-claim after a lease expiry too (the pipeline fails and dead-letters
-    a delivery re-claimed past DELIVERY_MAX_ATTEMPTS: a delivery that kills its worker cannot loop). A row
-    locked by someone else (another claim, the publisher recording `published_at`) is waited for, then
-    checked again, never skipped: skipping it would ack the message and strand the row. Rows are locked in id
-    order, so two claims of overlapping batches cannot deadlock. The database's `now()`
-    comes back with the rows: every time the pipeline writes is on the database's clock.
-
-    `id IN (SELECT unnest(…))`, not `id = ANY(…)` or a literal IN list: before the table has statistics (a new
-    installation's first campaign) the planner estimates those at 0.5 % of the table per element and scans
-    all of it; the semi-join probes the primary key whatever the statistics.
-    """
-    with bound_cursor() as cursor:
-        # One statement, so no transaction block: the claim and its events commit together.
-        # The ids' span as constants too: the planner prunes to their day's partition (notifier/partitions.py).
-        low, high = (min(delivery_ids), max(delivery_ids)) if delivery_ids else (0, -1)
-        cursor.execute(
-            _CLAIM_SQL,
-            [int_array(delivery_ids), low, high, settings.SENDING_LEASE_SECONDS, low, high],
-            prepare=span_prepare(delivery_ids),
-        )
-        rows = cursor.fetchall()
-    return Claim(
-        ids=[row[0] for row in rows],
-        reclaimed={row[0]: row[1] for row in rows if row[2]},
-        db_now=rows[0][3] if rows else None,
-    )
+__all__ = ["BatchReport", "backoff_seconds", "deliver", "heartbeat"]
 
 
 _versions: dict[tuple[str, int], TemplateVersion] = {}
@@ -178,16 +114,7 @@ class _Heartbeat:
         ids = self.owned()
         if not ids:
             return 0
-        # Rows locked right now are skipped, never waited for: they are being written by this process's outcome
-        # writer (finished anyway), and waiting on it while it waits on us was a deadlock.
-        with bound_cursor() as cursor:
-            cursor.execute(
-                "UPDATE notifier_delivery SET claimed_at = now() WHERE id IN ("
-                " SELECT id FROM notifier_delivery WHERE id IN (SELECT unnest(%s::bigint[])) AND status = 'sending'"
-                " FOR UPDATE SKIP LOCKED)",
-                [int_array(ids)],
-            )
-            return cursor.rowcount
+        return deliveries_renew_leases(ids)
 
     def _run(self) -> None:
         while True:
@@ -205,67 +132,6 @@ class _Heartbeat:
 heartbeat = _Heartbeat()
 
 
-# Timestamps the pipeline never reads stay in the database: parsing them was a tenth of a batch's time.
-_DELIVERIES = RowLoader(Delivery, skip=("created_at", "updated_at", "claimed_at", "read_at"))
-_RECIPIENTS = RowLoader(Recipient, skip=("created_at", "updated_at"))
-_LOAD_SQL = (
-    f"SELECT {_DELIVERIES.columns('d')}, {_RECIPIENTS.columns('r')} FROM notifier_delivery d"  # noqa: S608
-    " JOIN preferences_recipient r ON r.id = d.recipient_id WHERE d.id IN (SELECT unnest(%s::bigint[]))"
-    " AND d.id BETWEEN %s AND %s"
-)
-
-
-_NOTIFICATIONS = RowLoader(Notification)
-_CLIENTS = RowLoader(ApiClient)
-_CAMPAIGNS = RowLoader(Campaign)
-_NOTIFICATIONS_SQL = (
-    f"SELECT {_NOTIFICATIONS.columns('n')}, {_CLIENTS.columns('c')}, {_CAMPAIGNS.columns('k')}"  # noqa: S608
-    " FROM notifier_notification n JOIN notifier_apiclient c ON c.id = n.client_id"
-    " LEFT JOIN notifier_campaign k ON k.id = n.campaign_id"
-    " WHERE n.id = ANY(%s::uuid[]) AND n.created_at BETWEEN %s AND %s"
-)
-
-
-def _load_notifications(ids: set[Any]) -> dict[Any, Notification]:
-    """Load a batch's notifications with their client and campaign (as select_related would), in one raw query.
-
-    The queryset's compilation of the two joins was a third of a small batch's CPU. The ids' UUIDv7 times
-    bound `created_at`, so the plan reads only their day's partition (notifier/partitions.py).
-    """
-    ranges = [r for r in map(notification_range, ids) if r is not None]
-    if not ranges:  # ids from before UUIDv7 (the legacy partition): no time to bound them by
-        return Notification.objects.select_related("client", "campaign").in_bulk(ids)
-    low, high = min(r[0] for r in ranges), max(r[1] for r in ranges)
-    with bound_cursor() as cursor:
-        cursor.execute(_NOTIFICATIONS_SQL, [[str(i) for i in ids], low, high])
-        rows = cursor.fetchall()
-    found: dict[Any, Notification] = {}
-    n_width, c_width = _NOTIFICATIONS.width, _CLIENTS.width
-    for row in rows:
-        notification = _NOTIFICATIONS.build(row[:n_width])
-        cache = notification._state.fields_cache
-        cache["client"] = _CLIENTS.build(row[n_width : n_width + c_width])
-        cache["campaign"] = _CAMPAIGNS.build(row[n_width + c_width :]) if notification.campaign_id else None
-        found[notification.pk] = notification
-    if len(found) < len(ids):  # an id outside its UUIDv7's day (or a legacy one): the ORM finds it anywhere
-        found |= Notification.objects.select_related("client", "campaign").in_bulk(set(ids) - set(found))
-    return found
-
-
-def _load(ids: Sequence[int]) -> list[Delivery]:
-    """Load claimed deliveries with their recipients (as select_related would), in one query."""
-    with bound_cursor() as cursor:
-        cursor.execute(_LOAD_SQL, [int_array(ids), min(ids), max(ids)], prepare=span_prepare(ids))
-        rows = cursor.fetchall()
-    width = _DELIVERIES.width
-    deliveries = []
-    for row in rows:
-        delivery = _DELIVERIES.build(row[:width])
-        delivery._state.fields_cache["recipient"] = _RECIPIENTS.build(row[width:])
-        deliveries.append(delivery)
-    return deliveries
-
-
 def deliver(delivery_ids: Sequence[int]) -> BatchReport:
     """Claim and send a batch of deliveries; return what happened to each.
 
@@ -273,7 +139,7 @@ def deliver(delivery_ids: Sequence[int]) -> BatchReport:
     fails that delivery alone; the lease of what is still in flight is renewed while the batch runs.
     """
     report = BatchReport()
-    claimed = claim(delivery_ids)
+    claimed = deliveries_claim(delivery_ids, lease_seconds=settings.SENDING_LEASE_SECONDS)
     report.claimed = len(claimed.ids)
     if not claimed.ids:
         return report
@@ -288,14 +154,15 @@ def deliver(delivery_ids: Sequence[int]) -> BatchReport:
 
 
 def _deliver_claimed(claimed: Claim, out: Outcomes) -> None:
-    deliveries = _load(claimed.ids)
+    deliveries = deliveries_load_for_send(claimed.ids)
     # A batch usually belongs to one notification: load it (with client and campaign) once, not per row.
-    notifications = _load_notifications({d.notification_id for d in deliveries})
+    notifications = notifications_load_for_send({d.notification_id for d in deliveries})
+    attach_campaigns(list(notifications.values()))
     for delivery in deliveries:
         delivery.notification = notifications[delivery.notification_id]
     # Status events and inbox notifications only where someone listens: decided once for the batch.
     out.reach = any(d.channel == "inapp" for d in deliveries) or any(
-        config_cache.has_event_endpoint(client_id) for client_id in {n.client_id for n in notifications.values()}
+        has_event_endpoint(client_id) for client_id in {n.client_id for n in notifications.values()}
     )
     live = []
     for delivery in deliveries:
@@ -307,6 +174,7 @@ def _deliver_claimed(claimed: Claim, out: Outcomes) -> None:
             live.append(delivery)
     try:
         sendable = _recheck_compliance(live, out)
+        _prerender(sendable)
         by_channel: dict[str, list[tuple[Delivery, OutboundMessage]]] = defaultdict(list)
         for delivery in sendable:
             message = _build_message(delivery, out)
@@ -364,11 +232,57 @@ def _recheck_compliance(deliveries: list[Delivery], out: Outcomes) -> list[Deliv
             out.wait(d, until=None, reason=verdict.reason or "digest")
         else:
             out.wait(d, until=verdict.until, reason=verdict.reason or "quiet_hours")
-    # Smarter delivery hook (notifier/frequency.py): the per-recipient cap, checked again right before sending.
+    # Smarter delivery hook (notifier/deliveries/frequency.py): the per-recipient cap, checked again right before
+    # sending.
     return frequency.recheck_on_worker(sendable, out.suppressed)
 
 
 _render_cache: dict[tuple[Any, ...], Any] = {}
+
+
+def _prerender(deliveries: list[Delivery]) -> None:
+    """Render each (notification, channel, locale) of a batch once, all in one call, before building messages.
+
+    Templates outside the bounded subset render in a render child (templates_app.isolation): asking for a
+    batch's renderings together costs one round trip, not one per notification. A rendering that fails is kept
+    as its error, so every delivery of that notification fails with it at once instead of rendering again
+    (a template over its time budget would otherwise hold the worker for each of them). Should this batch-wide
+    step fail in a way no rendering explains, each delivery renders on its own in _build_message, so one bad
+    delivery still costs only itself.
+    """
+    try:
+        _prerender_batch(deliveries)
+    except Exception:
+        logger.exception("rendering a batch at once failed; rendering per delivery")
+
+
+def _prerender_batch(deliveries: list[Delivery]) -> None:
+    wanted: dict[tuple[Any, ...], RenderRequest] = {}
+    for delivery in deliveries:
+        n = delivery.notification
+        try:
+            version = _template_version(n)
+        except TemplateVersion.DoesNotExist:
+            continue  # _build_message fails the delivery with the reason
+        locale = n.locale or delivery.recipient.locale or version.template.default_locale
+        key = (n.pk, delivery.channel, locale)
+        if key not in _render_cache and key not in wanted:
+            wanted[key] = (version, delivery.channel, locale, n.payload)
+    if not wanted:
+        return
+    if len(_render_cache) + len(wanted) > 10_000:
+        _render_cache.clear()
+    for key, outcome in zip(wanted, render_many(list(wanted.values())), strict=True):
+        if outcome.rendered is not None:
+            version, channel, _, payload = wanted[key]
+            try:
+                rendered = layouts.apply(version, outcome.rendered, channel=channel, payload=payload)
+            except RenderError as exc:
+                _render_cache[key] = exc
+                continue
+            _render_cache[key] = (rendered, uses_preferences_url(rendered.parts, rendered.link_marker))
+        elif outcome.error is not None and outcome.error.code != "renderer_busy":  # busy: tried again later
+            _render_cache[key] = outcome.error
 
 
 def _build_message(delivery: Delivery, out: Outcomes) -> OutboundMessage | None:
@@ -382,15 +296,22 @@ def _build_message(delivery: Delivery, out: Outcomes) -> OutboundMessage | None:
         locale = n.locale or delivery.recipient.locale or version.template.default_locale
         cache_key = (n.pk, delivery.channel, locale)
         cached = _render_cache.get(cache_key)
+        if isinstance(cached, RenderError):  # a fresh exception per delivery: re-raising one grows its traceback
+            raise RenderError(cached.message, variable=cached.variable, path=cached.path, code=cached.code)
         if cached is None:
-            rendered = render(version, channel=delivery.channel, locale=locale, payload=n.payload)
+            rendered = layouts.render(version, channel=delivery.channel, locale=locale, payload=n.payload)
             # Checked once per render, not per delivery: most templates never use {{ preferences_url }}.
-            cached = (rendered, uses_preferences_url(rendered.parts))
+            cached = (rendered, uses_preferences_url(rendered.parts, rendered.link_marker))
             if len(_render_cache) > 10_000:
                 _render_cache.clear()
             _render_cache[cache_key] = cached
         rendered, personal = cached
-        meta: dict[str, Any] = {"attempt": delivery.attempts, "webhook_secret": n.client.webhook_secret}
+        meta: dict[str, Any] = {
+            "attempt": delivery.attempts,
+            "webhook_secret": n.client.webhook_secret,
+            # Whose message it is: the sandbox records it, so a client lists only its own sandbox messages.
+            "client_id": n.client_id,
+        }
         meta.update(guards.message_meta(delivery))
         for name in ("from_email", "reply_to"):
             if isinstance(meta.get(name), str):
@@ -414,7 +335,7 @@ def _build_message(delivery: Delivery, out: Outcomes) -> OutboundMessage | None:
                 locale=locale,
                 # A template that places the link itself owns its footer.
                 footer="preferences_url" in meta and not personal,
-                placeholder=personal,
+                marker=rendered.link_marker if personal else "",
             )
         message = OutboundMessage(
             delivery_id=delivery.pk,
@@ -427,6 +348,10 @@ def _build_message(delivery: Delivery, out: Outcomes) -> OutboundMessage | None:
             meta=meta,
         )
     except (RenderError, TemplateVersion.DoesNotExist) as exc:
+        if isinstance(exc, RenderError) and exc.code == "renderer_busy":
+            # Every render child of this process was busy: not the template's fault, so another attempt later.
+            out.retry(delivery, RetriableError(exc.message, code="renderer_busy"), delivery.provider)
+            return None
         # A broken template budget fails with reason template_budget (its code); other errors as render_error.
         budget = isinstance(exc, RenderError) and exc.code == "template_budget"
         out.failed(delivery, exc if isinstance(exc, RenderError) and budget else f"render_error: {exc}")

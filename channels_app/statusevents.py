@@ -20,15 +20,16 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
 from channels_app.providers.base import OutboundMessage, ProviderError
 from channels_app.providers.webhook import WebhookProvider
 from core.redis_guard import get_redis, rkey
-from notifier.models import EventAttempt, EventEndpoint, StatusEvent
-from notifier.reach import status_events_wake
+from notifier.statusevents.models import EventAttempt, EventEndpoint, StatusEvent
+from notifier.statusevents.record import status_events_wake
+from notifier.statusevents.selectors import endpoints_due
 
 # Compare-and-delete / compare-and-extend: only the holder of the lease may release or renew it.
 _RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
@@ -47,7 +48,7 @@ def event_id(pk: int) -> str:
 
 
 def event_body(event: StatusEvent) -> dict[str, Any]:
-    """Return one event as the receiver sees it (API.md, "Status events to the calling service")."""
+    """Return one event as the receiver sees it (docs/reach.md, "What arrives")."""
     return {"id": event_id(event.pk), "type": event.type, "timestamp": event.at.isoformat(), "data": event.data}
 
 
@@ -202,17 +203,8 @@ def _post(endpoint: EventEndpoint, events: list[StatusEvent]) -> bool:
     return ok
 
 
-_DUE_SQL = """
-    SELECT ep.id FROM notifier_eventendpoint ep
-    WHERE ep.is_active AND (ep.retry_at IS NULL OR ep.retry_at <= now())
-      AND EXISTS (SELECT 1 FROM notifier_statusevent s WHERE s.endpoint_id = ep.id AND s.state = 'pending')
-"""
-
-
 def status_events_sweep() -> int:
     """Wake every endpoint with due pending events (a lost wake, a worker that died mid-run); return how many."""
-    with connection.cursor() as cursor:
-        cursor.execute(_DUE_SQL)
-        ids = [row[0] for row in cursor.fetchall()]
+    ids = endpoints_due()
     status_events_wake(endpoint_ids=ids)
     return len(ids)

@@ -21,7 +21,12 @@ if _soft < _hard:
 
 from django.core.asgi import get_asgi_application  # noqa: E402
 
-django_application = get_asgi_application()
+_django = get_asgi_application()
+
+from core.bodies import bounded_asgi  # noqa: E402 - needs Django set up
+
+# Django's ASGI handler spools the whole body before any middleware runs: bound it in front.
+django_application = bounded_asgi(_django)
 
 from notifier.inbox.stream import stream_app  # noqa: E402 - needs Django set up
 

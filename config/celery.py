@@ -1,8 +1,9 @@
 """The Celery application, wired to the RabbitMQ topology of core/queues.py.
 
-Each setting below closes a known way for Celery on RabbitMQ to lose or duplicate a message; DESIGN.md lists
-them. Apps never import this module: tasks use `shared_task`, publishers `celery.current_app` (this app is the
-default one: Celery's Django fix-up sets it when config/__init__.py imports it with the settings).
+Each setting below closes a known way for Celery on RabbitMQ to lose or duplicate a message; docs/guarantees.md
+says what they add up to. Apps never import this module: tasks use `shared_task`, publishers
+`celery.current_app` (this app is the default one: Celery's Django fix-up sets it when config/__init__.py
+imports it with the settings).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from celery import Celery
 from celery.schedules import crontab
 from celery.signals import task_postrun, task_prerun
 
+from core import task_names
 from core.db import close_old_task_connections
 from core.env import env
 from core.queues import EXCHANGE, build_queues
@@ -61,52 +63,58 @@ app.conf.update(
 )
 app.conf.beat_schedule = {
     "outbox-relay": {
-        "task": "notifier.tasks.outbox_relay",
+        "task": task_names.OUTBOX_RELAY,
         "schedule": env.float("OUTBOX_RELAY_INTERVAL_SECONDS", 15.0),
         "options": {"queue": "maintenance", "expires": 60},
     },
     "fallback-sweep": {
-        "task": "notifier.tasks.fallback_sweep",
+        "task": task_names.FALLBACK_SWEEP,
         "schedule": env.float("OUTBOX_RELAY_INTERVAL_SECONDS", 15.0),
         "options": {"queue": "maintenance", "expires": 60},
     },
+    "workflows-wake": {
+        # Every workflow wait is a row; this turns the due ones into advance messages (notifier/workflows).
+        "task": task_names.WORKFLOW_WAKE,
+        "schedule": env.float("WORKFLOW_WAKE_INTERVAL_SECONDS", 1.0),
+        "options": {"queue": "maintenance", "expires": 30},
+    },
     "fanout-sweep": {
-        "task": "notifier.tasks.fanout_sweep",
-        "schedule": 60.0,
+        "task": task_names.FANOUT_SWEEP,
+        "schedule": env.float("FANOUT_SWEEP_INTERVAL_SECONDS", 60.0),
         "options": {"queue": "maintenance", "expires": 120},
     },
     "status-events-sweep": {
-        "task": "channels_app.tasks.sweep_status_events",
+        "task": task_names.SWEEP_STATUS_EVENTS,
         "schedule": env.float("EVENT_SWEEP_INTERVAL_SECONDS", 15.0),
         "options": {"queue": "events", "expires": 60},
     },
     "ops-sample": {
         # The operations page's 24-hour charts of queue depths, dead letters and breaker states.
-        "task": "notifier.tasks.sample_ops",
+        "task": task_names.SAMPLE_OPS,
         "schedule": env.float("OPS_SAMPLE_INTERVAL_SECONDS", 60.0),
         "options": {"queue": "maintenance", "expires": 60},
     },
     "retention-purge": {
-        "task": "notifier.retention.purge_old_deliveries",
+        "task": task_names.RETENTION_PURGE,
         "schedule": crontab(minute=30, hour=3),
         "options": {"queue": "maintenance"},
     },
     # Partitions of the coming days, and the days past DELIVERY_HOT_DAYS archived and dropped.
     "partitions-maintain": {
-        "task": "notifier.partitions.maintain",
+        "task": task_names.PARTITIONS_MAINTAIN,
         "schedule": crontab(minute=10, hour="*/6"),
         "options": {"queue": "maintenance"},
     },
     "digests-hourly": {
-        "task": "preferences.tasks.flush_digests",
+        "task": task_names.FLUSH_DIGESTS,
         "schedule": crontab(minute=0),
         "args": ["hourly_digest"],
         "options": {"queue": "maintenance"},
     },
     "digests-daily": {
-        "task": "preferences.tasks.flush_digests",
+        "task": task_names.FLUSH_DIGESTS,
         # Every hour: each run sends the daily digests of the recipients whose local hour is
-        # DIGEST_DAILY_LOCAL_HOUR (notifier/digest.py), so everyone gets theirs at that hour of their day.
+        # DIGEST_DAILY_LOCAL_HOUR (notifier/dispatch/digest.py), so everyone gets theirs at that hour of their day.
         "schedule": crontab(minute=0),
         "args": ["daily_digest"],
         "options": {"queue": "maintenance"},
@@ -114,7 +122,7 @@ app.conf.beat_schedule = {
 }
 app.autodiscover_tasks()
 # Tasks that live outside an app's tasks.py.
-app.conf.imports = ("ops.retention", "ops.series", "notifier.partitions")
+app.conf.imports = ("ops.retention", "ops.series", "notifier.deliveries.partitions")
 
 # Trace context across the broker, task metrics and the worker metrics server.
 connect_signals()

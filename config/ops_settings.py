@@ -15,6 +15,11 @@ LOG_LEVEL = env.str("LOG_LEVEL", "INFO").upper()
 LOG_FORMAT = env.str("LOG_FORMAT", "json").lower()
 # One access-log line per API request (method, route, status, duration; never the query string).
 LOG_REQUESTS = env.bool("LOG_REQUESTS", True)
+# Celery's two INFO lines per task ("received", "succeeded"): off unless asked for. A single's delivery is a task,
+# so they cost two log lines (and honcho relaying them under `make run`) per notification. Asked for, they are
+# written whatever LOG_LEVEL says: tests and benchmarks count them in workers that otherwise log warnings only.
+CELERY_TASK_LOGS = env.bool("CELERY_TASK_LOGS", False)
+_TASK_LOG_LEVEL = "INFO" if CELERY_TASK_LOGS else "WARNING"
 
 LOGGING = {
     "version": 1,
@@ -41,6 +46,8 @@ LOGGING = {
         "urllib3": {"level": "WARNING"},
         "gunicorn.error": {"level": LOG_LEVEL, "handlers": ["default"], "propagate": False},
         "gunicorn.access": {"level": "WARNING", "handlers": ["default"], "propagate": False},
+        "celery.app.trace": {"level": _TASK_LOG_LEVEL},
+        "celery.worker.strategy": {"level": _TASK_LOG_LEVEL},
     },
 }
 
@@ -63,7 +70,7 @@ METRICS_BROKER_TIMEOUT_SECONDS = env.float("METRICS_BROKER_TIMEOUT_SECONDS", 2.0
 # --- Tracing -----------------------------------------------------------------------------------------
 # W3C trace context is always propagated (HTTP traceparent in and out, Celery message headers) and the
 # trace id is in every log line. Spans are exported over OTLP/HTTP only when an endpoint is configured;
-# the standard OTEL_* variables (OTEL_EXPORTER_OTLP_HEADERS, OTEL_TRACES_SAMPLER, ...) apply as usual.
+# the SDK reads its standard OTEL_* variables (OTEL_EXPORTER_OTLP_HEADERS, OTEL_TRACES_SAMPLER, ...) itself.
 OTEL_EXPORTER_OTLP_ENDPOINT = env.str("OTEL_EXPORTER_OTLP_ENDPOINT")
 OTEL_SERVICE_NAME = env.str("OTEL_SERVICE_NAME", "notifier")
 
@@ -81,7 +88,7 @@ RETENTION_MAX_SECONDS = env.float("RETENTION_MAX_SECONDS", 600.0)
 
 # --- Archive -----------------------------------------------------------------------------------------
 # One day of notifications, deliveries and delivery events is exported to object storage (S3 API) as Parquet
-# before the day is dropped (notifier/archive.py, docs/operations.md "Archive and restore"). No bucket: off.
+# before the day is dropped (notifier/deliveries/archive.py, docs/operations.md "Archive and restore"). No bucket: off.
 ARCHIVE_BUCKET = env.str("ARCHIVE_BUCKET", "")
 # Key prefix inside the bucket; files go under <prefix>/v<schema version>/<table>/day=YYYY-MM-DD/.
 ARCHIVE_PREFIX = env.str("ARCHIVE_PREFIX", "notifier").strip("/")
@@ -99,15 +106,20 @@ ARCHIVE_UPLOAD_PART_BYTES = env.int("ARCHIVE_UPLOAD_PART_BYTES", 64 * 1024 * 102
 # Rows fetched from the server-side cursor at a time, and written as one Parquet row group: memory is bounded
 # by this, not by the day's size.
 ARCHIVE_BATCH_ROWS = env.int("ARCHIVE_BATCH_ROWS", 100_000)
-# --- Partitioned hot tables (notifier/partitions.py, docs/decisions.md) ---------------------------------
+
+# --- Progress of long commands (core/progress.py) ---------------------------------------------------
+# Not on a terminal (a pipe, a log collector), a long command writes a line with its counts this often.
+PROGRESS_INTERVAL_SECONDS = env.float("PROGRESS_INTERVAL_SECONDS", 10.0)
+# --- Partitioned hot tables (notifier/deliveries/partitions.py,
+# docs/decisions/0054-delivery-log-partitioned-by-day.md) ---
 # Notifications, deliveries and delivery events are partitioned by day; days older than DELIVERY_HOT_DAYS
 # (today counts as one) are archived through PARTITION_ARCHIVE_HOOK ("module.function", called with the
 # day; empty: no archive) and dropped, except the rows that still have work. PARTITIONS_AHEAD_DAYS days
 # are created ahead by the migration and the daily maintenance task.
 DELIVERY_HOT_DAYS = env.int("DELIVERY_HOT_DAYS", 14)
 PARTITIONS_AHEAD_DAYS = env.int("PARTITIONS_AHEAD_DAYS", 7)
-PARTITION_ARCHIVE_HOOK = env.str("PARTITION_ARCHIVE_HOOK", "notifier.archive.archive_before_drop")
-# A dedup_key answers with its first notification for this long (API.md); the key table forgets it after.
+PARTITION_ARCHIVE_HOOK = env.str("PARTITION_ARCHIVE_HOOK", "notifier.deliveries.archive.archive_before_drop")
+# A dedup_key answers with its first notification for this long (docs/api.md); the key table forgets it after.
 DEDUP_WINDOW_HOURS = env.int("DEDUP_WINDOW_HOURS", 72)
 # Provider callbacks look for the delivery of a message id in this many recent days first (then in all).
 CALLBACK_RECENT_DAYS = env.int("CALLBACK_RECENT_DAYS", 2)

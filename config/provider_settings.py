@@ -107,3 +107,11 @@ SNS_CERT_URL_ALLOW_HTTP = _env.bool("SNS_CERT_URL_ALLOW_HTTP", False)
 # Timeout for fetching a signing certificate or visiting a SubscribeURL, and how long a certificate is cached.
 SNS_HTTP_TIMEOUT_SECONDS = _env.float("SNS_HTTP_TIMEOUT_SECONDS", 5.0)
 SNS_CERT_CACHE_SECONDS = _env.float("SNS_CERT_CACHE_SECONDS", 24 * 3600.0)
+# The certificate URL arrives in unauthenticated messages: the process cache holds this many URLs at most,
+# a URL whose fetch failed is refused without a new fetch for SNS_CERT_FAILURE_CACHE_SECONDS, and at most
+# SNS_CERT_FETCHES_PER_MINUTE URLs not in the cache are fetched per process per minute (the rest: 403).
+SNS_CERT_CACHE_MAX_ENTRIES = _env.int("SNS_CERT_CACHE_MAX_ENTRIES", 32)
+SNS_CERT_FAILURE_CACHE_SECONDS = _env.float("SNS_CERT_FAILURE_CACHE_SECONDS", 300.0)
+SNS_CERT_FETCHES_PER_MINUTE = _env.float("SNS_CERT_FETCHES_PER_MINUTE", 6.0)
+# Largest Twilio status callback body read (bytes); a larger one is answered 413 before it is parsed.
+TWILIO_CALLBACK_MAX_BYTES = _env.int("TWILIO_CALLBACK_MAX_BYTES", 16384)

@@ -9,9 +9,9 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
-import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from core.database_url import parse_database_url
 from core.env import env
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -70,7 +70,20 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",  # Swagger UI and ReDoc as our own static files: /api/docs/ works offline
     "django_celery_beat",
-    "notifier",
+    "core",
+    # The notifier's apps, one per context (docs/architecture.md has the map).
+    "notifier.clients",
+    "notifier.deliveries",
+    "notifier.statusevents",
+    "notifier.accepting",
+    "notifier.dispatch",
+    "notifier.deadletters",
+    "notifier.campaigns",
+    "notifier.callbacks",
+    "notifier.tracking",
+    "notifier.inbox",
+    "notifier.workflows",
+    "notifier.staff",
     "channels_app",
     "templates_app",
     "preferences",
@@ -78,7 +91,9 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
-    "notifier.middleware.RequestContextMiddleware",
+    "notifier.clients.middleware.RequestContextMiddleware",
+    # Before anything reads a body: oversized bodies are a 413 unread, control characters in URLs refused.
+    "core.bodies.BodyLimitMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # CORS for the browser inbox (/inbox/v1/ only, INBOX_ALLOWED_ORIGINS).
     "notifier.inbox.cors.InboxCorsMiddleware",
@@ -98,20 +113,24 @@ WSGI_APPLICATION = "config.wsgi.application"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [],
+        # The admin's index and navigation with the operations dashboard in them (config/templates/admin/).
+        "DIRS": [Path(__file__).resolve().parent / "templates"],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "ops.context_processors.ops_links",
             ],
         },
     },
 ]
 
+# One host, or libpq's list of a primary and its standbys with `?target_session_attrs=read-write`, so that after
+# a failover new connections find the promoted standby (core/database_url.py, docs/operations.md).
 DATABASES = {
-    "default": dj_database_url.parse(
+    "default": parse_database_url(
         env.str("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/notifier"),
         conn_max_age=env.int("DATABASE_CONN_MAX_AGE", 60),
         conn_health_checks=True,
@@ -140,16 +159,18 @@ STATIC_ROOT = Path(env.str("STATIC_ROOT", str(BASE_DIR / "var" / "static")))
 # WhiteNoise serves from here (filled by collectstatic in `make run` and the image); it must exist.
 STATIC_ROOT.mkdir(parents=True, exist_ok=True)
 
-# Request bodies: the batch endpoint takes up to 1,000 items; anything above this limit is a 413.
+# Request bodies: the batch endpoint takes up to 1,000 items; anything above this limit is a 413, refused before
+# it is read (core/bodies.py), on every endpoint.
 DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("MAX_REQUEST_BYTES", 5 * 1024 * 1024)
 
 REST_FRAMEWORK = {
-    "DEFAULT_AUTHENTICATION_CLASSES": ["notifier.auth.ApiKeyAuthentication"],
-    "DEFAULT_PERMISSION_CLASSES": ["notifier.auth.ScopePermission"],
+    "DEFAULT_AUTHENTICATION_CLASSES": ["notifier.clients.auth.ApiKeyAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["notifier.clients.auth.ScopePermission"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    # Bounded: the body limit, JSON nesting, text PostgreSQL can store (core/bodies.py).
+    "DEFAULT_PARSER_CLASSES": ["core.bodies.JSONParser"],
     "EXCEPTION_HANDLER": "core.errors.exception_handler",
-    "DEFAULT_THROTTLE_CLASSES": ["notifier.throttle.ApiClientRateThrottle"],
+    "DEFAULT_THROTTLE_CLASSES": ["notifier.clients.rate_limit.ApiClientRateThrottle"],
     "DEFAULT_SCHEMA_CLASS": "core.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": None,
 }
@@ -170,8 +191,19 @@ SPECTACULAR_SETTINGS = {
 
 # --- Redis -------------------------------------------------------------------------------------------
 REDIS_URL = env.str("REDIS_URL", "redis://127.0.0.1:6379/0")
+# Redis behind Sentinel: the sentinels ("host:port,host:port") and the name of the master they watch. When set,
+# the master is found through them (and found again after a failover); REDIS_URL then gives only the database
+# number and the credentials (core/redis_guard.py, docs/operations.md).
+REDIS_SENTINELS = env.list("REDIS_SENTINELS")
+REDIS_SENTINEL_MASTER = env.str("REDIS_SENTINEL_MASTER", "notifier")
+REDIS_SENTINEL_PASSWORD = env.str("REDIS_SENTINEL_PASSWORD")
 # Prefix for every Redis key this service writes, so several deployments (or test runs) can share a server.
 REDIS_KEY_PREFIX = env.str("REDIS_KEY_PREFIX", "notifier:")
+# Group commit of single accepts (notifier/accepting/group_commit.py): requests that arrive while another accept of
+# the same
+# process is writing are written together, in one transaction, at most ACCEPT_GROUP_MAX at a time.
+ACCEPT_GROUP_COMMIT = env.bool("ACCEPT_GROUP_COMMIT", True)
+ACCEPT_GROUP_MAX = env.int("ACCEPT_GROUP_MAX", 64)
 # The Redis fast path forgets a dedup_key with the window (DEDUP_WINDOW_HOURS, config/ops_settings.py).
 DEDUP_TTL_SECONDS = env.int("DEDUP_TTL_SECONDS", env.int("DEDUP_WINDOW_HOURS", 72) * 3600)
 
@@ -184,7 +216,7 @@ CELERY_TASK_ALWAYS_EAGER = False
 CHANNELS = ["push", "email", "sms", "inapp", "webhook"]
 # A category decides the default priority, the highest priority a request may ask for (max_priority; when left
 # out, the default priority is also the highest), whether a recipient may switch it off, and whether quiet
-# hours hold it back. A send's category is its template's (notifier/policy.py). Override with
+# hours hold it back. A send's category is its template's (notifier/accepting/policy.py). Override with
 # NOTIFIER_CATEGORIES as JSON of the same shape.
 NOTIFIER_CATEGORIES: dict[str, dict[str, object]] = env.json(
     "NOTIFIER_CATEGORIES",
@@ -209,6 +241,13 @@ OUTBOX_RELAY_INTERVAL_SECONDS = env.float("OUTBOX_RELAY_INTERVAL_SECONDS", 15.0)
 # sits behind a very deep backlog, where the duplicate message is harmless: claims are idempotent).
 OUTBOX_STALE_AFTER_SECONDS = env.int("OUTBOX_STALE_AFTER_SECONDS", 1800)
 OUTBOX_RELAY_BATCH = env.int("OUTBOX_RELAY_BATCH", 5000)
+# Workflows (docs/workflows.md): how often the wake relay publishes the runs that are due, how many it takes
+# per page, how many run ids go in one advance message (a large wake-up spreads over the workers), and after
+# how long a run's unanswered message counts as lost and is published again.
+WORKFLOW_WAKE_INTERVAL_SECONDS = env.float("WORKFLOW_WAKE_INTERVAL_SECONDS", 1.0)
+WORKFLOW_WAKE_BATCH = env.int("WORKFLOW_WAKE_BATCH", 5000)
+WORKFLOW_ADVANCE_BATCH = env.int("WORKFLOW_ADVANCE_BATCH", 100)
+WORKFLOW_REPUBLISH_AFTER_SECONDS = env.int("WORKFLOW_REPUBLISH_AFTER_SECONDS", 60)
 # Waits up to this long travel as delayed broker messages; longer ones (quiet hours, send_at) stay in the
 # database and the relay wakes them.
 BROKER_DELAY_MAX_SECONDS = env.int("BROKER_DELAY_MAX_SECONDS", 900)
@@ -217,13 +256,17 @@ BROKER_DELAY_MAX_SECONDS = env.int("BROKER_DELAY_MAX_SECONDS", 900)
 PUBLISH_IN_BACKGROUND = env.bool("PUBLISH_IN_BACKGROUND", True)
 # Deliveries per broker message on the fan-out path (one for a single transactional notification).
 SEND_BATCH_SIZE = env.int("SEND_BATCH_SIZE", 500)
+# A send task with fewer ids takes the messages waiting on its queue into its batch, up to this many ids
+# (0: the channel's first provider's calls in flight; 1: every message is sent on its own).
+SEND_GATHER_MAX = env.int("SEND_GATHER_MAX", 0)
 # Provider calls made at once by one worker process for a batch.
 PROVIDER_CONCURRENCY = env.int("PROVIDER_CONCURRENCY", 16)
 # The total time one provider call may take (connect, send and the whole answer, however slowly it drips);
 # past it the call is given up as ambiguous (retried on the same provider with the same idempotency key).
 PROVIDER_CALL_DEADLINE_SECONDS = env.float("PROVIDER_CALL_DEADLINE_SECONDS", 30.0)
 # A running batch renews its lease (claimed_at) this often, so no batch is ever handed to a second worker
-# while its worker lives, however long it runs (docs/decisions.md has the arithmetic). 0: a third of the lease.
+# while its worker lives, however long it runs (the arithmetic: docs/decisions/0022-sending-lease-renewed.md).
+# 0: a third of the lease.
 SENDING_HEARTBEAT_SECONDS = env.float("SENDING_HEARTBEAT_SECONDS", 0.0)
 # Answers written together at most; the pipeline also writes whatever arrived every FLUSH_INTERVAL.
 OUTCOME_FLUSH_MAX = env.int("OUTCOME_FLUSH_MAX", 0)  # 0: the provider's calls in flight
@@ -252,6 +295,11 @@ FANOUT_PAGE_SIZE = env.int("FANOUT_PAGE_SIZE", 5000)
 FANOUT_RUN_SECONDS = env.float("FANOUT_RUN_SECONDS", 5.0)
 FANOUT_PACE_WINDOW_SECONDS = env.float("FANOUT_PACE_WINDOW_SECONDS", 10.0)
 FANOUT_STALL_SECONDS = env.int("FANOUT_STALL_SECONDS", 300)
+# In-app deliveries of a topic stored `sent` by the fan-out page itself, not sent through the in-app worker.
+FANOUT_INAPP_DIRECT = env.bool("FANOUT_INAPP_DIRECT", True)
+# Deliveries per second a topic's fan-out may put into each `<channel>.high` queue, shared by every fan-out
+# worker ("channel=rate;…", "*" for the others, 0 unpaced): OTPs published meanwhile never queue behind it.
+FANOUT_HIGH_PACE = env.str("FANOUT_HIGH_PACE", "*=500;inapp=10000")
 # A topic of at least FANOUT_LANE_MIN_SUBSCRIBERS is split into FANOUT_LANES ranges fanned out at once; run the
 # fan-out worker with at least that concurrency. Campaigns (rate-capped) always use one lane.
 FANOUT_LANES = env.int("FANOUT_LANES", 2)
@@ -274,6 +322,14 @@ TEMPLATE_MAX_RENDER_CHARS = env.int("TEMPLATE_MAX_RENDER_CHARS", 1_000_000)
 TEMPLATE_MAX_LOOP_ITERATIONS = env.int("TEMPLATE_MAX_LOOP_ITERATIONS", 10_000)
 TEMPLATE_MAX_RENDER_SECONDS = env.float("TEMPLATE_MAX_RENDER_SECONDS", 1.0)
 TEMPLATE_MAX_WIDTH = env.int("TEMPLATE_MAX_WIDTH", 1_000)
+TEMPLATE_MAX_NODES = env.int("TEMPLATE_MAX_NODES", 5_000)  # per part, refused at save (compile cost)
+# Templates outside the bounded subset render in child processes (templates_app/isolation.py, docs/templates.md):
+# this many per API or worker process, each limited to its start-up size plus this much memory.
+TEMPLATE_RENDER_PROCESSES = env.int("TEMPLATE_RENDER_PROCESSES", 2)
+TEMPLATE_RENDER_MEMORY_MB = env.int("TEMPLATE_RENDER_MEMORY_MB", 256)
+TEMPLATE_RENDER_KILL_GRACE_SECONDS = env.float("TEMPLATE_RENDER_KILL_GRACE_SECONDS", 0.25)
+TEMPLATE_RENDER_WAIT_SECONDS = env.float("TEMPLATE_RENDER_WAIT_SECONDS", 10.0)
+TEMPLATE_INPROCESS_PAYLOAD_CHARS = env.int("TEMPLATE_INPROCESS_PAYLOAD_CHARS", 65_536)
 
 # Where tracked links and the open pixel point (empty: PUBLIC_BASE_URL).
 TRACKING_BASE_URL = env.str("TRACKING_BASE_URL")
@@ -302,6 +358,11 @@ STREAM_PORT = env.int("STREAM_PORT", 8010)
 INBOX_PUBLIC_URL = env.str("INBOX_PUBLIC_URL", f"http://127.0.0.1:{STREAM_PORT}")
 # Database connections of one stream server process for its reads (its LISTEN connection is one more).
 INBOX_STREAM_DB_POOL = env.int("INBOX_STREAM_DB_POOL", 4)
+# Concurrent streams per inbox token and per recipient across all stream processes (0: no limit); a stream
+# beyond them is a 429. A stream's claim lives in Redis for INBOX_STREAM_LEASE_SECONDS and is renewed while open.
+INBOX_STREAM_MAX_PER_TOKEN = env.int("INBOX_STREAM_MAX_PER_TOKEN", 5)
+INBOX_STREAM_MAX_PER_RECIPIENT = env.int("INBOX_STREAM_MAX_PER_RECIPIENT", 20)
+INBOX_STREAM_LEASE_SECONDS = env.float("INBOX_STREAM_LEASE_SECONDS", 60.0)
 # The demo page (/inbox/demo/) mints tokens for anyone who opens it: on with DEBUG, or explicitly.
 INBOX_DEMO_ENABLED = env.bool("INBOX_DEMO_ENABLED", False)
 INBOX_DEMO_USER_ID = env.str("INBOX_DEMO_USER_ID", "u-42")

@@ -9,5 +9,7 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("DEVELOPMENT", "true")
+# Tests wait for Celery's per-task lines in worker logs (a task succeeded, a retry was scheduled).
+os.environ.setdefault("CELERY_TASK_LOGS", "true")
 
 from config.settings import *  # noqa: F403

@@ -37,3 +37,6 @@ urlpatterns = [
     path("", include("preferences.center")),
     path("", include("notifier.inbox.browser_urls")),
 ]
+
+# A URL that matches no route under /api/, /inbox/v1/ and /callbacks/ answers the API's JSON error body.
+handler404 = "core.errors.not_found_view"

@@ -222,3 +222,33 @@ def close_old_task_connections(sender: Any = None, **_kwargs: Any) -> None:
     if getattr(getattr(sender, "request", None), "is_eager", False):
         return
     close_old_connections()
+
+
+def estimated_rows(relation: str) -> int | None:
+    """Return the planner's row estimate of `relation`, summed over its partitions; None when none is known.
+
+    From pg_class.reltuples (kept by ANALYZE and autovacuum): no scan, so it costs the same for a day and for
+    a fortnight of 20 million rows. A partition never analysed (-1) counts as unknown, not as empty.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT sum(c.reltuples) FILTER (WHERE c.reltuples >= 0)"
+            " FROM pg_partition_tree(to_regclass(%s)) AS t JOIN pg_class AS c ON c.oid = t.relid"
+            " WHERE t.isleaf",
+            [relation],
+        )
+        row = cursor.fetchone()
+    return None if row is None or row[0] is None else int(row[0])
+
+
+# Guards of a batch of maintenance next to the live traffic: a batch that cannot get its locks quickly gives up
+# instead of queueing behind (and in front of) the live traffic, and no statement runs away.
+MAINTENANCE_LOCK_TIMEOUT = "5s"
+MAINTENANCE_STATEMENT_TIMEOUT = "60s"
+
+
+def limit_maintenance_transaction() -> None:
+    """Bound the current transaction's lock waits and statements for a maintenance batch (SET LOCAL)."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"SET LOCAL lock_timeout = '{MAINTENANCE_LOCK_TIMEOUT}'")
+        cursor.execute(f"SET LOCAL statement_timeout = '{MAINTENANCE_STATEMENT_TIMEOUT}'")

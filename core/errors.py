@@ -13,7 +13,8 @@ from typing import Any
 
 from django.core.exceptions import PermissionDenied, RequestDataTooBig
 from django.db import DatabaseError, InterfaceError, OperationalError
-from django.http import Http404
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.views.defaults import page_not_found
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -94,6 +95,7 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         exceptions.MethodNotAllowed: "method_not_allowed",
         exceptions.ParseError: "malformed_json",
         exceptions.UnsupportedMediaType: "unsupported_media_type",
+        exceptions.NotAcceptable: "not_acceptable",
         exceptions.Throttled: "rate_limited",
     }
     code = next((c for klass, c in codes.items() if isinstance(exc, klass)), "error")
@@ -107,3 +109,14 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         # DRF writes whole seconds rounded down ("0" for a 0.3 s wait); a client must not come back too early.
         response["Retry-After"] = str(max(1, math.ceil(wait)))
     return response
+
+
+# Where a URL that matches no route is answered in the API's error body (elsewhere: Django's HTML page).
+JSON_PREFIXES = ("/api/", "/inbox/v1/", "/callbacks/")
+
+
+def not_found_view(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    """Answer a URL that matches no route (handler404): the error body under the API's prefixes."""
+    if request.path.startswith(JSON_PREFIXES):
+        return JsonResponse(error_body("not_found", "Not found."), status=404)
+    return page_not_found(request, exception or Http404())

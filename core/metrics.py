@@ -40,20 +40,26 @@ _TASK_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 30
 # --- Accept ------------------------------------------------------------------------------------------
 NOTIFICATIONS_ACCEPTED = Counter(
     "notifier_notifications_accepted",
-    "Notifications accepted by the API (duplicates excluded).",
-    ["category", "client"],
+    "Notifications accepted by the API (duplicates excluded), by category, client and mode (live or test key).",
+    ["category", "client", "mode"],
 )
 # --- Deliveries and providers ------------------------------------------------------------------------
 DELIVERIES = Counter(
     "notifier_deliveries",
-    "Delivery outcomes by channel, provider and resulting status (sent, failed, retried, suppressed, ...).",
-    ["channel", "provider", "status"],
+    "Delivery outcomes by channel, provider, resulting status (sent, failed, retried, suppressed, ...) and mode"
+    " (live, or test: a test key's, all through the sandbox provider).",
+    ["channel", "provider", "status", "mode"],
 )
 PROVIDER_CALL_SECONDS = Histogram(
     "notifier_provider_call_seconds",
     "Duration of provider calls by outcome (ok, retriable, permanent, throttled, timeout).",
     ["provider", "outcome"],
     buckets=_PROVIDER_BUCKETS,
+)
+SEND_GATHERED = Counter(
+    "notifier_send_gathered_messages",
+    "Send messages a worker took from their queue into the batch it was about to send (singles sent together).",
+    ["queue"],
 )
 THROTTLED = Counter(
     "notifier_provider_throttled",
@@ -116,15 +122,15 @@ def _label(value: object, default: str = "unknown") -> str:
     return text[:64]
 
 
-def count_accepted(category: str, client: str) -> None:
-    """Count one accepted notification of `category` from API client `client` (its name)."""
-    NOTIFICATIONS_ACCEPTED.labels(_label(category), _label(client)).inc()
+def count_accepted(category: str, client: str, mode: str = "live") -> None:
+    """Count one accepted notification of `category` from API client `client` (its name) in `mode`."""
+    NOTIFICATIONS_ACCEPTED.labels(_label(category), _label(client), _label(mode, "live")).inc()
 
 
-def count_deliveries(channel: str, provider: str, status: str, n: int = 1) -> None:
-    """Count `n` deliveries of `channel` through `provider` that reached `status`."""
+def count_deliveries(channel: str, provider: str, status: str, n: int = 1, mode: str = "live") -> None:
+    """Count `n` deliveries of `channel` through `provider` that reached `status`, in `mode` (live or test)."""
     if n > 0:
-        DELIVERIES.labels(_label(channel), _label(provider, "none"), _label(status)).inc(n)
+        DELIVERIES.labels(_label(channel), _label(provider, "none"), _label(status), _label(mode, "live")).inc(n)
 
 
 def count_sms_segments(encoding: str, n: int) -> None:
@@ -136,6 +142,11 @@ def count_sms_segments(encoding: str, n: int) -> None:
 def observe_provider_call(provider: str, seconds: float, outcome: str) -> None:
     """Record one provider call's duration and outcome (ok, retriable, permanent, throttled, timeout)."""
     PROVIDER_CALL_SECONDS.labels(_label(provider), _label(outcome)).observe(max(seconds, 0.0))
+
+
+def count_gathered(queue: str, n: int) -> None:
+    """Count send messages taken from `queue` into a running batch."""
+    SEND_GATHERED.labels(_label(queue)).inc(n)
 
 
 def count_throttled(provider: str, n: int = 1) -> None:

@@ -1,9 +1,10 @@
 """How the OpenAPI schema describes the API beyond each view's own annotations.
 
-One schema class (REST_FRAMEWORK["DEFAULT_SCHEMA_CLASS"]) gives every operation its area's tag and the
-error answers every API call can give, all in the one error body of core/errors.py; one post-processing
-hook describes the tags. Views annotate only what is theirs: request body, success answer, examples and a
-unique operation id (`extend_schema`).
+One schema class (REST_FRAMEWORK["DEFAULT_SCHEMA_CLASS"]) gives every operation its area's tag and every
+error status it can answer (AutoSchema.error_statuses: the common ones, 404 for an object in the path, 413
+for a body, the HTTP server's own 414 and 431, and what the view declares in `error_statuses`), all in the
+one error body of core/errors.py; one post-processing hook describes the tags. Views annotate only what is
+theirs: request body, success answer, examples and a unique operation id (`extend_schema`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,10 @@ CHANNEL_CHOICES = list(settings.CHANNELS)
 # (path prefix, tag): the first match names an operation's area; more specific prefixes come first.
 AREAS: list[tuple[str, str]] = [
     ("/api/v1/notifications", "notifications"),
+    ("/api/v1/stats", "statistics"),
     ("/api/v1/templates", "templates"),
+    ("/api/v1/layouts", "templates"),
+    ("/api/v1/workflows", "workflows"),
     ("/api/v1/recipients/{user_id}/inbox", "inbox"),
     ("/inbox/v1/", "inbox"),
     ("/api/v1/recipients/{user_id}/preference", "preferences"),
@@ -37,7 +41,11 @@ AREAS: list[tuple[str, str]] = [
 TAG_DESCRIPTIONS = {
     "notifications": "Send a notification to a user or a topic, alone or in batches; read, list and cancel them "
     "(scope `send`).",
-    "templates": "Versioned, localized templates: create versions, read, preview (scope `templates`).",
+    "statistics": "Counts of the client's own deliveries per day, channel, status and template (scope `send`).",
+    "templates": "Versioned, localized templates and the email layouts around them: create versions, read, preview "
+    "(scope `templates`).",
+    "workflows": "Versioned multi-step workflows (send, delay, digest, throttle, conditions), run per recipient "
+    "by a send with `workflow` (scope `templates` to define them).",
     "recipients": "Recipients' contact data and push devices (scopes `recipients:read` / `recipients:write`).",
     "preferences": "A recipient's channel and category preferences, quiet hours, and links to the preference center.",
     "inbox": "The in-app inbox of a recipient, over an API key (/api/v1) or an inbox token (/inbox/v1).",
@@ -102,6 +110,19 @@ ERRORS: dict[int, tuple[str, list[OpenApiExample]]] = {
         ],
     ),
     404: ("No such object.", [_example("not_found", "not_found", "No such notification.")]),
+    406: (
+        "The Accept header asks for something other than JSON.",
+        [_example("not_acceptable", "not_acceptable", "Could not satisfy the request Accept header.")],
+    ),
+    409: ("The object is in a state that does not allow this.", []),
+    413: (
+        "The body is larger than MAX_REQUEST_BYTES (5 MiB unless configured); refused before it is read.",
+        [_example("payload_too_large", "payload_too_large", "Request body is larger than 5242880 bytes.")],
+    ),
+    415: (
+        "The body's Content-Type is not one the operation reads (JSON unless documented otherwise).",
+        [_example("unsupported_media_type", "unsupported_media_type", 'Unsupported media type "text/plain".')],
+    ),
     429: (
         "Over the client's rate limit or shed under load; see Retry-After.",
         [_example("rate_limited", "rate_limited", "Request was throttled. Expected available in 1 second.")],
@@ -110,6 +131,15 @@ ERRORS: dict[int, tuple[str, list[OpenApiExample]]] = {
         "The database is unavailable; retry after Retry-After.",
         [_example("database_unavailable", "database_unavailable", "The database is unavailable; retry later.")],
     ),
+}
+
+
+# Methods that carry a request body (and so may answer 413).
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+# What the HTTP server answers before the app runs (gunicorn's limit_request_line, limit_request_field_size).
+SERVER_ERRORS = {
+    414: "The request line (method, path and query) is longer than the server reads (4,094 bytes); HTML.",
+    431: "A request header is larger than the server reads (8,190 bytes); HTML.",
 }
 
 
@@ -126,20 +156,52 @@ class AutoSchema(SpectacularAutoSchema):
         """Name the operation's area (AREAS); extend_schema(tags=...) on a view overrides this."""
         return [next((tag for prefix, tag in AREAS if self.path.startswith(prefix)), "other")]
 
+    def error_statuses(self) -> dict[int, str | None]:
+        """Return the error statuses this operation can answer, with a description of their own or None.
+
+        Every API call: 400, 401, 403, 406, 429, 503; with an object in its path 404; with a body 413 (every
+        body is bounded before it is read, core/bodies.py) and 415. Provider callbacks: 413 and 503 besides
+        what they declare.
+        A view adds its own with a class attribute `error_statuses`: {status: description} for every method,
+        or {"get": {status: description}} per method.
+        """
+        api = self.path.startswith(("/api/v1/", "/inbox/v1/"))
+        if not api and not self.path.startswith("/callbacks/"):
+            return {}
+        codes: dict[int, str | None] = dict.fromkeys([400, 401, 403, 406, 429, 503] if api else [503])
+        if api and "{" in self.path:
+            codes[404] = None
+        if self.method.upper() in BODY_METHODS:
+            codes[413] = None
+            if api:
+                codes[415] = None
+        declared: dict[Any, Any] = getattr(self.view, "error_statuses", {})
+        for key, value in declared.items():
+            if isinstance(key, int):
+                codes[key] = value
+            elif key.lower() == self.method.lower():
+                codes.update(value)
+        return codes
+
     def _get_response_bodies(self, direction: Direction = "response") -> dict[str, Any]:
         """Add the error answers an operation can give to the success answers it declares."""
         responses: dict[str, Any] = super()._get_response_bodies(direction)
-        if direction != "response" or not self.path.startswith(("/api/v1/", "/inbox/v1/")):
+        if direction != "response":
             return responses
-        codes = [400, 401, 403, 429, 503]
-        if "{" in self.path:
-            codes.append(404)
-        for code in sorted(codes):
+        codes = self.error_statuses()
+        if not codes:
+            return responses
+        for code, description in sorted(codes.items()):
             if str(code) not in responses:
                 # drf-spectacular leaves this method unannotated.
                 responses[str(code)] = self._get_response_for_code(  # type: ignore[no-untyped-call]
-                    error_response(code), str(code)
+                    error_response(code, description), str(code)
                 )
+        # Answered by the HTTP server (gunicorn) before the app sees the request, in its own HTML.
+        for code, description in SERVER_ERRORS.items():
+            responses.setdefault(
+                str(code), {"description": description, "content": {"text/html": {"schema": {"type": "string"}}}}
+            )
         return responses
 
 

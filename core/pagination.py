@@ -1,9 +1,13 @@
 """The one cursor paginator of the API: a single cursor format, the `cursor` query field and the page body.
 
 Every cursor-paginated list (notifications, dead letters, suppressions, inboxes, event attempts, sandbox
-messages) answers `{"<items>": [...], "next_cursor": "<cursor>" | null}` and takes the cursor back in
-`?cursor=`. A cursor is the URL-safe base64 of a small JSON object naming the position after which the next
-page starts (`{"i": 42}` for lists keyed by id, `{"c": "<created_at>", "i": "<uuid>"}` for notifications).
+messages) answers `{"results": [...], "next_cursor": "<cursor>" | null}` (the inboxes, which answered `items`
+first, carry the same list under both keys) and takes the cursor back in `?cursor=`; an empty `cursor=` is the
+first page, as a client's first request naturally sends it. Every list takes `limit`, the page size: 1 to
+`PAGE_MAX` (a few older lists allow more), `PAGE_DEFAULT` when left out or empty.
+
+A cursor is the URL-safe base64 of a small JSON object naming the position after which the next page starts
+(`{"i": 42}` for lists keyed by id, `{"c": "<created_at>", "i": "<uuid>"}` for notifications).
 
 Cursors handed out before the format was unified stay valid (the API contract does not let a saved cursor break):
 a bare id (`"42"`, sandbox messages, inboxes, event attempts) and the base64 of a bare id (suppressions) both
@@ -24,6 +28,8 @@ from rest_framework import serializers
 from core.errors import ApiError
 
 INVALID = "Invalid cursor."
+PAGE_DEFAULT = 50
+PAGE_MAX = 200
 
 
 def encode_cursor(position: dict[str, Any]) -> str:
@@ -76,6 +82,13 @@ class CursorField(serializers.CharField):
         kwargs.setdefault("help_text", "The `next_cursor` of the previous page; leave out for the first page.")
         super().__init__(**kwargs)
 
+    def run_validation(self, data: Any = serializers.empty) -> Any:
+        # A CharField answers "" for a blank value before to_internal_value runs; blank means the first page,
+        # and so does whitespace alone, which the CharField trims to blank.
+        if isinstance(data, str) and not data.strip():
+            return None
+        return super().run_validation(data)
+
     # An override mypy refuses (hence the ignore): a CharField validates to a str; this field's value is the
     # decoded position.
     def to_internal_value(self, data: Any) -> dict[str, Any] | None:  # type: ignore[override]
@@ -88,10 +101,27 @@ class CursorField(serializers.CharField):
             raise serializers.ValidationError(INVALID) from None
 
 
+class PageLimitField(serializers.IntegerField):
+    """The `limit` query parameter: the page size, `PAGE_DEFAULT` when left out or sent empty."""
+
+    def __init__(self, *, max_value: int = PAGE_MAX, **kwargs: Any) -> None:
+        kwargs.setdefault("required", False)
+        kwargs.setdefault("default", PAGE_DEFAULT)
+        kwargs.setdefault("help_text", f"Items per page, 1 to {max_value} (default {PAGE_DEFAULT}).")
+        super().__init__(min_value=1, max_value=max_value, **kwargs)
+
+    def run_validation(self, data: Any = serializers.empty) -> Any:
+        # `limit=` is what a client sends when it has no page size in mind: the default, not a 400.
+        if data == "":
+            data = serializers.empty
+        return super().run_validation(data)
+
+
 class CursorQuerySerializer(serializers.Serializer[Any]):  # input only: it never serializes an instance
-    """Query parameters every cursor-paginated list takes; a list with a page size adds its own `limit`."""
+    """Query parameters every cursor-paginated list takes: where to start and how many."""
 
     cursor = CursorField()
+    limit = PageLimitField()
 
 
 @dataclass(frozen=True)
@@ -133,10 +163,12 @@ def cursor_page_serializer(
     items_key: str = "results",
     **extra: serializers.Field[Any, Any, Any, Any],
 ) -> type[serializers.Serializer[CursorPage]]:
-    """Return the serializer of a page of `item`: `{items_key: [...], "next_cursor", **extra}`, for a CursorPage."""
-    fields: dict[str, Any] = {
-        items_key: item(many=True) if items_key == "items" else item(many=True, source="items"),
-        "next_cursor": NextCursorField(),
-        **extra,
-    }
+    """Return the serializer of a page of `item`: `{"results": [...], "next_cursor", **extra}`, for a CursorPage.
+
+    `items_key="items"` names a list that answered `items` before the shape was unified: it answers both keys.
+    """
+    fields: dict[str, Any] = {"results": item(many=True, source="items")}
+    if items_key == "items":
+        fields["items"] = item(many=True)
+    fields.update({"next_cursor": NextCursorField(), **extra})
     return type(name, (serializers.Serializer,), {**fields, "__doc__": f"A page of {items_key}, keyset-paginated."})

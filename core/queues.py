@@ -14,6 +14,7 @@ from typing import Any
 
 from celery import Task, current_app
 from celery.signals import worker_init
+from django.db import InterfaceError, OperationalError
 from kombu import Exchange, Queue
 from kombu.transport.native_delayed_delivery import (
     bind_queue_to_native_delayed_delivery_exchange,
@@ -36,7 +37,7 @@ class WorkerClass:
     """One pool of Celery workers: the queues it consumes and how it runs them.
 
     The one source of truth for worker classes: the Procfile, docker/compose.yml and the Kubernetes manifests
-    under deploy/ start exactly these (tests/test_deploy_files.py compares them). Priorities are separate
+    under deploy/ start exactly these (tests/project/test_deploy_files.py compares them). Priorities are separate
     classes because a worker started with `-Q a,b` does not prefer `a`.
     """
 
@@ -210,3 +211,16 @@ def purge_queues(app: Any) -> None:
                 channel.queue_purge(f"celery_delayed_{level}")
             except Exception:  # not declared yet (no countdown was ever published here)
                 channel = conn.channel()
+
+
+# Infrastructure errors (the database went away, the broker refused a page's messages) retry with backoff; the
+# checkpoint makes a retried fan-out run resume where it stopped. Each retry names the queue its message came
+# from (OwnQueueTask): routed by the delayed message's own routing key, a second retry was lost.
+INFRA_RETRY: dict[str, Any] = {
+    "base": OwnQueueTask,
+    "autoretry_for": (OperationalError, InterfaceError),
+    "retry_backoff": 2,
+    "retry_backoff_max": 60,
+    "retry_jitter": True,
+    "max_retries": 10,
+}

@@ -11,10 +11,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
+from urllib.parse import unquote, urlsplit
 
 import redis
+import redis.asyncio as aioredis
 from django.conf import settings
+from redis.asyncio.sentinel import Sentinel as AsyncSentinel
+from redis.sentinel import Sentinel
 
 logger = logging.getLogger(__name__)
 # After a Redis error, use the in-memory fallback for this long before trying Redis again, so a dead Redis
@@ -22,16 +26,74 @@ logger = logging.getLogger(__name__)
 REDIS_RETRY_SECONDS = 5.0
 
 
+# Short timeouts: Redis is a fast path, never a dependency.
+CLIENT_OPTIONS: dict[str, Any] = {
+    "socket_connect_timeout": 0.5,
+    "socket_timeout": 0.5,
+    "health_check_interval": 30,
+    "decode_responses": True,
+}
+
+
+def sentinel_addresses() -> list[tuple[str, int]]:
+    """Return the (host, port) pairs of REDIS_SENTINELS ("host:port,host:port"), empty when Sentinel is not used."""
+    pairs = []
+    for item in settings.REDIS_SENTINELS:
+        host, _, port = item.strip().rpartition(":")
+        pairs.append((host.strip("[]") or "127.0.0.1", int(port or 26379)))
+    return pairs
+
+
+@functools.cache
+def get_sentinel() -> Sentinel | None:
+    """Return the process-wide Sentinel client when REDIS_SENTINELS is set, else None."""
+    addresses = sentinel_addresses()
+    if not addresses:
+        return None
+    auth = {"password": settings.REDIS_SENTINEL_PASSWORD} if settings.REDIS_SENTINEL_PASSWORD else {}
+    return Sentinel(  # type: ignore[no-untyped-call]  # redis-py leaves Sentinel unannotated
+        addresses, sentinel_kwargs={"socket_connect_timeout": 0.5, "socket_timeout": 0.5, **auth}
+    )
+
+
 @functools.cache
 def get_redis() -> redis.Redis:
-    """Return the process-wide Redis client (short timeouts: Redis is a fast path, never a dependency)."""
-    return redis.Redis.from_url(
-        settings.REDIS_URL,
-        socket_connect_timeout=0.5,
-        socket_timeout=0.5,
-        health_check_interval=30,
-        decode_responses=True,
+    """Return the process-wide Redis client: REDIS_URL's server, or the master Sentinel names (REDIS_SENTINELS).
+
+    Through Sentinel the client asks the sentinels for the current master on every new connection and drops its
+    connections when the server it reached is no longer master, so a failover costs the errors of one RedisGuard
+    retry period (the guards' fallbacks cover them), never a restart. REDIS_URL still gives the database number,
+    user name and password of the master's connections.
+    """
+    sentinel = get_sentinel()
+    if sentinel is None:
+        return redis.Redis.from_url(settings.REDIS_URL, **CLIENT_OPTIONS)
+    master = sentinel.master_for(settings.REDIS_SENTINEL_MASTER, **_master_options(), **CLIENT_OPTIONS)  # type: ignore[no-untyped-call]
+    return cast(redis.Redis, master)
+
+
+def new_async_redis() -> aioredis.Redis:
+    """Return a new asyncio Redis client (one per event loop), configured like `get_redis`'s."""
+    addresses = sentinel_addresses()
+    if not addresses:
+        return aioredis.Redis.from_url(settings.REDIS_URL, **CLIENT_OPTIONS)
+    auth = {"password": settings.REDIS_SENTINEL_PASSWORD} if settings.REDIS_SENTINEL_PASSWORD else {}
+    sentinel = AsyncSentinel(  # type: ignore[no-untyped-call]  # redis-py leaves Sentinel unannotated
+        addresses, sentinel_kwargs={"socket_connect_timeout": 0.5, "socket_timeout": 0.5, **auth}
     )
+    return cast(
+        aioredis.Redis, sentinel.master_for(settings.REDIS_SENTINEL_MASTER, **_master_options(), **CLIENT_OPTIONS)
+    )
+
+
+def _master_options() -> dict[str, Any]:
+    """Return the database number and credentials of REDIS_URL, for connections to Sentinel's master."""
+    url = urlsplit(settings.REDIS_URL)
+    return {
+        "db": int(url.path.strip("/") or 0),
+        "username": unquote(url.username or "") or None,
+        "password": unquote(url.password or "") or None,
+    }
 
 
 def rkey(*parts: object) -> str:

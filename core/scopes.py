@@ -1,8 +1,9 @@
-"""API-key scopes: what each one allows (API.md, "Authentication and errors") and how views declare theirs.
+"""API-key scopes: what each one allows (docs/security.md, "API keys and scopes") and how views declare theirs.
 
 Every DRF view under /api/v1/ declares the scope it needs, either for every method with
 `required_scope = "send"` or per method with `required_scopes = {"GET": "recipients:read", ...}`.
-`notifier.auth.ScopePermission` (the project's default permission class) enforces it: a key without the scope gets a 403
+`notifier.clients.auth.ScopePermission` (the project's default permission class) enforces it: a key without the scope
+gets a 403
 `scope_missing` naming it, and a view that declares nothing is refused for every key (fail closed).
 """
 
@@ -10,13 +11,14 @@ from __future__ import annotations
 
 from typing import Any
 
-# Name -> what it allows; the order is the one API.md and docs/security.md list them in.
+# Name -> what it allows; the order is the one docs/security.md lists them in.
 SCOPES: dict[str, str] = {
-    "send": "send, list, read and cancel its own notifications; manage its own event endpoint",
-    "recipients:read": "read recipients, devices, preferences and inboxes",
+    "send": "send, list, read and cancel its own notifications; its delivery statistics; manage its own event endpoint",
+    "recipients:read": "list, find and read recipients, devices, preferences and inboxes",
     "recipients:write": "change or erase recipients, devices, preferences; mint inbox tokens and preference links",
-    "templates": "create, read and preview templates (drafts included)",
-    "topics": "create topics, subscribe and unsubscribe users",
+    "templates": "list, create, read and preview templates (drafts included); change its own",
+    "templates:admin": "with templates: change and publish any template, another client's or staff-owned",
+    "topics": "list and create topics, subscribe and unsubscribe users; send to a topic (with send or campaigns)",
     "suppressions": "list, add and remove suppression-list entries",
     "campaigns": "create, change, pause and resume campaigns",
     "operations": "dead letters (list, replay, discard) and sandbox messages",

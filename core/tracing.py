@@ -1,17 +1,18 @@
 """Tracing through the OpenTelemetry instrumentation packages, with Notifier's own spans where none exist.
 
 Instrumented by the packages: incoming HTTP requests (Django), task publish and run with W3C trace context in
-every message's headers (Celery), Redis commands (redis, only while spans are exported), outgoing HTTP
-(requests: FCM, Twilio, webhooks) and AWS calls (botocore: SES, SNS). Written here, because no
-instrumentation matching opentelemetry-api 1.45 exists for them: a span per database statement (Django's
-execute wrapper; opentelemetry-instrumentation-psycopg has no release for this API version), a span per
-provider call (`provider_span`), and a span per publish of delivery ids (`span("publish <queue>")` in
-notifier/outbox.py).
+every message's headers (Celery), database statements (psycopg), Redis commands (redis), outgoing HTTP
+(requests: FCM, Twilio, webhooks) and AWS calls (botocore: SES, SNS). Written here, because no instrumentation
+exists for them: a span per provider call (`provider_span`) and a span per publish of delivery ids
+(`span("publish <queue>")` in notifier/deliveries/outbox.py).
 
 A trace starts at the API (or continues the caller's `traceparent`), travels in the headers of every Celery
 message, and is continued by the worker that runs the task. Its trace id is bound into every log line on the
 way. Spans are recorded and exported only when OTEL_EXPORTER_OTLP_ENDPOINT is set (or a test passes an
-exporter); otherwise the sampler drops them at creation, and only the ids propagate.
+exporter), and then as the SDK's standard sampler switches say (OTEL_TRACES_SAMPLER, OTEL_TRACES_SAMPLER_ARG;
+parent-based always-on by default). Without an exporter the sampler drops every span at creation, the
+per-statement and per-command wrappers (psycopg, Redis) are not even in the call path, and only the ids
+propagate.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import re
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import weakref
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import Token
 from dataclasses import dataclass, replace
@@ -31,8 +33,8 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.sampling import ALWAYS_ON, Decision, ParentBased, Sampler, SamplingResult
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanLimits, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
 
 from core import metrics
@@ -170,16 +172,27 @@ class _SwitchableProcessor(SpanProcessor):
         return self.delegate.force_flush(timeout_millis) if self.delegate is not None else True
 
 
-class _ExportSampler(Sampler):
-    """Record spans (respecting the caller's sampled flag) only while an exporter is configured.
+def sampler_from_environment() -> Sampler:
+    """Return the sampler the SDK's standard switches ask for (OTEL_TRACES_SAMPLER, OTEL_TRACES_SAMPLER_ARG).
 
-    Without one every span is dropped at creation: no attributes, no processor calls, but valid ids, so the
-    trace id still propagates to logs, messages and responses.
+    The SDK's own reading: `parentbased_always_on` when unset, an unknown name or a bad ratio logged and replaced
+    by the default (a typo never turns tracing off or fails the start).
+    """
+    from opentelemetry.sdk.trace import sampling
+
+    return sampling._get_from_env_or_default()
+
+
+class _ExportSampler(Sampler):
+    """Sample by the configured sampler only while an exporter is configured; drop everything otherwise.
+
+    Without an exporter every span is dropped at creation: no attributes, no processor calls, but valid ids, so
+    the trace id still propagates to logs, messages and responses.
     """
 
     def __init__(self) -> None:
         self.exporting = False
-        self._on = ParentBased(ALWAYS_ON)
+        self.delegate: Sampler = sampler_from_environment()
 
     def should_sample(
         self,
@@ -191,20 +204,23 @@ class _ExportSampler(Sampler):
         links: Sequence[Any] | None = None,
         trace_state: Any = None,
     ) -> SamplingResult:
-        """Sample as ParentBased(ALWAYS_ON) while exporting; drop otherwise."""
+        """Sample as the configured sampler says while exporting; drop otherwise."""
         if self.exporting:
-            return self._on.should_sample(parent_context, trace_id, name, kind, attributes, links, trace_state)
+            return self.delegate.should_sample(parent_context, trace_id, name, kind, attributes, links, trace_state)
         return SamplingResult(Decision.DROP)
 
     def get_description(self) -> str:
         """Describe the sampler."""
-        return "NotifierExportSampler"
+        return f"NotifierExportSampler{{{self.delegate.get_description()}}}"
 
 
 _lock = threading.Lock()
 _processor = _SwitchableProcessor()
 _sampler = _ExportSampler()
 _state: dict[str, Any] = {"provider": None, "instrumented": False, "redis": False}
+# A bulk INSERT's statement runs to megabytes: attribute values are cut here unless the standard
+# OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT / OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT say otherwise.
+_DEFAULT_ATTRIBUTE_LENGTH = 2048
 
 
 def _provider() -> TracerProvider:
@@ -213,8 +229,13 @@ def _provider() -> TracerProvider:
         if provider is None:
             from django.conf import settings
 
+            limits = SpanLimits()
+            if limits.max_span_attribute_length is None:
+                limits = SpanLimits(max_span_attribute_length=_DEFAULT_ATTRIBUTE_LENGTH)
             provider = TracerProvider(
-                resource=Resource.create({"service.name": settings.OTEL_SERVICE_NAME}), sampler=_sampler
+                resource=Resource.create({"service.name": settings.OTEL_SERVICE_NAME}),
+                sampler=_sampler,
+                span_limits=limits,
             )
             provider.add_span_processor(_processor)
             trace.set_tracer_provider(provider)
@@ -230,7 +251,8 @@ def tracer() -> trace.Tracer:
 def configure_tracing(*, endpoint: str | None = None, exporter: Any = None, service_name: str | None = None) -> bool:
     """Export spans over OTLP/HTTP to `endpoint` (default: the settings) or to `exporter`; return whether on.
 
-    Tests pass an in-memory exporter (exported synchronously). `service_name` is fixed at the first call.
+    Tests pass an in-memory exporter (exported synchronously). `service_name` is fixed at the first call. The
+    sampler is read again from OTEL_TRACES_SAMPLER / OTEL_TRACES_SAMPLER_ARG on every call.
     """
     from django.conf import settings
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
@@ -248,13 +270,16 @@ def configure_tracing(*, endpoint: str | None = None, exporter: Any = None, serv
             logger.warning("OTEL_EXPORTER_OTLP_ENDPOINT is set but the OTLP exporter is not installed")
         else:
             processor = BatchSpanProcessor(OTLPSpanExporter(endpoint=f"{endpoint.rstrip('/')}/v1/traces"))
+    sampler = sampler_from_environment()
     with _lock:
         old, _processor.delegate = _processor.delegate, processor
+        _sampler.delegate = sampler
         _sampler.exporting = processor is not None
     if old is not None:
         old.shutdown()
     if _state["instrumented"]:
         _instrument_redis(processor is not None)
+        _switch_database_cursors(processor is not None)
     return processor is not None
 
 
@@ -291,18 +316,21 @@ def instrument() -> None:
             return
         _state["instrumented"] = True
     provider = _provider()
-    configure_tracing()  # and Redis, while exporting (_instrument_redis)
     from opentelemetry.instrumentation.botocore import BotocoreInstrumentor
     from opentelemetry.instrumentation.celery import CeleryInstrumentor
     from opentelemetry.instrumentation.django import DjangoInstrumentor
+    from opentelemetry.instrumentation.psycopg import PsycopgInstrumentor
     from opentelemetry.instrumentation.requests import RequestsInstrumentor
 
     DjangoInstrumentor().instrument(tracer_provider=provider, excluded_urls=EXCLUDED_URLS)
     CeleryInstrumentor().instrument(tracer_provider=provider)
     RequestsInstrumentor().instrument(tracer_provider=provider)
     BotocoreInstrumentor().instrument(tracer_provider=provider)
+    PsycopgInstrumentor().instrument(tracer_provider=provider)
+    _keep_async_connections_plain()
     _instrument_database()
     _connect_task_context()
+    configure_tracing()  # Redis and the database cursors follow the exporter (_instrument_redis, _switch_...)
 
 
 # --- Notifier's own spans ----------------------------------------------------------------------------
@@ -390,31 +418,54 @@ def carry_context(fn: Callable[..., T]) -> Callable[..., T]:
     return run
 
 
-def _db_span(execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Mapping[str, Any]) -> Any:
-    if not _sampler.exporting:
-        return execute(sql, params, many, context)  # a span per statement only while they are exported
-    # The operation only (SELECT, INSERT, ...): statements carry bulk parameters and, inlined, personal data.
-    operation = sql.lstrip().split(None, 1)[0].upper() if sql and sql.strip() else "SQL"
-    with tracer().start_as_current_span(
-        f"db {operation}",
-        kind=SpanKind.CLIENT,
-        attributes={"db.system.name": "postgresql", "db.operation.name": operation},
-    ):
-        return execute(sql, params, many, context)
+# psycopg connections opened by Django (weakly: a closed connection drops out), each with its two cursor
+# classes: Django's own and the psycopg instrumentation's traced subclass of it.
+_db_connections: weakref.WeakKeyDictionary[Any, tuple[type, type]] = weakref.WeakKeyDictionary()
 
 
-def _add_db_wrapper(connection: Any, **_kwargs: Any) -> None:
-    if _db_span not in connection.execute_wrappers:
-        connection.execute_wrappers.append(_db_span)
+def _database_cursor(connection: Any, **_kwargs: Any) -> None:
+    """Remember a new connection's cursor classes and pick the one that matches the exporter.
+
+    The instrumentation wraps psycopg's connect, so a connection arrives with the traced cursor class. That class
+    parses every statement and starts a span even when the sampler drops it: while nothing exports, the
+    connection gets Django's own cursor class back, and no statement passes through the instrumentation.
+    """
+    raw = getattr(connection, "connection", None)
+    traced = getattr(raw, "cursor_factory", None)
+    if raw is None or traced is None:
+        return
+    plain = connection.get_connection_params().get("cursor_factory") or traced
+    if plain is traced or not issubclass(traced, plain):
+        return  # opened before the instrumentation (nothing to switch)
+    with _lock:
+        _db_connections[raw] = (plain, traced)
+        raw.cursor_factory = traced if _sampler.exporting else plain
+
+
+def _switch_database_cursors(on: bool) -> None:
+    """Give every open connection the traced cursor class (`on`) or Django's own (a cursor is made per query)."""
+    with _lock:
+        for raw, (plain, traced) in list(_db_connections.items()):
+            raw.cursor_factory = traced if on else plain
+
+
+def _keep_async_connections_plain() -> None:
+    """Leave psycopg's AsyncConnection.connect unwrapped: only Django's connections are traced.
+
+    The async connections are the inbox stream server's own (notifier/inbox/stream.py), which polls many
+    times a second; their cursors cannot be switched with the exporter as Django's are, and a traced cursor
+    costs a span per statement even while nothing exports.
+    """
+    import psycopg
+    from opentelemetry.instrumentation.dbapi import unwrap_connect
+
+    unwrap_connect(psycopg.AsyncConnection, "connect")
 
 
 def _instrument_database() -> None:
-    from django.db import connections
     from django.db.backends.signals import connection_created
 
-    connection_created.connect(_add_db_wrapper, weak=False, dispatch_uid="core.tracing.db")
-    for connection in connections.all(initialized_only=True):
-        _add_db_wrapper(connection)
+    connection_created.connect(_database_cursor, weak=False, dispatch_uid="core.tracing.db")
 
 
 # --- Celery: logs and task metrics -------------------------------------------------------------------

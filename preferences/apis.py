@@ -1,9 +1,11 @@
-"""REST endpoints for recipients, devices, preferences, topics, subscribers and suppressions (see API.md).
+"""REST endpoints for recipients, devices, preferences, topics, subscribers and suppressions (see docs/api.md).
 
 Bodies and answers are the serializers of preferences/serializers.py.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import status
@@ -12,7 +14,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core.errors import ApiError
-from core.pagination import CursorPage, cursor_id
+from core.pagination import CursorPage, CursorQuerySerializer, cursor_id
 from core.scopes import RECIPIENT_SCOPES
 from preferences import selectors, services
 from preferences.models import Recipient, Suppression, Topic
@@ -24,7 +26,9 @@ from preferences.serializers import (
     PreferencesOutputSerializer,
     PreferencesSerializer,
     RecipientInputSerializer,
+    RecipientListQuerySerializer,
     RecipientOutputSerializer,
+    RecipientPage,
     SubscribersInputSerializer,
     SubscribersOutputSerializer,
     SuppressionFilterSerializer,
@@ -33,6 +37,7 @@ from preferences.serializers import (
     SuppressionPage,
     TopicInputSerializer,
     TopicOutputSerializer,
+    TopicPage,
 )
 
 
@@ -54,7 +59,37 @@ def _topic_or_404(key: str) -> Topic:
     return topic
 
 
+def _keyset_page(rows: list[Any], limit: int) -> CursorPage:
+    """Return the page of `rows` (fetched with one row beyond `limit`) and where the next one starts."""
+    page = rows[:limit]
+    return CursorPage(page, page[-1].pk if len(rows) > limit else None)
+
+
 # --- Recipients --------------------------------------------------------------------------------------------
+
+
+class RecipientListApi(APIView):
+    """GET /recipients: recipients oldest first, optionally by exact email or phone; keyset-paginated."""
+
+    required_scope = "recipients:read"
+
+    @extend_schema(
+        operation_id="recipients_list",
+        summary="List or find recipients",
+        parameters=[RecipientListQuerySerializer],
+        responses=RecipientPage,
+    )
+    def get(self, request: Request) -> Response:
+        params = RecipientListQuerySerializer(data=request.query_params)
+        params.is_valid(raise_exception=True)
+        q = params.validated_data
+        rows = selectors.recipient_list(
+            email=q.get("email") or None,
+            phone=q.get("phone") or None,
+            after_id=cursor_id(q.get("cursor")) or 0,
+            limit=q["limit"] + 1,
+        )
+        return Response(RecipientPage(_keyset_page(rows, q["limit"])).data)
 
 
 class RecipientApi(APIView):
@@ -242,6 +277,22 @@ class SuppressionDetailApi(APIView):
 
 
 # --- Topics ------------------------------------------------------------------------------------------------
+
+
+class TopicListApi(APIView):
+    """GET /topics: every topic, oldest first, keyset-paginated."""
+
+    required_scope = "topics"
+
+    @extend_schema(
+        operation_id="topics_list", summary="List topics", parameters=[CursorQuerySerializer], responses=TopicPage
+    )
+    def get(self, request: Request) -> Response:
+        params = CursorQuerySerializer(data=request.query_params)
+        params.is_valid(raise_exception=True)
+        q = params.validated_data
+        rows = selectors.topic_list(after_id=cursor_id(q.get("cursor")) or 0, limit=q["limit"] + 1)
+        return Response(TopicPage(_keyset_page(rows, q["limit"])).data)
 
 
 class TopicApi(APIView):

@@ -1,6 +1,6 @@
 """Compliance verdicts: may this message go to this recipient on this channel now, later, in a digest, or never.
 
-Called at accept (notifier.services) and again right before every send (channels_app.services), so a
+Called at accept (notifier.accepting.services) and again right before every send (channels_app.services), so a
 preference or suppression that changed while a delivery waited is honoured. Pure apart from the optional
 suppression-list lookup, which bulk callers answer themselves with `suppressed_addresses()`.
 """

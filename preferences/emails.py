@@ -1,4 +1,10 @@
-"""Per-recipient links in rendered content: `{{ preferences_url }}` and the footer of optional email."""
+"""Per-recipient links in rendered content: `{{ preferences_url }}` and the footer of optional email.
+
+A rendering marks where its template placed `{{ preferences_url }}` with a marker of its own
+(templates_app.rendering, `RenderedParts.link_marker`: the stand-in URL and a nonce drawn for that rendering).
+Only that marker is replaced, so text that came from the payload, even if it imitates the stand-in, is never
+turned into a recipient's signed link.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +12,11 @@ from html import escape
 from typing import Any
 
 from preferences.translations import language_for, strings
-from templates_app.rendering import PREFERENCES_URL_PLACEHOLDER
 
 
-def uses_preferences_url(parts: dict[str, Any]) -> bool:
-    """Return whether rendered parts contain the `{{ preferences_url }}` stand-in."""
-    return any(PREFERENCES_URL_PLACEHOLDER in value for value in _strings(parts))
+def uses_preferences_url(parts: dict[str, Any], marker: str) -> bool:
+    """Return whether rendered parts contain their rendering's `{{ preferences_url }}` marker."""
+    return bool(marker) and any(marker in value for value in _strings(parts))
 
 
 def _strings(value: Any) -> list[str]:
@@ -24,13 +29,13 @@ def _strings(value: Any) -> list[str]:
     return []
 
 
-def _replace(value: Any, url: str) -> Any:
+def _replace(value: Any, marker: str, url: str) -> Any:
     if isinstance(value, str):
-        return value.replace(PREFERENCES_URL_PLACEHOLDER, url)
+        return value.replace(marker, url)
     if isinstance(value, dict):
-        return {key: _replace(item, url) for key, item in value.items()}
+        return {key: _replace(item, marker, url) for key, item in value.items()}
     if isinstance(value, list):
-        return [_replace(item, url) for item in value]
+        return [_replace(item, marker, url) for item in value]
     return value
 
 
@@ -41,15 +46,16 @@ def personalize(
     unsubscribe_url: str | None = None,
     locale: str | None = None,
     footer: bool = False,
-    placeholder: bool = True,
+    marker: str = "",
 ) -> dict[str, Any]:
-    """Return a copy of rendered parts with the recipient's preference link in place of the stand-in.
+    """Return a copy of rendered parts with the recipient's preference link in place of the rendering's marker.
 
     With `footer` (email of an optional category whose template does not place the link itself), the text and
     HTML bodies end with the preference link beside the unsubscribe link, in the recipient's language.
-    `placeholder=False` says the parts hold no stand-in (the caller checked once per render): only the footer.
+    `marker` is the rendering's `RenderedParts.link_marker`; empty says the parts hold none (the caller checked
+    once per render): only the footer.
     """
-    parts = _replace(parts, preferences_url) if placeholder else dict(parts)
+    parts = _replace(parts, marker, preferences_url) if marker else dict(parts)
     if not footer:
         return parts
     t = strings(language_for(locale))

@@ -14,7 +14,7 @@ class Recipient(models.Model):
     locale = models.CharField(max_length=35, blank=True, default="")
     timezone = models.CharField(max_length=64, blank=True, default="")
     webhook_url = models.URLField(max_length=2048, blank=True, default="")
-    # Preferences (see API.md): global opt-out, per-channel switches {"sms": false}, per-category settings
+    # Preferences (see docs/preferences.md): global opt-out, per-channel switches {"sms": false}, per-category settings
     # {"marketing": {"enabled": true, "channels": ["email"], "frequency": "daily_digest"}}.
     opted_out = models.BooleanField(default=False)
     # The recipient asked not to be tracked: their email gets no open pixel and untracked links.
@@ -29,7 +29,7 @@ class Recipient(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
-        # Support looks a customer up by email or phone (notifier.selectors.delivery_search).
+        # Support looks a customer up by email or phone (notifier.deliveries.selectors.delivery_search).
         indexes = [
             models.Index(fields=["email"], condition=~models.Q(email=""), name="recipient_email_idx"),
             models.Index(fields=["phone"], condition=~models.Q(phone=""), name="recipient_phone_idx"),

@@ -62,6 +62,27 @@ def recipient_device_tokens(*, recipient: Recipient) -> list[dict[str, Any]]:
     return [dict(row) for row in recipient.devices.filter(active=True).order_by("id").values("platform", "token")]
 
 
+def recipient_list(
+    *, email: str | None = None, phone: str | None = None, after_id: int = 0, limit: int = 50
+) -> list[Recipient]:
+    """Return up to `limit` recipients (erased ones left out) with id > `after_id` in id order (keyset page).
+
+    `email` and `phone` match exactly, as stored (the caller normalises them as the recipient's own fields are);
+    recipient_email_idx and recipient_phone_idx serve them.
+    """
+    qs: QuerySet[Recipient] = Recipient.objects.filter(pk__gt=after_id, erased_at__isnull=True)
+    if email:
+        qs = qs.filter(email=email)
+    if phone:
+        qs = qs.filter(phone=phone)
+    return list(qs.order_by("pk")[:limit])
+
+
+def topic_list(*, after_id: int = 0, limit: int = 50) -> list[Topic]:
+    """Return up to `limit` topics with id > `after_id` in id order (keyset page)."""
+    return list(Topic.objects.filter(pk__gt=after_id).order_by("pk")[:limit])
+
+
 def topic_get(*, key: str) -> Topic | None:
     """Return the topic `key`, or None."""
     return Topic.objects.filter(key=key).first()

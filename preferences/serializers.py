@@ -13,7 +13,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from core.categories import is_optional
-from core.pagination import CursorQuerySerializer, cursor_page_serializer
+from core.pagination import CursorQuerySerializer, PageLimitField, cursor_page_serializer
 from preferences import selectors
 from preferences.compliance import FREQUENCIES
 from preferences.models import Recipient, Topic
@@ -23,7 +23,6 @@ from preferences.phones import InvalidPhoneNumber, phone_normalize
 LOCALE = re.compile(r"^[A-Za-z]{2,3}(?:-[A-Za-z0-9]{1,8})*$")
 HHMM = re.compile(r"^([01]\d|2[0-3]):([0-5]\d)$")
 MAX_SUBSCRIBERS_PER_CALL = 10_000
-PAGE_DEFAULT, PAGE_MAX = 100, 1000
 
 
 @functools.cache
@@ -113,7 +112,7 @@ class QuietHoursSerializer(serializers.Serializer):
 
 
 class PreferencesSerializer(serializers.Serializer):
-    """A recipient's whole preferences, as in API.md; PUT replaces them."""
+    """A recipient's whole preferences, as in docs/api.md; PUT replaces them."""
 
     opted_out = serializers.BooleanField(default=False)
     channels = serializers.DictField(child=serializers.BooleanField(), default=dict)
@@ -204,6 +203,30 @@ class RecipientOutputSerializer(serializers.Serializer):
         return PreferencesOutputSerializer(selectors.recipient_preferences(recipient=obj)).data
 
 
+class RecipientListQuerySerializer(CursorQuerySerializer):
+    """Query parameters of the recipient list: exact email or phone, normalised as a recipient's own are."""
+
+    email = serializers.EmailField(max_length=320, required=False, allow_blank=True)
+    phone = serializers.CharField(max_length=32, required=False, allow_blank=True)
+
+    def validate_phone(self, value: str) -> str:
+        return RecipientInputSerializer().validate_phone(value)
+
+
+class RecipientListItemSerializer(serializers.Serializer):
+    """A recipient as the list shows it (`GET /recipients/{user_id}` adds devices and preferences)."""
+
+    user_id = serializers.CharField()
+    email = serializers.CharField()
+    phone = serializers.CharField()
+    locale = serializers.CharField()
+    timezone = serializers.CharField()
+    webhook_url = serializers.CharField()
+    tracking_opt_out = serializers.BooleanField()
+    created_at = serializers.DateTimeField()
+    updated_at = serializers.DateTimeField()
+
+
 class PreferenceLinkInputSerializer(serializers.Serializer):
     """How long a preference-center link stays valid."""
 
@@ -247,7 +270,8 @@ class SuppressionFilterSerializer(CursorQuerySerializer):
 
     channel = serializers.ChoiceField(choices=settings.CHANNELS, required=False)
     address = serializers.CharField(max_length=4096, required=False)
-    limit = serializers.IntegerField(min_value=1, max_value=PAGE_MAX, default=PAGE_DEFAULT)
+    # Up to 1,000 a page, as this list allowed before every list took the same `limit`.
+    limit = PageLimitField(max_value=1000)
 
 
 class TopicInputSerializer(serializers.Serializer):
@@ -268,6 +292,14 @@ class TopicOutputSerializer(serializers.Serializer):
         return selectors.topic_subscriber_count(topic=obj)
 
 
+class TopicListItemSerializer(serializers.Serializer):
+    """A topic as the list shows it (`GET /topics/{key}` adds its subscriber count)."""
+
+    key = serializers.CharField()
+    name = serializers.CharField()
+    created_at = serializers.DateTimeField()
+
+
 class SubscribersInputSerializer(serializers.Serializer):
     """User ids to subscribe, at most 10,000 per call."""
 
@@ -284,3 +316,5 @@ class SubscribersOutputSerializer(serializers.Serializer):
 
 
 SuppressionPage = cursor_page_serializer(SuppressionOutputSerializer, name="SuppressionPage")
+RecipientPage = cursor_page_serializer(RecipientListItemSerializer, name="RecipientPage")
+TopicPage = cursor_page_serializer(TopicListItemSerializer, name="TopicPage")

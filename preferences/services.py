@@ -10,14 +10,17 @@ from base64 import urlsafe_b64decode, urlsafe_b64encode
 from typing import Any
 
 from django.conf import settings
+from django.contrib.admin.models import LogEntry
+from django.contrib.contenttypes.models import ContentType
 from django.core import signing
 from django.db import connection, transaction
 from django.utils import timezone
 from django.utils.crypto import constant_time_compare
 
-from audit.services import Actor, audit_record, diff
+from audit.services import Actor, audit_forget_target, audit_record, diff
 from core.categories import is_optional
 from preferences.models import Device, Recipient, Subscription, Suppression, Topic
+from preferences.selectors import recipient_for_send
 from preferences.signals import recipient_erased
 
 # What a caller may set on a recipient through recipient_upsert(); user_id and erased_at are managed here.
@@ -101,16 +104,37 @@ def recipient_upsert(*, user_id: str, audit_actor: Any = None, **fields: Any) ->
     return recipient, created
 
 
+def erased_user_id(recipient: Recipient) -> str:
+    """Return the stand-in that replaces an erased recipient's user_id everywhere (it names only the row)."""
+    return f"erased:{recipient.pk}"
+
+
+def recipient_ensure(*, user_id: str) -> Recipient:
+    """Return the recipient `user_id`, creating a bare one (no personal data) for a user never seen.
+
+    What an accept does for a user the service has not heard of, and what minting an inbox token does: a front
+    end may open a user's inbox before the first notification for them ever arrives.
+    """
+    recipient = recipient_for_send(user_id=user_id)
+    if recipient is None:
+        recipient, _ = recipient_upsert(user_id=user_id)
+    return recipient
+
+
 def recipient_erase(*, recipient: Recipient, audit_actor: Any = None) -> Recipient:
     """Erase a recipient's personal data, keeping the rows that other records point at.
 
-    Wipes contact fields, devices, preferences and topic memberships, marks the recipient erased, and
-    anonymises what was sent to them: delivery addresses and stored content, and the sandbox's record of them.
+    Wipes contact fields, devices, preferences and topic memberships, replaces the caller's user_id by a
+    stand-in (`erased:<row id>`: the same user_id can be used again for a new recipient, and nothing here
+    names the person any more), masks the user_id in the audit log, and has each app forget what it sent to
+    them (preferences.signals.recipient_erased): payloads, rendered content, addresses and user_ids.
     """
     now = timezone.now()
     with transaction.atomic():
         recipient = Recipient.objects.select_for_update().get(pk=recipient.pk)
         before = {**_snapshot(recipient, AUDITED_RECIPIENT_FIELDS), "devices": recipient.devices.count()}
+        user_id = recipient.user_id
+        recipient.user_id = erased_user_id(recipient)
         recipient.email = ""
         recipient.phone = ""
         recipient.webhook_url = ""
@@ -127,7 +151,12 @@ def recipient_erase(*, recipient: Recipient, audit_actor: Any = None) -> Recipie
         # Topic memberships are preferences too; keeping them would make every fan-out write a row for nobody.
         recipient.subscriptions.all().delete()
         # What was sent to them belongs to the apps that sent it: each forgets its own rows.
-        recipient_erased.send(sender=Recipient, recipient=recipient, at=now)
+        recipient_erased.send(sender=Recipient, recipient=recipient, at=now, user_id=user_id)
+        audit_forget_target(target_type="recipient", target_id=user_id, replacement=recipient.user_id)
+        # The admin's own history names the object by its str(), the user_id: renamed the same way.
+        LogEntry.objects.filter(
+            content_type=ContentType.objects.get_for_model(Recipient), object_id=str(recipient.pk)
+        ).update(object_repr=recipient.user_id)
         after = {**_snapshot(recipient, AUDITED_RECIPIENT_FIELDS), "devices": 0}
         _audit(audit_actor, "recipient.erase", "recipient", recipient.user_id, diff(before, after))
     return recipient

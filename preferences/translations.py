@@ -1,7 +1,7 @@
 """The few strings recipients read (preference center, email footer), in English and German.
 
 A table in code, not gettext catalogs: two languages and some forty strings do not justify compiling .mo
-files in every build and image (see docs/decisions.md, "Preference center").
+files in every build and image (see docs/decisions/0019-preference-center-strings-and-tokens.md).
 """
 
 from __future__ import annotations

@@ -28,11 +28,14 @@ from rest_framework.exceptions import ValidationError
 from audit.services import audit_record
 from core.categories import is_optional
 from templates_app import admin_editor as editor
-from templates_app.models import Template, TemplateVersion
-from templates_app.rendering import CHANNEL_PARTS, STRUCTURED_PARTS, RenderError, render_all, template_variables
+from templates_app.layouts import render_all
+from templates_app.models import Layout, LayoutVersion, Template, TemplateVersion
+from templates_app.rendering import CHANNEL_PARTS, STRUCTURED_PARTS, RenderError, template_variables
 from templates_app.services import (
     LOCALE_PATTERN,
     canonical_locale,
+    layout_put,
+    layout_put_validate,
     template_describe,
     template_put,
     template_put_validate,
@@ -99,6 +102,11 @@ class TemplateForm(forms.ModelForm):
         required=False, max_length=35, help_text="Add a block: a locale (such as 'de', 'pt-BR') …"
     )
     add_channel = forms.ChoiceField(required=False, choices=(), help_text="… and a channel, then save.")
+    layout = forms.ChoiceField(
+        required=False,
+        choices=(),
+        help_text="The email layout the HTML is placed in (none: the category's default layout, if it has one).",
+    )
 
     class Meta:
         model = Template
@@ -111,12 +119,19 @@ class TemplateForm(forms.ModelForm):
             ("", "—"),
             *((c, c) for c in editor.known_channels()),
         ]
+        cast(forms.ChoiceField, self.fields["layout"]).choices = [
+            ("", "—"),
+            *((key, key) for key in Layout.objects.order_by("key").values_list("key", flat=True)),
+        ]
         self.latest_content: dict[str, Any] | None = None
+        self.latest_layout = ""
         if self.instance.pk:
             self.fields["key"].disabled = True
-            latest = self.instance.versions.order_by("-version").only("content").first()
+            latest = self.instance.versions.order_by("-version").only("content", "layout").first()
             if latest is not None:
                 self.latest_content = latest.content
+                self.latest_layout = latest.layout
+                self.fields["layout"].initial = latest.layout
         self.creates_version = False
         self.canonical_content: dict[str, Any] = {}
         self.added_block: tuple[str, str] | None = None
@@ -205,6 +220,7 @@ class TemplateForm(forms.ModelForm):
         header_changed = self.instance.pk and any(
             field in self.changed_data for field in ("category", "default_locale")
         )
+        header_changed = header_changed or (data.get("layout") or "") != self.latest_layout
         self.creates_version = not self.instance.pk or content != self.latest_content or bool(header_changed)
         if not self.creates_version:
             return data
@@ -320,12 +336,19 @@ class TemplateAdmin(admin.ModelAdmin):
     list_filter = ("category",)
     search_fields = ("key", "description")
     list_select_related = ("published_version",)
-    readonly_fields = ("published_version", "created_at", "updated_at")
+    readonly_fields = ("published_version", "owner", "created_at", "updated_at")
     inlines = [TemplateVersionInline]
+
+    @admin.display(description="owner")
+    def owner(self, obj: Template) -> str:
+        """Say who may change it over the API: its API client, or staff (templates:admin keys may change any)."""
+        if obj.pk is None or obj.owner_client_id is None:
+            return "staff (over the API only keys with templates:admin change it)"
+        return f"API client #{obj.owner_client_id} (others change it only with templates:admin)"
 
     def get_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:  # type: ignore[override]  # a list[str] is one of django-stubs' list | tuple shapes, but list is invariant
         """Show the publish box only to those allowed to publish."""
-        fields = ["key", "category", "default_locale", "description", "published_version"]
+        fields = ["key", "category", "default_locale", "layout", "description", "published_version", "owner"]
         if request.user.has_perm(PUBLISH_PERMISSION):
             fields.append("publish")
         return [*fields, "add_locale", "add_channel", "created_at", "updated_at"]
@@ -373,6 +396,7 @@ class TemplateAdmin(admin.ModelAdmin):
                 publish=publish,
                 actor=f"admin:{request.user.get_username()}",
                 audit_actor=request.user,
+                layout=form.cleaned_data.get("layout") or "",
             )
             obj.pk = version.template.pk
             obj.refresh_from_db()
@@ -441,8 +465,11 @@ class TemplateAdmin(admin.ModelAdmin):
             errors.update(editor.unknown_variable_errors(parsed.content, default_locale))
         channels: list[dict[str, Any]] = []
         if not errors:
-            template = Template(key="preview", default_locale=default_locale)
-            version = TemplateVersion(template=template, version=0, content=parsed.content)
+            # The form's category and layout too: the preview shows the email inside the layout it would get.
+            category = str(request.POST.get("category") or "")
+            template = Template(key="preview", category=category, default_locale=default_locale)
+            layout = str(request.POST.get("layout") or "")
+            version = TemplateVersion(template=template, version=0, content=parsed.content, layout=layout)
             channels, render_errors = editor.preview(
                 version=version,
                 content=parsed.content,
@@ -532,6 +559,7 @@ class TemplateVersionAdmin(admin.ModelAdmin):
         "created_by",
         "created_at",
         "published_at",
+        "layout",
         "links",
         "content_json",
     )
@@ -691,3 +719,89 @@ def _display_parts(channel: str, parts: dict[str, Any]) -> list[dict[str, Any]]:
         text = value if isinstance(value, str) else _pretty(value)
         out.append({"name": name, "text": text, "html": channel == "email" and name == "html" and bool(value)})
     return out
+
+
+class LayoutForm(forms.ModelForm):
+    """An email layout: saving creates its next version (the one used from then on) through layout_put."""
+
+    html = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 16, "cols": 100}),
+        strip=False,
+        help_text="HTML with {{ content }} where the message goes; <style> rules are inlined into each email.",
+    )
+    text = forms.CharField(
+        required=False,
+        strip=False,
+        widget=forms.Textarea(attrs={"rows": 6, "cols": 100}),
+        help_text="Text with {{ content }}; empty: the message's own text (or text derived from its HTML).",
+    )
+
+    class Meta:
+        model = Layout
+        fields = ("key",)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.instance.pk:
+            self.fields["key"].disabled = True
+            latest = self.instance.versions.order_by("-version").first()
+            if latest is not None:
+                self.fields["html"].initial = latest.html
+                self.fields["text"].initial = latest.text
+
+    def clean(self) -> dict[str, Any]:
+        """Validate as layout_put will, errors beside the fields."""
+        data = cast(dict[str, Any], super().clean())
+        try:
+            layout_put_validate(
+                key=data.get("key") or self.instance.key, html=data.get("html", ""), text=data.get("text", "")
+            )
+        except ValidationError as exc:
+            detail = exc.detail if isinstance(exc.detail, dict) else {"html": exc.detail}
+            for name, reasons in detail.items():
+                for reason in reasons if isinstance(reasons, list) else [reasons]:
+                    self.add_error(name if name in self.fields else None, str(reason))
+        return data
+
+
+class LayoutVersionInline(admin.TabularInline):
+    """The versions of a layout, newest first (immutable)."""
+
+    model = LayoutVersion
+    fields = ("version", "created_by", "created_at")
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+    ordering = ("-version",)
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(Layout)
+class LayoutAdmin(admin.ModelAdmin):
+    """Email layouts: saving creates a new version through layout_put (audited); versions are immutable."""
+
+    form = LayoutForm
+    list_display = ("key", "updated_at")
+    search_fields = ("key",)
+    readonly_fields = ("created_at", "updated_at")
+    fields = ("key", "html", "text", "created_at", "updated_at")
+    inlines = [LayoutVersionInline]
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # Templates name layouts by key: deleting one would fail every email that uses it.
+        return False
+
+    def save_model(self, request: HttpRequest, obj: Layout, form: LayoutForm, change: bool) -> None:
+        """Write the new version through the service (which audits it)."""
+        version = layout_put(
+            key=obj.key,
+            html=form.cleaned_data["html"],
+            text=form.cleaned_data.get("text") or "",
+            actor=f"admin:{request.user.get_username()}",
+            audit_actor=request.user,
+        )
+        obj.pk = version.layout.pk
+        obj.refresh_from_db()
+        messages.info(request, f"Version {version.version} of layout '{obj.key}' saved.")

@@ -15,13 +15,13 @@ from typing import Any
 
 from django.conf import settings
 
+from templates_app.layouts import render
 from templates_app.rendering import (
     CHANNEL_PARTS,
     STRUCTURED_PARTS,
     RenderError,
     locale_candidates,
     normalize_locale,
-    render,
     template_variables,
 )
 from templates_app.services import ONE_OF_PARTS, REQUIRED_PARTS

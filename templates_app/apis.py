@@ -1,4 +1,4 @@
-"""Templates over the API: create versions, read them, preview them (API.md "Templates")."""
+"""Templates over the API: create versions, read them, preview them (docs/api.md, "Templates")."""
 
 from __future__ import annotations
 
@@ -9,22 +9,32 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core.errors import ApiError
-from templates_app.rendering import RenderError, render_all
+from core.pagination import CursorPage, cursor_id
+from templates_app.layouts import render_all
+from templates_app.rendering import RenderError
 from templates_app.selectors import (
+    LayoutNotFound,
     TemplateNotFound,
+    layout_get,
     template_default_locale,
     template_get,
+    template_list,
     template_version_get,
 )
 from templates_app.serializers import (
+    LayoutOutputSerializer,
+    LayoutPutInputSerializer,
+    LayoutPutOutputSerializer,
+    TemplateListQuerySerializer,
     TemplateOutputSerializer,
+    TemplatePage,
     TemplatePreviewInputSerializer,
     TemplatePreviewOutputSerializer,
     TemplatePutInputSerializer,
     TemplatePutOutputSerializer,
     VersionSerializer,
 )
-from templates_app.services import template_put
+from templates_app.services import layout_put, template_put
 
 
 def _not_found(exc: TemplateNotFound) -> ApiError:
@@ -35,6 +45,26 @@ def _not_found(exc: TemplateNotFound) -> ApiError:
 def _actor(request: Request) -> str:
     """Name the caller in a version's created_by."""
     return f"api:{getattr(request.user, 'name', '')}"
+
+
+class TemplateListApi(APIView):
+    """GET /templates: every template, oldest first, keyset-paginated."""
+
+    required_scope = "templates"
+
+    @extend_schema(
+        operation_id="templates_list",
+        summary="List templates",
+        parameters=[TemplateListQuerySerializer],
+        responses=TemplatePage,
+    )
+    def get(self, request: Request) -> Response:
+        params = TemplateListQuerySerializer(data=request.query_params)
+        params.is_valid(raise_exception=True)
+        limit = params.validated_data["limit"]
+        rows = template_list(after_id=cursor_id(params.validated_data.get("cursor")) or 0, limit=limit + 1)
+        page = rows[:limit]
+        return Response(TemplatePage(CursorPage(page, page[-1].pk if len(rows) > limit else None)).data)
 
 
 class TemplatePutApi(APIView):
@@ -61,6 +91,10 @@ class TemplatePutApi(APIView):
             actor=_actor(request),
             allowed_categories=getattr(request.user, "allowed_categories", None),
             audit_actor=request.user,
+            # The caller owns what it creates; changing what another client or staff owns needs templates:admin.
+            client_id=request.user.pk,
+            template_admin="templates:admin" in (getattr(request.user, "scopes", None) or ()),
+            layout=data.get("layout") or "",
         )
         return Response(TemplatePutOutputSerializer(version).data, status=status.HTTP_201_CREATED)
 
@@ -70,7 +104,7 @@ class TemplatePutApi(APIView):
             template = template_get(key=key)
         except TemplateNotFound as exc:
             raise _not_found(exc) from None
-        return Response(TemplateOutputSerializer(template).data)
+        return Response(TemplateOutputSerializer(template, context={"client_id": request.user.pk}).data)
 
 
 class TemplateVersionApi(APIView):
@@ -109,7 +143,50 @@ class TemplatePreviewApi(APIView):
         try:
             rendered = render_all(version, locale=data["locale"], payload=data["payload"])
         except RenderError as exc:
+            if exc.code == "renderer_busy":  # every render child of this process is busy: come back shortly
+                busy = ApiError(503, exc.code, exc.message)
+                busy.wait = 1  # type: ignore[attr-defined]  # the error handler's Retry-After
+                raise busy from None
             fields = {f"payload.{exc.variable}": [f"is required by {exc.path}"]} if exc.variable else {}
             raise ApiError(400, exc.code, exc.message, fields) from None
         preview = {"version": version, "locale": data["locale"], "rendered": rendered}
         return Response(TemplatePreviewOutputSerializer(preview).data)
+
+
+class LayoutApi(APIView):
+    """PUT /layouts/{key} creates a new version of an email layout; GET /layouts/{key} returns it."""
+
+    required_scope = "templates"
+
+    @extend_schema(
+        operation_id="layout_put",
+        summary="Create an email layout version",
+        request=LayoutPutInputSerializer,
+        responses={201: LayoutPutOutputSerializer},
+    )
+    def put(self, request: Request, key: str) -> Response:
+        serializer = LayoutPutInputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        version = layout_put(
+            key=key, html=data["html"], text=data["text"], actor=_actor(request), audit_actor=request.user
+        )
+        return Response(LayoutPutOutputSerializer(version).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(operation_id="layout_get", summary="Read an email layout", responses={200: LayoutOutputSerializer})
+    def get(self, request: Request, key: str) -> Response:
+        try:
+            layout, versions = layout_get(key=key)
+        except LayoutNotFound as exc:
+            raise ApiError(404, "layout_not_found", str(exc)) from None
+        current = versions[0]
+        body = {
+            "key": layout.key,
+            "version": current.version,
+            "html": current.html,
+            "text": current.text,
+            "created_at": layout.created_at,
+            "updated_at": layout.updated_at,
+            "versions": versions,
+        }
+        return Response(LayoutOutputSerializer(body).data)

@@ -11,3 +11,10 @@ class TemplatesAppConfig(AppConfig):
     name = "templates_app"
     verbose_name = "Templates"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        # Imported here: models need the app registry ready.
+        from core.config_cache import invalidate_on_change
+        from templates_app.models import Template, TemplateVersion
+
+        invalidate_on_change(Template, TemplateVersion)

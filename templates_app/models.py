@@ -12,6 +12,10 @@ class Template(models.Model):
     category = models.CharField(max_length=64)
     default_locale = models.CharField(max_length=35, default="en")
     description = models.TextField(blank=True, default="")
+    # The API client that created it over the API; only that client (or a key with `templates:admin`) may
+    # change it there. Null: staff-owned (made in the admin or by bootstrap_demo). A plain id, not a foreign
+    # key: API clients live in notifier, which sits above this app.
+    owner_client_id = models.BigIntegerField(null=True, blank=True, db_index=True)
     # The version used when a request does not pin one. Only a published version is ever used.
     published_version = models.ForeignKey(
         "TemplateVersion", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
@@ -30,11 +34,13 @@ class Template(models.Model):
 
 
 class TemplateVersion(models.Model):
-    """One immutable version: per locale, the parts of each channel (see API.md)."""
+    """One immutable version: per locale, the parts of each channel (see docs/templates.md)."""
 
     template = models.ForeignKey(Template, on_delete=models.CASCADE, related_name="versions")
     version = models.PositiveIntegerField()
     content = models.JSONField()
+    # The key of the email layout this version's HTML is placed in; empty: the category's default, if any.
+    layout = models.CharField(max_length=128, blank=True, default="")
     published_at = models.DateTimeField(null=True, blank=True)
     created_by = models.CharField(max_length=255, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
@@ -50,3 +56,32 @@ class TemplateVersion(models.Model):
     def channels(self) -> list[str]:
         """Return the channels this version serves: those present in its default locale."""
         return sorted((self.content.get(self.template.default_locale) or {}).keys())
+
+
+class Layout(models.Model):
+    """An email layout addressed by `key`: the frame (header, footer, styles) a template's HTML is placed in."""
+
+    key = models.SlugField(max_length=128, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return self.key
+
+
+class LayoutVersion(models.Model):
+    """One immutable version of a layout; the newest one is the one used."""
+
+    layout = models.ForeignKey(Layout, on_delete=models.CASCADE, related_name="versions")
+    version = models.PositiveIntegerField()
+    html = models.TextField()
+    text = models.TextField(blank=True, default="")
+    created_by = models.CharField(max_length=255, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["layout", "version"], name="layout_version_uniq")]
+        ordering = ["layout_id", "-version"]
+
+    def __str__(self) -> str:
+        return f"{self.layout.key}@{self.version}"

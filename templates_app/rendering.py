@@ -14,7 +14,9 @@ from disk; include/import/extends are rejected at compile time), autoescaping on
 from __future__ import annotations
 
 import re
+import secrets
 import threading
+import time
 import types
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -25,10 +27,17 @@ from typing import Any, cast
 from django.conf import settings
 from jinja2 import StrictUndefined, TemplateError, TemplateSyntaxError, UndefinedError, meta, nodes
 from jinja2.environment import Template
-from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedEscapeFormatter, SandboxedFormatter, SecurityError
+from jinja2.runtime import LoopContext
+from jinja2.sandbox import (
+    ImmutableSandboxedEnvironment,
+    SandboxedEscapeFormatter,
+    SandboxedFormatter,
+    SecurityError,
+    safe_range,
+)
 from markupsafe import Markup
 
-from templates_app import budget
+from templates_app import bounded, budget
 from templates_app.models import TemplateVersion
 
 # The parts each channel's content may have. A missing optional string part renders as "", missing push
@@ -37,7 +46,7 @@ CHANNEL_PARTS: dict[str, tuple[str, ...]] = {
     "email": ("subject", "text", "html"),
     "push": ("title", "body", "data"),
     "sms": ("text",),
-    "inapp": ("title", "body"),
+    "inapp": ("title", "body", "url"),
     "webhook": ("body",),
 }
 # Parts that are not a single template string: push data is a flat dict of strings, a webhook body any JSON.
@@ -56,8 +65,11 @@ MAX_EXPONENT = 1_000
 
 _MARKERS = ("{{", "{%", "{#")
 # `{{ preferences_url }}` is per recipient, but rendered parts are cached per notification and locale; it renders
-# as this stand-in, which the send path replaces with the recipient's signed link (preferences.emails). An
-# example URL on a reserved domain, so a preview reads sensibly and HTML escaping leaves it intact.
+# as a stand-in, which the send path replaces with the recipient's signed link (preferences.emails). An
+# example URL on a reserved domain, so a preview reads sensibly and HTML escaping leaves it intact, ending in a
+# nonce drawn for each rendering (RenderedParts.link_marker): the send path replaces only that rendering's
+# marker, so a payload value that imitates the stand-in (whole, or pieced together from several variables)
+# never becomes a recipient's signed link. Only text the template author wrote can place the link.
 PREFERENCES_URL_PLACEHOLDER = "https://preferences.invalid/notifier-preferences-url"
 _UNDEFINED_NAME = re.compile(r"^'([^']+)' is undefined$")
 _MISSING_ATTRIBUTE = re.compile(r"has no attribute '([^']+)'$")
@@ -85,6 +97,8 @@ class RenderedParts:
 
     parts: dict[str, Any]
     locale: str
+    # This rendering's `{{ preferences_url }}` stand-in (PREFERENCES_URL_PLACEHOLDER + "/" + a fresh nonce).
+    link_marker: str = ""
 
 
 class _BoundedFormatter(SandboxedFormatter):
@@ -148,14 +162,56 @@ class _Sandbox(ImmutableSandboxedEnvironment):
         return budget.check_result(super().call_binop(context, operator, left, right))
 
 
+class _NeedsIsolation(Exception):
+    """A bounded template met a value outside the bounded subset at run time (say `+` on two lists)."""
+
+
+# Numbers the bounded environment multiplies or formats in-process: products of these stay small.
+_SMALL_INT_BITS = 64
+
+
+def _small_number(value: Any) -> bool:
+    if isinstance(value, bool | float):
+        return True
+    return isinstance(value, int) and value.bit_length() <= _SMALL_INT_BITS
+
+
+class _BoundedSandbox(_Sandbox):
+    """The environment of templates proven bounded (templates_app.bounded), rendered in-process.
+
+    What the syntax allows is bounded only for the values it assumes; where a value breaks that assumption
+    (an operator on lists, a method of an unexpected object), the rendering stops and runs in a child instead.
+    """
+
+    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
+        """Call only the linear methods of payload values, `loop.cycle` and `range` (as a loop's iterable)."""
+        owner = getattr(__obj, "__self__", None)
+        if __obj is not safe_range and not isinstance(owner, str | dict | LoopContext):
+            raise _NeedsIsolation("a call outside the bounded subset")
+        budget.current().tick()
+        return super().call(__context, __obj, *args, **kwargs)
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        """Apply `*`, `%` and `+` to small numbers (and `+` to two strings); anything else runs in a child."""
+        numbers = _small_number(left) and _small_number(right)
+        strings = operator == "+" and isinstance(left, str) and isinstance(right, str)
+        if not (numbers or strings or (operator == "+" and _number(left) and _number(right))):
+            raise _NeedsIsolation(f"'{operator}' outside the bounded subset")
+        return super().call_binop(context, operator, left, right)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float)
+
+
 def header_value(value: str) -> str:
     """Return `value` fit for one header line: line breaks and control characters folded to single spaces."""
     return _HEADER_BREAKS.sub(" ", value).strip() if value else value
 
 
-def _make_env(*, autoescape: bool) -> _Sandbox:
+def _make_env(*, autoescape: bool, bounded_subset: bool = False) -> _Sandbox:
     """Build a sandboxed environment with no loader, strict undefined and only harmless globals."""
-    env = _Sandbox(
+    env = (_BoundedSandbox if bounded_subset else _Sandbox)(
         loader=None,
         undefined=StrictUndefined,
         autoescape=autoescape,
@@ -169,12 +225,18 @@ def _make_env(*, autoescape: bool) -> _Sandbox:
     # lipsum only burns CPU; nothing else is added so the template surface stays small.
     env.globals.pop("lipsum", None)
     env.filters = budget.guarded_filters()
+    if bounded_subset:
+        env.filters = budget.ticked_filters(env.filters, bounded.BOUNDED_FILTERS)
     env.globals["preferences_url"] = PREFERENCES_URL_PLACEHOLDER
     return env
 
 
 _TEXT_ENV = _make_env(autoescape=False)
 _HTML_ENV = _make_env(autoescape=True)
+_BOUNDED_TEXT_ENV = _make_env(autoescape=False, bounded_subset=True)
+_BOUNDED_HTML_ENV = _make_env(autoescape=True, bounded_subset=True)
+# True in a render child (templates_app.render_worker): there every template renders here, under its limits.
+ISOLATED = False
 _GLOBALS: dict[str, Any] = dict(_TEXT_ENV.globals)
 
 
@@ -281,8 +343,25 @@ def compile_string(source: str, *, html: bool = False, path: str = "") -> Templa
     """
     if not any(marker in source for marker in _MARKERS):
         return source
+    try:
+        return _compile(source, html=html, path=path)
+    except RecursionError:
+        # Parsing, checking and code generation recurse along the template's nesting ("((((...))))").
+        where = f"{path}: " if path else ""
+        message = f"{where}over the template budget: expressions or blocks nested too deeply"
+        raise RenderError(message, path=path, code="template_budget") from None
+
+
+def _compile(source: str, *, html: bool, path: str) -> Template:
     env = _HTML_ENV if html else _TEXT_ENV
     where = f"{path}: " if path else ""
+    # Every `{{ }}` holds at least one node and every pair of `{% %}` tags (a block and its end) at least one:
+    # refused before parsing, which for 100 kB of tags costs the saving thread a good part of a second.
+    tags = source.count("{{") + source.count("{%")
+    if tags > 2 * settings.TEMPLATE_MAX_NODES:
+        limit = settings.TEMPLATE_MAX_NODES
+        message = f"{where}over the template budget: {tags} tags, more than {limit} expressions and blocks allowed"
+        raise RenderError(message, path=path, code="template_budget")
     try:
         tree = env.parse(source)
     except TemplateSyntaxError as exc:
@@ -297,6 +376,9 @@ def compile_string(source: str, *, html: bool = False, path: str = "") -> Templa
     problems = budget.static_problems(tree)
     if problems:
         raise RenderError(f"{where}over the template budget: {problems[0]}", path=path, code="template_budget")
+    bounded.mark_loop_ranges(tree)
+    if not ISOLATED and bounded.unbounded_reason(tree) is None:
+        env = _BOUNDED_HTML_ENV if html else _BOUNDED_TEXT_ENV
     budget.instrument(tree)
     try:
         return env.from_string(tree)
@@ -319,6 +401,10 @@ def _describe(exc: Exception, path: str) -> RenderError:
     """Turn a rendering exception into a RenderError that names the missing variable, without internals."""
     if isinstance(exc, budget.TemplateBudgetError):
         return RenderError(f"{path}: over the template budget: {exc}", path=path, code="template_budget")
+    if isinstance(exc, RecursionError):
+        return RenderError(f"{path}: over the template budget: recursion too deep", path=path, code="template_budget")
+    if isinstance(exc, MemoryError):
+        return RenderError(f"{path}: over the template budget: memory", path=path, code="template_budget")
     if isinstance(exc, SecurityError):
         return RenderError(f"{path}: unsafe operation refused by the sandbox: {exc}", path=path)
     if isinstance(exc, UndefinedError):
@@ -343,6 +429,8 @@ def _render_node(node: Any, payload: Mapping[str, Any], path: str) -> Any:
             # Context only reads its parent (`[]`, `in`, `get`): any Mapping does; copying it is what this avoids.
             context = node.environment.context_class(node.environment, payload, None, node.blocks)  # type: ignore[arg-type]
             return budget.joined_output(node.root_render_func(context), path)
+        except _NeedsIsolation:
+            raise
         except Exception as exc:
             raise _describe(exc, path) from None
     if isinstance(node, dict):
@@ -405,22 +493,187 @@ def _resolve_channel(version: TemplateVersion, channel: str, locale: str | None)
     return chosen, compiled
 
 
+def _resolved(version: TemplateVersion, channel: str, locale: str) -> CompiledChannel:
+    if version.pk is None:
+        return _resolve_channel(version, channel, locale)
+    return cast(
+        CompiledChannel,
+        _CHANNEL_CACHE.get_or_create((version.pk, locale, channel), lambda: _resolve_channel(version, channel, locale)),
+    )
+
+
+def _is_bounded(node: Any) -> bool:
+    """Return whether a compiled part renders in the bounded environment (plain strings trivially do)."""
+    if isinstance(node, Template):
+        return node.environment is _BOUNDED_TEXT_ENV or node.environment is _BOUNDED_HTML_ENV
+    if isinstance(node, dict):
+        return all(_is_bounded(item) for item in node.values())
+    if isinstance(node, list):
+        return all(_is_bounded(item) for item in node)
+    return True
+
+
+def _payload_within(payload: Any, limit: int) -> bool:
+    """Return whether a JSON payload's strings and keys add up to at most `limit` characters (8 per scalar).
+
+    A bounded template renders in-process only with such a payload: the subset bounds what a template makes by
+    a constant factor of its inputs (templates_app.bounded), this bounds the inputs.
+    """
+    stack, total = [payload], 0
+    while stack:
+        value = stack.pop()
+        if isinstance(value, str):
+            total += len(value)
+        elif isinstance(value, dict):
+            total += 8 * len(value) + sum(len(key) for key in value if isinstance(key, str))
+            stack.extend(value.values())
+        elif isinstance(value, list | tuple):
+            total += 8 * len(value)
+            stack.extend(value)
+        else:
+            total += 8
+        if total > limit:
+            return False
+    return True
+
+
 def render(version: TemplateVersion, *, channel: str, locale: str, payload: dict) -> RenderedParts:
-    """Render the parts of `channel` of a template version in the best locale for `locale`.
+    """Render the parts of `channel` of a template version in the best locale for `locale`, within its budgets.
 
     Locale fallback: "pt-BR" → "pt" → the template's default locale (case-insensitive, `_` or `-`); a
     channel missing in the chosen locale falls back to the default locale's content for that channel.
-    Raises RenderError for a missing variable (named), a syntax error, a sandbox violation or a channel the
-    version does not have.
+    Raises RenderError for a missing variable (named), a syntax error, a sandbox violation, a broken budget
+    (code "template_budget") or a channel the version does not have.
+
+    A template in the bounded subset (templates_app.bounded) with a modest payload renders in this thread;
+    any other renders in a child process with hard memory and time limits (templates_app.isolation).
     """
-    if version.pk is None:
-        locale_used, compiled = _resolve_channel(version, channel, locale)
-    else:
-        locale_used, compiled = _CHANNEL_CACHE.get_or_create(
-            (version.pk, locale, channel), lambda: _resolve_channel(version, channel, locale)
+    locale_used, compiled = _resolved(version, channel, locale)
+    spent = 0.0
+    if _in_process(compiled, payload):
+        started = time.monotonic()
+        try:
+            return _render_compiled(channel, locale_used, compiled, payload)
+        except _NeedsIsolation:
+            spent = time.monotonic() - started
+    return _render_isolated([(version, channel, locale, payload)], spent=[spent])[0].unwrap()
+
+
+def _in_process(compiled: tuple[tuple[str, Any], ...], payload: dict) -> bool:
+    """Return whether this rendering may run in this thread (the bounded subset, a modest payload)."""
+    if ISOLATED:
+        return True
+    return all(_is_bounded(node) for _, node in compiled) and _payload_within(
+        payload, settings.TEMPLATE_INPROCESS_PAYLOAD_CHARS
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class RenderOutcome:
+    """What `render_many` gives per request: the rendered parts, or the error that request alone met."""
+
+    rendered: RenderedParts | None = None
+    error: RenderError | None = None
+
+    def unwrap(self) -> RenderedParts:
+        """Return the rendered parts or raise the error."""
+        if self.error is not None:
+            raise self.error
+        assert self.rendered is not None
+        return self.rendered
+
+
+RenderRequest = tuple[TemplateVersion, str, str, dict]
+
+
+def render_many(requests: list[RenderRequest]) -> list[RenderOutcome]:
+    """Render (version, channel, locale, payload) requests; those that need a child share one round trip.
+
+    Each request gets its own budget and its own outcome: one that breaks a budget fails alone.
+    """
+    outcomes: list[RenderOutcome | None] = [None] * len(requests)
+    isolated: list[int] = []
+    spent: list[float] = []
+    for i, (version, channel, locale, payload) in enumerate(requests):
+        started = time.monotonic()
+        try:
+            locale_used, compiled = _resolved(version, channel, locale)
+            if _in_process(compiled, payload):
+                outcomes[i] = RenderOutcome(rendered=_render_compiled(channel, locale_used, compiled, payload))
+                continue
+        except _NeedsIsolation:
+            pass
+        except RenderError as exc:
+            outcomes[i] = RenderOutcome(error=exc)
+            continue
+        isolated.append(i)
+        spent.append(time.monotonic() - started)
+    if isolated:
+        results = _render_isolated([requests[i] for i in isolated], spent=spent)
+        for i, outcome in zip(isolated, results, strict=True):
+            outcomes[i] = outcome
+    return [outcome for outcome in outcomes if outcome is not None]
+
+
+def _render_isolated(requests: list[RenderRequest], *, spent: list[float]) -> list[RenderOutcome]:
+    """Render requests in a render child, one round trip for all of them.
+
+    `spent` is the time each request already spent in an in-process attempt, taken off its time budget: a
+    rendering that moves to a child mid-way gets the rest of its budget, not a second one.
+    """
+    from templates_app import isolation  # the pool is started on first use, never at import
+
+    seconds = float(settings.TEMPLATE_MAX_RENDER_SECONDS)
+    items = [
+        _isolated_item(*request, seconds=max(seconds - used, 0.0) if used else None)
+        for request, used in zip(requests, spent, strict=True)
+    ]
+    answers = isolation.POOL.render(items)
+    return [_outcome_from_answer(answer) for answer in answers]
+
+
+def _isolated_item(version: TemplateVersion, channel: str, locale: str, payload: dict, *, seconds: float | None) -> Any:
+    from templates_app.isolation import IsolatedItem
+
+    return IsolatedItem(
+        version_pk=version.pk,
+        default_locale=version.template.default_locale,
+        content=version.content,
+        channel=channel,
+        locale=locale,
+        payload=payload,
+        seconds=seconds,
+    )
+
+
+def _outcome_from_answer(answer: dict[str, Any]) -> RenderOutcome:
+    if "ok" in answer:
+        ok = answer["ok"]
+        return RenderOutcome(
+            rendered=RenderedParts(parts=ok["parts"], locale=ok["locale"], link_marker=ok.get("link_marker", ""))
         )
-    # Payload variables shadow the few globals, as in Jinja itself; both envs share the same globals.
+    error = answer["error"]
+    message = str(error.get("message") or "rendering failed")
+    if error.get("code") == "template_budget" and "template budget" not in message:
+        message = f"over the template budget: {message}"
+    code, path = error.get("code") or "render_error", error.get("path") or ""
+    return RenderOutcome(error=RenderError(message, variable=error.get("variable"), path=path, code=code))
+
+
+def render_here(version: TemplateVersion, *, channel: str, locale: str, payload: dict) -> RenderedParts:
+    """Render in this thread whatever the template (the render child's entry point; budgets still apply)."""
+    locale_used, compiled = _resolved(version, channel, locale)
+    return _render_compiled(channel, locale_used, compiled, payload)
+
+
+def _render_compiled(
+    channel: str, locale_used: str, compiled: tuple[tuple[str, Any], ...], payload: dict
+) -> RenderedParts:
+    # Payload variables shadow the few globals, as in Jinja itself (both envs share the same globals), except
+    # preferences_url: a payload cannot choose what the template's preference link points to.
+    link_marker = f"{PREFERENCES_URL_PLACEHOLDER}/{secrets.token_hex(16)}"
     context_vars = {**_GLOBALS, **payload} if payload else dict(_GLOBALS)
+    context_vars["preferences_url"] = link_marker
     parts: dict[str, Any] = {}
     token = budget.start()  # one budget (time, loop iterations, characters) for the channel's parts
     try:
@@ -435,12 +688,17 @@ def render(version: TemplateVersion, *, channel: str, locale: str, payload: dict
             parts[part] = {} if (channel, part) == ("push", "data") else ""
     if channel == "push":
         parts["data"] = {str(key): str(value) for key, value in parts["data"].items()}
-    return RenderedParts(parts=parts, locale=locale_used)
+    return RenderedParts(parts=parts, locale=locale_used, link_marker=link_marker)
 
 
 def render_all(version: TemplateVersion, *, locale: str, payload: dict) -> dict[str, RenderedParts]:
-    """Render every channel the version serves (those of the default locale); used by the previews."""
-    return {channel: render(version, channel=channel, locale=locale, payload=payload) for channel in version.channels}
+    """Render every channel the version serves (those of the default locale); used by the previews.
+
+    The channels that need a render child share one round trip; the first error met is raised.
+    """
+    channels = list(version.channels)
+    outcomes = render_many([(version, channel, locale, payload) for channel in channels])
+    return {channel: outcome.unwrap() for channel, outcome in zip(channels, outcomes, strict=True)}
 
 
 def template_variables(content: Mapping[str, Any]) -> list[str]:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from django.db.models import QuerySet
 
-from templates_app.models import Template, TemplateVersion
+from core import config_cache
+from templates_app.models import Layout, LayoutVersion, Template, TemplateVersion
 
 
 class TemplateNotFound(Exception):
@@ -49,6 +50,12 @@ def template_version_resolve(spec: str) -> TemplateVersion:
     return version
 
 
+def template_list(*, after_id: int = 0, limit: int = 50) -> list[Template]:
+    """Return up to `limit` templates with id > `after_id` in id order, with their published version (keyset page)."""
+    qs = Template.objects.select_related("published_version").filter(pk__gt=after_id).order_by("pk")
+    return list(qs[:limit])
+
+
 def template_get(*, key: str) -> Template:
     """Return the template with `key` and its published version, or raise TemplateNotFound."""
     template = Template.objects.select_related("published_version").filter(key=key).first()
@@ -81,3 +88,28 @@ def template_version_list(*, template: Template) -> QuerySet[TemplateVersion]:
 def template_default_locale(*, key: str, fallback: str = "en") -> str:
     """Return the default locale of the template with `key`, or `fallback` for a new template."""
     return Template.objects.filter(key=key).values_list("default_locale", flat=True).first() or fallback
+
+
+class LayoutNotFound(Exception):
+    """No email layout has the key asked for."""
+
+
+def layout_get(*, key: str) -> tuple[Layout, list[LayoutVersion]]:
+    """Return the layout with `key` and its versions, newest first, or raise LayoutNotFound."""
+    layout = Layout.objects.filter(key=key).first()
+    if layout is None:
+        raise LayoutNotFound(f"unknown layout '{key}'")
+    versions = list(layout.versions.order_by("-version"))
+    for version in versions:
+        version.layout = layout
+    return layout, versions
+
+
+def template_version_cached(spec: str) -> TemplateVersion:
+    """Return the published (or pinned, "key@N") version a spec resolves to, cached per process (core.config_cache).
+
+    Raises like template_version_resolve when there is none; not-found answers are never cached.
+    """
+    value = config_cache.cached("template", spec, lambda: template_version_resolve(spec))
+    assert value is not None  # template_version_resolve raises instead of returning None
+    return value

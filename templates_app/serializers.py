@@ -7,6 +7,7 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from core.pagination import CursorQuerySerializer, cursor_page_serializer
 from core.serializers import JsonObjectField
 from templates_app.models import Template, TemplateVersion
 from templates_app.selectors import template_version_list
@@ -32,6 +33,7 @@ class VersionSerializer(VersionSummarySerializer):
 
     channels = serializers.ListField(child=serializers.CharField())
     content = serializers.JSONField()
+    layout = serializers.CharField(help_text="The email layout this version names; empty: the category's default.")
 
 
 class TemplatePutInputSerializer(serializers.Serializer):
@@ -40,7 +42,15 @@ class TemplatePutInputSerializer(serializers.Serializer):
     category = serializers.CharField(max_length=64)
     default_locale = serializers.CharField(max_length=35, required=False)
     publish = serializers.BooleanField(default=True, help_text="False keeps the new version as a draft.")
-    content = JsonObjectField(help_text="Per locale, per channel: the parts of the message (API.md).")
+    content = JsonObjectField(help_text="Per locale, per channel: the parts of the message (docs/api.md, Templates).")
+    layout = serializers.CharField(
+        max_length=128,
+        required=False,
+        allow_blank=True,
+        allow_null=True,
+        default="",
+        help_text="Key of the email layout the HTML is placed in; empty: the category's default layout, if any.",
+    )
 
 
 class TemplatePutOutputSerializer(serializers.Serializer):
@@ -66,6 +76,15 @@ class TemplateOutputSerializer(serializers.Serializer):
     published_version = serializers.SerializerMethodField()
     published = serializers.SerializerMethodField()
     versions = serializers.SerializerMethodField()
+    owner = serializers.SerializerMethodField(
+        help_text="Who may change it over the API: `you` (the calling client), `another_client` or `staff` "
+        "(made in the admin); the last two need the `templates:admin` scope."
+    )
+
+    def get_owner(self, obj: Template) -> str:
+        if obj.owner_client_id is None:
+            return "staff"
+        return "you" if obj.owner_client_id == self.context.get("client_id") else "another_client"
 
     def get_published_version(self, obj: Template) -> int | None:
         return obj.published_version.version if obj.published_version else None
@@ -83,6 +102,27 @@ class TemplateOutputSerializer(serializers.Serializer):
         for version in versions:
             version.template = obj
         return VersionSummarySerializer(versions, many=True).data  # type: ignore[return-value]  # many=True gives a ListSerializer: .data is a list, the stubs say a dict
+
+
+class TemplateListQuerySerializer(CursorQuerySerializer):
+    """Query parameters of the template list: the cursor and the page size."""
+
+
+class TemplateListItemSerializer(serializers.Serializer):
+    """A template as the list shows it (`GET /templates/{key}` adds its versions)."""
+
+    key = serializers.CharField()
+    category = serializers.CharField()
+    default_locale = serializers.CharField()
+    description = serializers.CharField()
+    published_version = serializers.IntegerField(
+        source="published_version.version", allow_null=True, help_text="Null while the template has only drafts."
+    )
+    created_at = serializers.DateTimeField()
+    updated_at = serializers.DateTimeField()
+
+
+TemplatePage = cursor_page_serializer(TemplateListItemSerializer, name="TemplatePage")
 
 
 class TemplatePreviewInputSerializer(serializers.Serializer):
@@ -128,3 +168,43 @@ class TemplatePreviewOutputSerializer(serializers.Serializer):
             channel: PreviewChannelSerializer(rendered, context={"channel": channel}).data
             for channel, rendered in preview["rendered"].items()
         }
+
+
+class LayoutPutInputSerializer(serializers.Serializer):
+    """The body of PUT /api/v1/layouts/{key}: every PUT creates a new version, which is the one used."""
+
+    html = serializers.CharField(trim_whitespace=False, help_text="HTML with {{ content }} where the message goes.")
+    text = serializers.CharField(
+        trim_whitespace=False,
+        required=False,
+        allow_blank=True,
+        default="",
+        help_text="Text with {{ content }}; empty: the text part is the message's own (or derived from its HTML).",
+    )
+
+
+class LayoutPutOutputSerializer(serializers.Serializer):
+    """The layout version a PUT created."""
+
+    key = serializers.CharField(source="layout.key")
+    version = serializers.IntegerField()
+
+
+class LayoutVersionSummarySerializer(serializers.Serializer):
+    """A layout version without its content."""
+
+    version = serializers.IntegerField()
+    created_by = serializers.CharField()
+    created_at = serializers.DateTimeField()
+
+
+class LayoutOutputSerializer(serializers.Serializer):
+    """A layout: its current (newest) version's content and the summary of every version."""
+
+    key = serializers.CharField()
+    version = serializers.IntegerField()
+    html = serializers.CharField()
+    text = serializers.CharField()
+    created_at = serializers.DateTimeField()
+    updated_at = serializers.DateTimeField()
+    versions = LayoutVersionSummarySerializer(many=True)

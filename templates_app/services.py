@@ -14,8 +14,15 @@ from rest_framework.exceptions import ValidationError
 
 from audit.services import audit_record, diff
 from core.errors import ApiError
-from templates_app.models import Template, TemplateVersion
-from templates_app.rendering import CHANNEL_PARTS, STRUCTURED_PARTS, RenderError, compile_part, normalize_locale
+from templates_app.models import Layout, LayoutVersion, Template, TemplateVersion
+from templates_app.rendering import (
+    CHANNEL_PARTS,
+    STRUCTURED_PARTS,
+    RenderError,
+    compile_part,
+    normalize_locale,
+    template_variables,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -69,13 +76,23 @@ def _validate_structure(value: Any, path: str, errors: dict[str, list[str]], *, 
             _validate_structure(item, f"{path}[{i}]", errors, flat_strings=False)
 
 
+class BudgetRefusal(ValidationError):
+    """Content refused only because parts are over the template budget (the API answers `template_budget`)."""
+
+    def __init__(self, fields: dict[str, list[str]]) -> None:
+        super().__init__(fields)
+        self.fields = fields
+
+
 def validate_content(content: Any, *, default_locale: str) -> dict[str, Any]:
     """Return the content with canonical locale keys, or raise ValidationError naming each bad field.
 
     The shape is {locale: {channel: {part: template}}}: known channels and parts only, the default locale
-    present, every template string compiling in the sandbox.
+    present, every template string compiling in the sandbox. When every reason is a part over the template
+    budget, the error is a BudgetRefusal (a ValidationError), which the API answers as `template_budget`.
     """
     errors: dict[str, list[str]] = {}
+    over_budget: set[str] = set()
     if not isinstance(content, dict) or not content:
         raise ValidationError({"content": ["must be a non-empty object of locales"]})
     canonical: dict[str, Any] = {}
@@ -119,6 +136,8 @@ def validate_content(content: Any, *, default_locale: str) -> dict[str, Any]:
                     compile_part(channel, part, value, path=part_path)
                 except RenderError as exc:
                     errors[exc.path or part_path] = [exc.message.removeprefix(f"{exc.path}: ")]
+                    if exc.code == "template_budget":
+                        over_budget.add(exc.path or part_path)
             for part in REQUIRED_PARTS.get(channel, ()):
                 if part not in parts:
                     errors.setdefault(f"{channel_path}.{part}", ["is required"])
@@ -128,6 +147,8 @@ def validate_content(content: Any, *, default_locale: str) -> dict[str, Any]:
         canonical[key] = channels
     if not errors and canonical_locale(default_locale) not in canonical:
         errors["content"] = [f"must contain the default locale '{default_locale}'"]
+    if errors and set(errors) <= over_budget:
+        raise BudgetRefusal(errors)
     if errors:
         raise ValidationError(errors)
     return canonical
@@ -198,6 +219,9 @@ def template_put(
     actor: str = "",
     allowed_categories: list[str] | None = None,
     audit_actor: Any = None,
+    client_id: int | None = None,
+    template_admin: bool = False,
+    layout: str = "",
 ) -> TemplateVersion:
     """Create a new version of a template (creating the template if new), published unless `publish` is false.
 
@@ -206,24 +230,38 @@ def template_put(
     version is published: a draft may not change them on a template that already has a published version.
     A non-empty `allowed_categories` (an API client's) restricts both the new and the existing category.
     With an `audit_actor` (API client or staff user) the new version is written to the audit log.
+    `layout` names the email layout of the new version ("" for the category's default).
+
+    `client_id` is the calling API client's (None for staff and commands): a template it creates is its own,
+    and an existing one it may change only if it owns it or `template_admin` (the `templates:admin` scope);
+    otherwise a 403 `template_owned_by_another_client` or `template_owned_by_staff`.
     """
+    layout = layout or ""
+    if layout and not Layout.objects.filter(key=layout).exists():
+        raise ValidationError({"layout": [f"unknown layout '{layout}'; create it with PUT /api/v1/layouts/{{key}}"]})
     if allowed_categories and category not in allowed_categories:
         raise ApiError(403, "category_forbidden", f"This API client may not use category '{category}'.")
-    default_locale, canonical = template_put_validate(
-        key=key, category=category, default_locale=default_locale, content=content
-    )
+    try:
+        default_locale, canonical = template_put_validate(
+            key=key, category=category, default_locale=default_locale, content=content
+        )
+    except BudgetRefusal as exc:
+        path, reasons = next(iter(exc.fields.items()))
+        raise ApiError(400, "template_budget", f"{path}: {reasons[0]}", fields=exc.fields) from None
     with transaction.atomic():
         template, created = Template.objects.get_or_create(
-            key=key, defaults={"category": category, "default_locale": default_locale}
+            key=key, defaults={"category": category, "default_locale": default_locale, "owner_client_id": client_id}
         )
         template = Template.objects.select_for_update().get(pk=template.pk)
+        if client_id is not None and not created and not template_admin:
+            check_template_owner(template=template, client_id=client_id)
         before = {"category": template.category, "published_version": template.published_version_id}
         if allowed_categories and template.category not in allowed_categories:
             raise ApiError(403, "category_forbidden", f"This API client may not use category '{template.category}'.")
         _check_draft_keeps_header(template=template, category=category, default_locale=default_locale, publish=publish)
         last = template.versions.aggregate(last=Max("version"))["last"] or 0
         version = TemplateVersion.objects.create(
-            template=template, version=last + 1, content=canonical, created_by=actor[:255]
+            template=template, version=last + 1, content=canonical, created_by=actor[:255], layout=layout
         )
         if publish:
             _publish(template=template, version=version, category=category, default_locale=default_locale)
@@ -233,6 +271,8 @@ def template_put(
             changes = {
                 "version": [None, version.version],
                 "published": [None, publish],
+                **({"owner_client_id": [None, client_id]} if created and client_id is not None else {}),
+                **({"layout": [None, layout]} if layout else {}),
                 **diff({} if created else {"category": before["category"]}, {"category": template.category}),
             }
             audit_record(
@@ -242,6 +282,21 @@ def template_put(
     logger.info("template %s version %s created by %s (published=%s)", key, version.version, actor or "-", publish)
     version.template = template
     return version
+
+
+def check_template_owner(*, template: Template, client_id: int) -> None:
+    """Refuse (403) an API client's change of a template that another client or staff owns."""
+    if template.owner_client_id == client_id:
+        return
+    whose = "another API client" if template.owner_client_id is not None else "staff (made in the admin)"
+    code = "template_owned_by_another_client" if template.owner_client_id is not None else "template_owned_by_staff"
+    raise ApiError(
+        403,
+        code,
+        f"Template '{template.key}' belongs to {whose}; changing or publishing it needs the 'templates:admin' "
+        "scope. Sending it needs only what its category allows.",
+        {"key": [f"belongs to {whose}; needs the 'templates:admin' scope"]},
+    )
 
 
 def _publish(*, template: Template, version: TemplateVersion, category: str, default_locale: str) -> None:
@@ -286,3 +341,57 @@ def template_describe(*, template: Template, description: str) -> Template:
     template.description = description
     template.save(update_fields=["description", "updated_at"])
     return template
+
+
+def _validate_layout_part(value: Any, path: str, errors: dict[str, list[str]], *, html: bool) -> None:
+    """Check one part of a layout: a string that compiles and places `{{ content }}`."""
+    if not isinstance(value, str):
+        errors[path] = ["must be a string"]
+        return
+    if len(value) > MAX_STRING_LENGTH:
+        errors[path] = [f"is longer than {MAX_STRING_LENGTH} characters"]
+        return
+    try:
+        compile_part("email", "html" if html else "text", value, path=path)
+    except RenderError as exc:
+        errors[path] = [exc.message.removeprefix(f"{exc.path}: ")]
+        return
+    if "content" not in template_variables({path: value}):
+        errors[path] = ["must place the message with {{ content }}"]
+
+
+def layout_put_validate(*, key: Any, html: Any, text: Any = "") -> None:
+    """Check what layout_put would write; raise ValidationError naming each bad field."""
+    errors: dict[str, list[str]] = {}
+    if not isinstance(key, str) or not KEY_PATTERN.match(key):
+        errors["key"] = ["must be 1-128 letters, digits, '-' or '_'"]
+    _validate_layout_part(html, "html", errors, html=True)
+    if text:
+        _validate_layout_part(text, "text", errors, html=False)
+    if errors:
+        raise ValidationError(errors)
+
+
+def layout_put(*, key: str, html: Any, text: Any = "", actor: str = "", audit_actor: Any = None) -> LayoutVersion:
+    """Create the next version of an email layout (creating the layout if new); the newest version is used.
+
+    `html` (required) and `text` (optional) are template strings that place the message with `{{ content }}`;
+    each is checked like a template part. With an `audit_actor` the new version is written to the audit log.
+    """
+    layout_put_validate(key=key, html=html, text=text)
+    with transaction.atomic():
+        layout, created = Layout.objects.get_or_create(key=key)
+        layout = Layout.objects.select_for_update().get(pk=layout.pk)
+        last = layout.versions.aggregate(last=Max("version"))["last"] or 0
+        version = LayoutVersion.objects.create(
+            layout=layout, version=last + 1, html=html, text=text or "", created_by=actor[:255]
+        )
+        layout.save(update_fields=["updated_at"])
+        if audit_actor is not None:
+            audit_record(
+                actor=audit_actor, action="layout.version_create", target_type="layout", target_id=key,
+                changes={"version": [last or None, version.version], "created": [None, created]},
+            )  # fmt: skip
+    logger.info("layout %s version %s created by %s", key, version.version, actor or "-")
+    version.layout = layout
+    return version

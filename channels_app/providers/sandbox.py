@@ -79,14 +79,16 @@ class SandboxProvider(Provider):
         with bound_cursor() as cursor:
             cursor.execute(
                 "INSERT INTO channels_app_sandboxmessage"
-                " (delivery_id, channel, provider, address, content, send_count, created_at)"
-                " SELECT (e->>0)::bigint, e->>1, %s, e->>2, (e->3)::jsonb, 1, %s"
+                " (delivery_id, client_id, channel, provider, address, content, send_count, created_at)"
+                " SELECT (e->>0)::bigint, (e->>4)::bigint, e->>1, %s, e->>2, (e->3)::jsonb, 1, %s"
                 " FROM jsonb_array_elements(%s::jsonb) AS e"
                 " ON CONFLICT (delivery_id) DO UPDATE SET send_count = channels_app_sandboxmessage.send_count + 1",
                 [
                     self.name,
                     timezone.now(),
-                    json_rows((m.delivery_id, m.channel, m.address, m.content) for m in messages),
+                    json_rows(
+                        (m.delivery_id, m.channel, m.address, m.content, m.meta.get("client_id")) for m in messages
+                    ),
                 ],
             )
 

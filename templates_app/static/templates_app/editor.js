@@ -1,5 +1,5 @@
 /* The template editor's live parts, without dependencies: the SMS counter and the preview beside the form.
-   smsInfo() is a port of templates_app/sms.py (tests/test_admin_browser.py checks both agree). */
+   smsInfo() is a port of templates_app/sms.py (tests/staff/test_admin_browser.py checks both agree). */
 (function () {
   "use strict";
   var BASIC = "@£$¥èéùìòÇ\nØø\rÅåΔ_ΦΓΛΩΠΨΣΘΞ\x1bÆæßÉ !\"#¤%&'()*+,-./0123456789:;<=>?" +
