@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.urls import include, path
 
-from notifier import apis
+from notifier.accepting import apis
 
 urlpatterns = [
     path("notifications", apis.NotificationListCreateApi.as_view(), name="notifications"),
@@ -13,10 +13,12 @@ urlpatterns = [
     path(
         "notifications/<uuid:notification_id>/cancel", apis.NotificationCancelApi.as_view(), name="notification-cancel"
     ),
+    path("stats", apis.StatsApi.as_view(), name="stats"),
     path("", include("templates_app.urls")),
     path("", include("preferences.urls")),
     path("", include("notifier.inbox.urls")),
     path("", include("notifier.deadletters.urls")),
     path("", include("notifier.campaigns.urls")),
     path("", include("notifier.statusevents.urls")),
+    path("", include("notifier.workflows.urls")),
 ]

@@ -41,6 +41,21 @@ def sns_cert_cache_seconds() -> float:
     return float(settings.SNS_CERT_CACHE_SECONDS)
 
 
+def sns_cert_cache_max_entries() -> int:
+    """Return how many certificate URLs (fetched or failed) the process cache holds at most."""
+    return int(getattr(settings, "SNS_CERT_CACHE_MAX_ENTRIES", 32))
+
+
+def sns_cert_fetches_per_minute() -> float:
+    """Return how many certificate URLs not in the cache one process fetches per minute at most."""
+    return float(settings.SNS_CERT_FETCHES_PER_MINUTE)
+
+
+def sns_cert_failure_cache_seconds() -> float:
+    """Return how long a certificate URL whose fetch failed is refused without a new fetch."""
+    return float(settings.SNS_CERT_FAILURE_CACHE_SECONDS)
+
+
 def callback_dedup_ttl_seconds() -> int:
     """Return how long processed callback ids are remembered: longer than the replay window, so a replay
     inside the window is always recognised."""
@@ -68,3 +83,8 @@ def twilio_callback_urls(full_path: str) -> list[str]:
     if configured:
         urls.append(configured)
     return urls
+
+
+def twilio_callback_max_bytes() -> int:
+    """Return the largest Twilio callback body read (a status callback is about a kilobyte)."""
+    return int(settings.TWILIO_CALLBACK_MAX_BYTES)

@@ -29,9 +29,9 @@ from notifier.callbacks.verify import (
     verify_twilio_request,
     visit_subscribe_url,
 )
-from notifier.events import record_events, transition
-from notifier.models import Delivery, DeliveryEvent
-from notifier.partitions import recent_delivery_ids
+from notifier.deliveries.models import Delivery, DeliveryEvent
+from notifier.deliveries.partitions import recent_delivery_ids
+from notifier.deliveries.status import record_events, transition
 from preferences.services import suppression_add
 
 logger = logging.getLogger(__name__)

@@ -4,7 +4,7 @@ SNS: the signed string is built from the message's own fields in a fixed order
 (https://docs.aws.amazon.com/sns/latest/dg/sns-verify-signature-of-message-verify-message-signature.html),
 signed with the key of a certificate that SNS serves from `SigningCertURL`. Anyone can put any URL there,
 so the URL is trusted only on an SNS host over https, fetched without redirects, with a timeout and a size
-cap, and cached per process.
+cap, cached per process (bounded, with expiry; failures too), and new URLs are fetched at a bounded rate.
 """
 
 from __future__ import annotations
@@ -83,40 +83,110 @@ def _fetch_allowed(url: str) -> requests.Response:
 
 
 class _CertCache:
-    """Per-process cache of signing keys by certificate URL (SNS rotates certificates rarely)."""
+    """Per-process cache of signing keys by certificate URL (SNS rotates certificates rarely).
+
+    Bounded: at most `max_entries` keys (the oldest goes first), each until its expiry. A URL whose fetch
+    failed is remembered as failed for a while too, so forged messages repeating it cost no new fetch.
+    """
 
     def __init__(self, max_entries: int = 32) -> None:
         self._lock = threading.Lock()
-        self._entries: dict[str, tuple[float, rsa.RSAPublicKey]] = {}
+        self._entries: dict[str, tuple[float, rsa.RSAPublicKey | None]] = {}
         self._max = max_entries
 
-    def get(self, url: str) -> rsa.RSAPublicKey | None:
+    def lookup(self, url: str) -> tuple[bool, rsa.RSAPublicKey | None]:
+        """Return (known, key): known is False for a URL never seen or expired; key is None for a failed one."""
         with self._lock:
             entry = self._entries.get(url)
             if entry is None or entry[0] < time.monotonic():
                 self._entries.pop(url, None)
-                return None
-            return entry[1]
+                return False, None
+            return True, entry[1]
 
-    def put(self, url: str, key: rsa.RSAPublicKey, ttl: float) -> None:
+    def get(self, url: str) -> rsa.RSAPublicKey | None:
+        """Return the cached key of `url`, or None."""
+        return self.lookup(url)[1]
+
+    def put(self, url: str, key: rsa.RSAPublicKey | None, ttl: float) -> None:
+        """Remember `url`'s key (None: its fetch failed) for `ttl` seconds."""
         with self._lock:
+            self._entries.pop(url, None)
             if len(self._entries) >= self._max:
+                now = time.monotonic()
+                for stale in [u for u, (expiry, _) in self._entries.items() if expiry < now]:
+                    del self._entries[stale]
+            while len(self._entries) >= self._max:
                 self._entries.pop(next(iter(self._entries)))
             self._entries[url] = (time.monotonic() + ttl, key)
 
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
     def clear(self) -> None:
+        """Forget every entry (tests)."""
         with self._lock:
             self._entries.clear()
 
 
-cert_cache = _CertCache()
+class _FetchBudget:
+    """Per-process token bucket bounding certificate fetches of URLs not in the cache.
+
+    The certificate URL comes from an unauthenticated message, so without a bound every forged message
+    naming a new URL would cost an outgoing request. Per process on purpose: a fetch is a local cost
+    (a worker thread waiting on the network), and a shared bucket would let one flood starve every process.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._tokens: float | None = None
+        self._stamp = 0.0
+
+    def take(self, per_minute: float) -> bool:
+        """Spend one fetch if the budget allows it; return False when it is spent."""
+        with self._lock:
+            now = time.monotonic()
+            if self._tokens is None:
+                self._tokens = per_minute
+            else:
+                self._tokens = min(per_minute, self._tokens + (now - self._stamp) * per_minute / 60.0)
+            self._stamp = now
+            if self._tokens < 1.0:
+                return False
+            self._tokens -= 1.0
+            return True
+
+    def reset(self) -> None:
+        """Refill the bucket (tests)."""
+        with self._lock:
+            self._tokens = None
+
+
+cert_cache = _CertCache(max_entries=conf.sns_cert_cache_max_entries())
+fetch_budget = _FetchBudget()
 
 
 def _load_signing_key(url: str) -> rsa.RSAPublicKey:
     """Return the RSA public key of the certificate at `url`, fetched once and cached."""
-    cached = cert_cache.get(url)
+    known, cached = cert_cache.lookup(url)
     if cached is not None:
         return cached
+    if known:
+        raise VerificationError("signing certificate fetch failed recently")
+    if not fetch_budget.take(conf.sns_cert_fetches_per_minute()):
+        logger.warning("SNS certificate fetch budget spent; message rejected unverified")
+        raise VerificationError("signing certificate fetch budget spent")
+    try:
+        key = _fetch_signing_key(url)
+    except VerificationError:
+        cert_cache.put(url, None, conf.sns_cert_failure_cache_seconds())
+        raise
+    cert_cache.put(url, key, conf.sns_cert_cache_seconds())
+    return key
+
+
+def _fetch_signing_key(url: str) -> rsa.RSAPublicKey:
+    """Fetch and check the certificate at `url`; return its RSA public key."""
     try:
         response = _fetch_allowed(url)
         with response:
@@ -142,7 +212,6 @@ def _load_signing_key(url: str) -> rsa.RSAPublicKey:
     key = cert.public_key()
     if not isinstance(key, rsa.RSAPublicKey):
         raise VerificationError("signing certificate does not hold an RSA key")
-    cert_cache.put(url, key, conf.sns_cert_cache_seconds())
     return key
 
 
@@ -222,16 +291,21 @@ def visit_subscribe_url(url: str) -> int:
         raise VerificationError(f"SubscribeURL visit failed: {type(exc).__name__}") from exc
 
 
+def verify_twilio_preconditions(*, signature: str) -> None:
+    """Refuse a Twilio callback that cannot verify before reading its body: no token configured, or unsigned."""
+    if not conf.twilio_auth_token():
+        raise VerificationError("TWILIO_AUTH_TOKEN is not configured")
+    if not signature:
+        raise VerificationError("request is not signed")
+
+
 def verify_twilio_request(*, urls: Sequence[str], params: Any, signature: str, headers: Mapping[str, str]) -> None:
     """Check X-Twilio-Signature over the URL Twilio called and the form parameters; raise VerificationError if bad.
 
     `urls` are the public URLs this request may have been sent to (Twilio signs the exact URL it called).
     """
+    verify_twilio_preconditions(signature=signature)
     token = conf.twilio_auth_token()
-    if not token:
-        raise VerificationError("TWILIO_AUTH_TOKEN is not configured")
-    if not signature:
-        raise VerificationError("request is not signed")
     algorithm = get_signature_algorithm(headers.get(SIGNATURE_SETTINGS_HEADER, ""))
     validator = RequestValidator(token)
     if not any(validator.validate(url, params, signature, algorithm=algorithm) for url in dict.fromkeys(urls)):

@@ -18,6 +18,7 @@ from django.views.decorators.http import require_POST
 
 from audit.services import audit_record
 from core.errors import ApiError
+from notifier.campaigns.models import Campaign
 from notifier.campaigns.selectors import campaign_progress
 from notifier.campaigns.services import (
     EDITABLE,
@@ -31,7 +32,6 @@ from notifier.campaigns.services import (
     pausable_from,
 )
 from notifier.campaigns.wizard import STEPS, CampaignWizardForm, campaign_rate, progress_charts, sample_preview
-from notifier.models import Campaign
 from templates_app.selectors import TemplateNotFound
 
 
@@ -89,6 +89,9 @@ class CampaignForm(forms.ModelForm):
         return data
 
 
+CONTROL_VERBS = ("pause", "resume", "cancel")
+
+
 def _staff(request: HttpRequest) -> User:
     """Return the user of an admin request (admin views run only for a logged-in staff user)."""
     return cast(User, request.user)
@@ -129,6 +132,21 @@ class CampaignAdmin(admin.ModelAdmin):
         if form.cleaned_data.get("schedule") and obj.status in EDITABLE:
             campaign_schedule(campaign=obj)
 
+    # Pausing, resuming and cancelling change a running send's outcome for every subscriber: each takes its
+    # own permission (campaigns.pause_campaign, ...), not merely the right to see or edit the campaign.
+    def has_pause_permission(self, request: HttpRequest) -> bool:
+        return _staff(request).has_perm("campaigns.pause_campaign")
+
+    def has_resume_permission(self, request: HttpRequest) -> bool:
+        return _staff(request).has_perm("campaigns.resume_campaign")
+
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        return _staff(request).has_perm("campaigns.cancel_campaign")
+
+    def _may(self, request: HttpRequest, verb: str) -> bool:
+        """Return whether the staff user holds the permission of `verb` (pause, resume or cancel)."""
+        return verb in CONTROL_VERBS and bool(getattr(self, f"has_{verb}_permission")(request))
+
     def _apply(self, request: HttpRequest, queryset: QuerySet[Campaign], service: Any, verb: str) -> None:
         for campaign in queryset:
             before = campaign.status
@@ -148,26 +166,26 @@ class CampaignAdmin(admin.ModelAdmin):
 
     @admin.display(description="")
     def progress_link(self, obj: Campaign) -> str:
-        return format_html('<a href="{}">Progress</a>', reverse("admin:notifier_campaign_progress", args=[obj.pk]))
+        return format_html('<a href="{}">Progress</a>', reverse("admin:campaigns_campaign_progress", args=[obj.pk]))
 
     def add_view(self, request: HttpRequest, form_url: str = "", extra_context: Any = None) -> HttpResponse:
         """Create campaigns step by step (the plain model form stays for editing)."""
         if not self.has_add_permission(request):
             raise PermissionDenied
-        return HttpResponseRedirect(reverse("admin:notifier_campaign_wizard"))
+        return HttpResponseRedirect(reverse("admin:campaigns_campaign_wizard"))
 
     def get_urls(self) -> list[URLPattern]:
         own = [
-            path("wizard/", self.admin_site.admin_view(self.wizard_view), name="notifier_campaign_wizard"),
+            path("wizard/", self.admin_site.admin_view(self.wizard_view), name="campaigns_campaign_wizard"),
             path(
                 "<path:object_id>/progress/",
                 self.admin_site.admin_view(self.progress_view),
-                name="notifier_campaign_progress",
+                name="campaigns_campaign_progress",
             ),
             path(
                 "<path:object_id>/control/<str:verb>/",
                 self.admin_site.admin_view(require_POST(self.control_view)),
-                name="notifier_campaign_control",
+                name="campaigns_campaign_control",
             ),
         ]
         return own + super().get_urls()
@@ -195,7 +213,7 @@ class CampaignAdmin(admin.ModelAdmin):
                 elif "_create" in request.POST:
                     campaign = self._create(request, form)
                     if campaign is not None:
-                        return HttpResponseRedirect(reverse("admin:notifier_campaign_progress", args=[campaign.pk]))
+                        return HttpResponseRedirect(reverse("admin:campaigns_campaign_progress", args=[campaign.pk]))
                 if step >= 2 and not form.errors:
                     preview = sample_preview(form)
         data = getattr(form, "cleaned_data", {}) or {}
@@ -214,7 +232,7 @@ class CampaignAdmin(admin.ModelAdmin):
             "send_at_local": form.send_at_local_value() if step == 4 and data else "",
             "user_email": _staff(request).email,
         }
-        return TemplateResponse(request, "admin/notifier/campaign/wizard.html", context)
+        return TemplateResponse(request, "admin/campaigns/campaign/wizard.html", context)
 
     def _test_send(self, request: HttpRequest, form: CampaignWizardForm) -> None:
         data = form.cleaned_data
@@ -287,7 +305,6 @@ class CampaignAdmin(admin.ModelAdmin):
         if not self.has_view_permission(request, campaign):
             raise PermissionDenied
         progress = campaign_progress(campaign=campaign)
-        can_change = self.has_change_permission(request, campaign)
         context = {
             **self.admin_site.each_context(request),
             "opts": self.model._meta,
@@ -297,19 +314,20 @@ class CampaignAdmin(admin.ModelAdmin):
             "rate": campaign_rate(campaign),
             "charts": progress_charts(campaign, progress),
             "live": campaign.status in (Campaign.Status.SCHEDULED, Campaign.Status.RUNNING),
-            "can_pause": can_change
+            "can_pause": self._may(request, "pause")
             and campaign.status in pausable_from(campaign)
             and (campaign.status != Campaign.Status.DONE or progress["pending"] > 0),
-            "can_resume": can_change and campaign.status == Campaign.Status.PAUSED,
-            "can_cancel": can_change and campaign.status not in (Campaign.Status.CANCELLED, Campaign.Status.DONE),
+            "can_resume": self._may(request, "resume") and campaign.status == Campaign.Status.PAUSED,
+            "can_cancel": self._may(request, "cancel")
+            and campaign.status not in (Campaign.Status.CANCELLED, Campaign.Status.DONE),
         }
-        return TemplateResponse(request, "admin/notifier/campaign/progress.html", context)
+        return TemplateResponse(request, "admin/campaigns/campaign/progress.html", context)
 
     def control_view(self, request: HttpRequest, object_id: str, verb: str) -> HttpResponse:
         """Pause, resume or cancel one campaign from its progress page (the campaign services), audited."""
         services = {"pause": campaign_pause, "resume": campaign_resume, "cancel": campaign_cancel}
         campaign = get_object_or_404(Campaign, pk=object_id)
-        if verb not in services or not self.has_change_permission(request, campaign):
+        if verb not in services or not self._may(request, verb):
             raise PermissionDenied
         before = campaign.status
         try:
@@ -325,16 +343,16 @@ class CampaignAdmin(admin.ModelAdmin):
                 changes={"status": [before, campaign.status]},
             )
             self.message_user(request, f"Campaign {campaign.status} ({affected} deliveries affected).")
-        return HttpResponseRedirect(reverse("admin:notifier_campaign_progress", args=[campaign.pk]))
+        return HttpResponseRedirect(reverse("admin:campaigns_campaign_progress", args=[campaign.pk]))
 
-    @admin.action(description="Pause the selected campaigns")
+    @admin.action(description="Pause the selected campaigns", permissions=["pause"])
     def pause(self, request: HttpRequest, queryset: QuerySet[Campaign]) -> None:
         self._apply(request, queryset, campaign_pause, "paused")
 
-    @admin.action(description="Resume the selected campaigns")
+    @admin.action(description="Resume the selected campaigns", permissions=["resume"])
     def resume(self, request: HttpRequest, queryset: QuerySet[Campaign]) -> None:
         self._apply(request, queryset, campaign_resume, "resumed")
 
-    @admin.action(description="Cancel the selected campaigns")
+    @admin.action(description="Cancel the selected campaigns", permissions=["cancel"])
     def cancel(self, request: HttpRequest, queryset: QuerySet[Campaign]) -> None:
         self._apply(request, queryset, campaign_cancel, "cancelled")

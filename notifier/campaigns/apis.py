@@ -9,7 +9,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core.errors import ApiError
-from notifier.auth import request_client
+from notifier.campaigns.models import Campaign
 from notifier.campaigns.selectors import campaign_get, campaign_list
 from notifier.campaigns.serializers import (
     CampaignActionOutput,
@@ -24,7 +24,7 @@ from notifier.campaigns.services import (
     campaign_resume,
     campaign_update,
 )
-from notifier.models import Campaign
+from notifier.clients.auth import request_client, require_scope
 
 
 def _get(request: Request, campaign_id: int) -> Campaign:
@@ -48,6 +48,8 @@ class CampaignListCreateApi(APIView):
     def post(self, request: Request) -> Response:
         serializer = CampaignInput(data=request.data)
         serializer.is_valid(raise_exception=True)
+        # A campaign is a send to a whole topic: the topics scope, besides campaigns (as a topic send needs).
+        require_scope(request_client(request), "topics", field="topic", why="a campaign (a send to a topic)")
         campaign = campaign_create(client=request_client(request), **serializer.validated_data)
         return Response(CampaignDetailOutput(campaign).data, status=status.HTTP_201_CREATED)
 
@@ -60,6 +62,7 @@ class CampaignDetailApi(APIView):
     """GET: a campaign with its progress. PATCH: change a draft or scheduled campaign."""
 
     required_scope = "campaigns"
+    error_statuses = {"patch": {409: "The campaign is running or finished: pause or cancel it first."}}
 
     @extend_schema(operation_id="campaign_get", summary="Read a campaign", responses=CampaignDetailOutput)
     def get(self, request: Request, campaign_id: int) -> Response:
@@ -73,6 +76,7 @@ class CampaignDetailApi(APIView):
     )
     def patch(self, request: Request, campaign_id: int) -> Response:
         campaign = _get(request, campaign_id)
+        require_scope(request_client(request), "topics", field="topic", why="changing a campaign (a send to a topic)")
         serializer = CampaignInput(data=request.data, partial=True)
         serializer.is_valid(raise_exception=True)
         fields = {k: v for k, v in serializer.validated_data.items() if k in request.data and k != "draft"}
@@ -87,6 +91,7 @@ class CampaignActionApi(APIView):
     """POST /campaigns/{id}/pause|resume|cancel."""
 
     required_scope = "campaigns"
+    error_statuses = {409: "The campaign's state does not allow this action."}
 
     @extend_schema(
         operation_id="campaign_action",

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from django.db.models import Count
 
-from notifier.models import ApiClient, Campaign, Delivery, Notification
+from notifier.campaigns.models import Campaign
+from notifier.clients.models import ApiClient
+from notifier.deliveries.models import Delivery, Notification
 
 SENT = ("sent", "delivered", "opened")
 FAILED = ("failed", "bounced")
@@ -45,3 +48,11 @@ def campaign_runs(*, campaign: Campaign, limit: int = 50) -> list[Notification]:
         .only("id", "status", "created_at", "fanout_processed", "recipients_total", "campaign_id")
         .order_by("-created_at")[:limit]
     )
+
+
+def attach_campaigns(notifications: Sequence[Notification]) -> None:
+    """Set each notification's campaign (as select_related would) with one query for all of them."""
+    ids = {n.campaign_id for n in notifications if n.campaign_id is not None}
+    found = Campaign.objects.in_bulk(ids) if ids else {}
+    for n in notifications:
+        n._state.fields_cache["campaign"] = found.get(n.campaign_id) if n.campaign_id is not None else None

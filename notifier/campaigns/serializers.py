@@ -9,9 +9,9 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from core.serializers import JsonObjectField
+from notifier.accepting.serializers import TEMPLATE_SPEC, StrictSerializer
+from notifier.campaigns.models import Campaign
 from notifier.campaigns.selectors import campaign_progress, campaign_runs
-from notifier.models import Campaign
-from notifier.serializers import TEMPLATE_SPEC, StrictSerializer
 
 MAX_RATE = 100_000
 

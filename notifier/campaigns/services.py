@@ -1,7 +1,7 @@
 """Writes of campaigns: create, schedule through django-celery-beat, run once per slot, pause, resume, cancel.
 
 A campaign run is a topic notification (category marketing by default, hence low priority) whose fan-out is
-paced at the campaign's rate cap (see notifier.fanout). A one-off campaign goes at an instant (`send_at`) or at
+paced at the campaign's rate cap (see notifier.dispatch.fanout). A one-off campaign goes at an instant (`send_at`) or at
 a wall-clock time in each subscriber's own time zone (`send_at_local`, the campaign's `timezone` for those
 without one): its run then starts when the earliest zone reaches that time and each delivery waits as
 `scheduled` until its subscriber's moment. Beat may fire a schedule twice (two beat processes,
@@ -23,21 +23,23 @@ from django.db import connection, transaction
 from django.utils import timezone
 from django_celery_beat.models import ClockedSchedule, CrontabSchedule, PeriodicTask
 
+from core import task_names
 from core.errors import ApiError
-from notifier import fanout
-from notifier.events import record_events
-from notifier.localtime import is_zone, local_instant, parse_wall_clock
-from notifier.models import ApiClient, Campaign, Delivery, Notification
-from notifier.outbox import group_by_queue, mark_published, publish
-from notifier.policy import send_policy
-from notifier.services import notification_accept, notification_cancel
+from notifier.accepting.policy import send_policy
+from notifier.accepting.services import notification_accept, notification_cancel
+from notifier.campaigns.models import Campaign
+from notifier.clients.models import ApiClient
+from notifier.deliveries.models import Delivery, Notification
+from notifier.deliveries.outbox import group_by_queue, mark_published, publish
+from notifier.deliveries.status import deliveries_hold_of_campaign, deliveries_release_of_campaign
+from notifier.dispatch import fanout
+from notifier.dispatch.localtime import is_zone, local_instant, parse_wall_clock
 from preferences.models import Topic
 from preferences.services import recipient_upsert
 from templates_app.selectors import TemplateNotFound, template_version_resolve
 
 logger = logging.getLogger(__name__)
 
-RUN_TASK = "notifier.tasks.run_campaign"
 PAUSED_REASON = "campaign_paused"
 # Two beat processes fire the same schedule within a second or two; a cron cannot fire more often than once
 # a minute. A second claim inside this window is the same slot.
@@ -218,7 +220,7 @@ def campaign_schedule(*, campaign: Campaign) -> Campaign:
         else:
             clocked = ClockedSchedule.objects.create(clocked_time=campaign_starts_at(campaign) or now)
             task.clocked, task.crontab, task.one_off = clocked, None, True
-        task.task = RUN_TASK
+        task.task = task_names.RUN_CAMPAIGN
         task.args = json.dumps([campaign.pk])
         task.queue = "maintenance"
         task.routing_key = "maintenance"
@@ -245,7 +247,7 @@ def campaign_starts_at(campaign: Campaign) -> datetime | None:
 
 def _enqueue_run(campaign_id: int) -> None:
     try:
-        celery_app.send_task(RUN_TASK, args=[campaign_id], queue="maintenance", retry=False)
+        celery_app.send_task(task_names.RUN_CAMPAIGN, args=[campaign_id], queue="maintenance", retry=False)
     except Exception as exc:
         logger.error("campaign %s run not enqueued (beat will fire it): %s", campaign_id, exc)
 
@@ -316,23 +318,6 @@ def _set_status(campaign: Campaign, *, to: str, only_from: tuple[str, ...]) -> N
     campaign.status = to
 
 
-_HOLD_SQL = """
-    UPDATE notifier_delivery SET status = 'deferred', reason = %s, not_before = %s, published_at = NULL,
-                                 updated_at = %s
-    WHERE notification_id IN (SELECT id FROM notifier_notification WHERE campaign_id = %s)
-      AND status IN ('queued', 'deferred', 'scheduled') AND reason NOT LIKE 'digest%%'
-    RETURNING id
-"""
-
-_RELEASE_SQL = """
-    UPDATE notifier_delivery SET status = 'queued', reason = '', not_before = NULL, published_at = NULL,
-                                 updated_at = %s
-    WHERE notification_id IN (SELECT id FROM notifier_notification WHERE campaign_id = %s)
-      AND status = 'deferred' AND reason = %s
-    RETURNING id, channel, priority
-"""
-
-
 def pausable_from(campaign: Campaign) -> tuple[str, ...]:
     """Return the statuses a campaign can be paused from.
 
@@ -352,10 +337,9 @@ def campaign_pause(*, campaign: Campaign) -> int:
         _set_status(campaign, to=Campaign.Status.PAUSED, only_from=pausable_from(campaign))
         if campaign.periodic_task_id:
             PeriodicTask.objects.filter(pk=campaign.periodic_task_id).update(enabled=False)
-        with connection.cursor() as cursor:
-            cursor.execute(_HOLD_SQL, [PAUSED_REASON, now + HOLD_FOR, now, campaign.pk])
-            held = [row[0] for row in cursor.fetchall()]
-        record_events(((i, Delivery.Status.DEFERRED, "campaign paused") for i in held), at=now)
+        held = deliveries_hold_of_campaign(
+            campaign_id=campaign.pk, reason=PAUSED_REASON, until=now + HOLD_FOR, at=now, detail="campaign paused"
+        )
     return len(held)
 
 
@@ -375,13 +359,13 @@ def campaign_resume(*, campaign: Campaign) -> int:
         _set_status(campaign, to=to, only_from=(Campaign.Status.PAUSED,))
         if campaign.periodic_task_id and to == Campaign.Status.SCHEDULED:
             PeriodicTask.objects.filter(pk=campaign.periodic_task_id).update(enabled=True)
-        with connection.cursor() as cursor:
-            cursor.execute(_RELEASE_SQL, [now, campaign.pk, PAUSED_REASON])
-            released = cursor.fetchall()
-        later = _reschedule_local(campaign, [row[0] for row in released], now) if campaign.send_at_local else set()
-        released = [row for row in released if row[0] not in later]
-        record_events(((row[0], Delivery.Status.QUEUED, "campaign resumed") for row in released), at=now)
-        record_events(((i, Delivery.Status.SCHEDULED, "campaign resumed") for i in sorted(later)), at=now)
+        released, later = deliveries_release_of_campaign(
+            campaign_id=campaign.pk,
+            reason=PAUSED_REASON,
+            at=now,
+            detail="campaign resumed",
+            local_times=(lambda ids: _local_times(campaign, ids, now)) if campaign.send_at_local else None,
+        )
     rate = campaign.rate_per_second or None
     _publish_paced(released, rate=rate)
     span = len(released) / rate if rate else None
@@ -391,18 +375,12 @@ def campaign_resume(*, campaign: Campaign) -> int:
     return len(released) + len(later)
 
 
-def _reschedule_local(campaign: Campaign, delivery_ids: list[int], now: datetime) -> set[int]:
-    """Give released deliveries of a local-time campaign their subscriber's moment again; return those not yet due."""
+def _local_times(campaign: Campaign, delivery_ids: list[int], now: datetime) -> dict[int, datetime]:
+    """Return the subscriber's moment of each released delivery of a local-time campaign that is not yet due."""
     wall = parse_wall_clock(campaign.send_at_local)
     zones = Delivery.objects.filter(pk__in=delivery_ids).values_list("pk", "recipient__timezone")
-    by_time: dict[datetime, list[int]] = {}
-    for delivery_id, zone_name in zones:
-        at = local_instant(wall, zone_name or campaign.timezone)
-        if at > now:
-            by_time.setdefault(at, []).append(delivery_id)
-    for at, ids in by_time.items():
-        Delivery.objects.filter(pk__in=ids).update(status=Delivery.Status.SCHEDULED, not_before=at, updated_at=now)
-    return {i for ids in by_time.values() for i in ids}
+    times = {delivery_id: local_instant(wall, zone_name or campaign.timezone) for delivery_id, zone_name in zones}
+    return {delivery_id: at for delivery_id, at in times.items() if at > now}
 
 
 def _publish_paced(rows: list[tuple[int, str, str]], *, rate: int | None) -> None:

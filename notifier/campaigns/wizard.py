@@ -21,12 +21,15 @@ from django.db.models.functions import TruncMinute
 from django.utils import timezone
 
 from core.categories import is_optional
-from notifier.charts import bar_chart, line_chart
-from notifier.localtime import local_instant
-from notifier.models import ApiClient, Campaign, Delivery
+from core.charts import bar_chart, line_chart
+from notifier.campaigns.models import Campaign
+from notifier.clients.models import ApiClient
+from notifier.deliveries.models import Delivery
+from notifier.dispatch.localtime import local_instant
 from preferences.models import Subscription, Topic
+from templates_app.layouts import render_all
 from templates_app.models import Template
-from templates_app.rendering import RenderError, render_all
+from templates_app.rendering import RenderError
 from templates_app.sms import sms_info
 
 STEPS = {1: "Audience", 2: "Message", 3: "Schedule", 4: "Review"}

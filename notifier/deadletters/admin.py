@@ -1,4 +1,4 @@
-"""Admin of dead letters: filter, inspect, replay or discard (registered by notifier.admin)."""
+"""Admin of dead letters: filter, inspect, replay or discard (registered by notifier.staff.admin)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from notifier.deadletters.models import DeadLetter
 from notifier.deadletters.services import dead_letters_discard, dead_letters_replay
-from notifier.models import DeadLetter
 
 
+@admin.register(DeadLetter)
 class DeadLetterAdmin(admin.ModelAdmin):
     """Deliveries that exhausted their attempts: the operator's work list."""
 

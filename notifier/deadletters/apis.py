@@ -13,7 +13,8 @@ from rest_framework.views import APIView
 
 from core.errors import ApiError
 from core.pagination import CursorPage, invalid_cursor
-from notifier.auth import request_client
+from notifier.clients.auth import request_client
+from notifier.deadletters.models import DeadLetter
 from notifier.deadletters.selectors import dead_letter_get, dead_letter_list
 from notifier.deadletters.serializers import (
     DeadLetterListInput,
@@ -28,7 +29,6 @@ from notifier.deadletters.services import (
     dead_letter_replay,
     dead_letters_replay,
 )
-from notifier.models import DeadLetter
 
 
 def _get_or_404(request: Request, dead_letter_id: int) -> DeadLetter:
@@ -73,6 +73,7 @@ class DeadLetterReplayApi(APIView):
     """POST: put one dead letter's delivery back on its queue."""
 
     required_scope = "operations"
+    error_statuses = {409: "The dead letter is no longer pending."}
 
     @extend_schema(
         operation_id="dead_letter_replay", summary="Replay a dead letter", request=None, responses=DeadLetterOutput
@@ -115,6 +116,7 @@ class DeadLetterDiscardApi(APIView):
     """POST: give up on one dead letter (its delivery stays failed)."""
 
     required_scope = "operations"
+    error_statuses = {409: "The dead letter is no longer pending."}
 
     @extend_schema(
         operation_id="dead_letter_discard", summary="Discard a dead letter", request=None, responses=DeadLetterOutput

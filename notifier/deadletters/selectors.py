@@ -7,7 +7,9 @@ from typing import Any
 from django.db.models import QuerySet
 
 from core.pagination import decode_cursor, encode_cursor
-from notifier.models import ApiClient, DeadLetter, Delivery
+from notifier.clients.models import ApiClient
+from notifier.deadletters.models import DeadLetter
+from notifier.deliveries.models import Delivery
 
 
 def _scoped(client: ApiClient | None) -> QuerySet[DeadLetter]:

@@ -7,8 +7,8 @@ from typing import Any
 from django.conf import settings
 from rest_framework import serializers
 
-from core.pagination import CursorQuerySerializer, cursor_page_serializer
-from notifier.models import DeadLetter
+from core.pagination import CursorQuerySerializer, PageLimitField, cursor_page_serializer
+from notifier.deadletters.models import DeadLetter
 
 MAX_IDS = 10_000
 
@@ -33,7 +33,8 @@ class DeadLetterListInput(CursorQuerySerializer):
 
     channel = serializers.ChoiceField(choices=settings.CHANNELS, required=False)
     status = serializers.ChoiceField(choices=DeadLetter.Status.values, required=False)
-    limit = serializers.IntegerField(required=False, min_value=1, max_value=500, default=50)
+    # Up to 500 a page, as this list allowed before every list took the same `limit`.
+    limit = PageLimitField(max_value=500)
 
 
 class ReplayInput(serializers.Serializer):

@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from notifier.events import record_events, transition
-from notifier.models import ApiClient, DeadLetter, Delivery
-from notifier.outbox import publish_delivery_ids
+from core import progress
+from notifier.clients.models import ApiClient
+from notifier.deadletters.models import DeadLetter
+from notifier.deliveries.models import Delivery
+from notifier.deliveries.outbox import publish_delivery_ids
+from notifier.deliveries.status import record_events, transition
 
 logger = logging.getLogger(__name__)
 
@@ -121,12 +125,16 @@ def dead_letters_replay(
     qs = pending_dead_letters(ids=ids, channel=channel, client=client)
     replayed = 0
     last_pk = 0
-    while True:
-        chunk = list(qs.filter(pk__gt=last_pk).order_by("pk").values_list("pk", flat=True)[:REPLAY_CHUNK])
-        if not chunk:
-            break
-        last_pk = chunk[-1]
-        replayed += len(_replay_chunk(dead_letter_ids=chunk, actor=actor))
+    # Counted only for a watching command (`replay_dead_letters --all` can run for minutes).
+    total = qs.count() if progress.watching() else None
+    with progress.task("replay dead letters", total=total, unit="dead letters") as work:
+        while True:
+            chunk = list(qs.filter(pk__gt=last_pk).order_by("pk").values_list("pk", flat=True)[:REPLAY_CHUNK])
+            if not chunk:
+                break
+            last_pk = chunk[-1]
+            replayed += len(_replay_chunk(dead_letter_ids=chunk, actor=actor))
+            work.advance(len(chunk))
     if replayed:
         logger.info("dead letters replayed: %d", replayed)
     return replayed
@@ -159,3 +167,17 @@ def dead_letters_discard(*, queryset: QuerySet[DeadLetter], actor: str) -> int:
             continue
         count += 1
     return count
+
+
+# A pending dead letter keeps its delivery (and the delivery's day) for an operator's replay or discard.
+KEEPS_DELIVERY = "EXISTS (SELECT 1 FROM notifier_deadletter x WHERE x.delivery_id = d.id AND x.status = 'pending')"
+
+
+def dead_letters_forget_gone(cursor: Any, low: int, high: int) -> int:
+    """Delete the dead letters of deliveries with ids in [low, high) that no longer exist; return how many."""
+    cursor.execute(
+        "DELETE FROM notifier_deadletter x WHERE x.delivery_id >= %s AND x.delivery_id < %s"
+        " AND NOT EXISTS (SELECT 1 FROM notifier_delivery d WHERE d.id = x.delivery_id)",
+        [low, high],
+    )
+    return int(cursor.rowcount)

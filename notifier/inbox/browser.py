@@ -8,6 +8,7 @@ a token can only ever read and mark its own user's inbox. The live stream is an 
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -22,9 +23,19 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from notifier.inbox.apis import InboxItemReadApi, InboxListApi, InboxReadAllApi, _recipient_or_404
+from core.errors import ApiError
+from notifier.inbox.apis import (
+    InboxItemArchiveApi,
+    InboxItemClickApi,
+    InboxItemReadApi,
+    InboxItemUnarchiveApi,
+    InboxListApi,
+    InboxReadAllApi,
+    _recipient_or_404,
+)
 from notifier.inbox.serializers import (
     InboxItemSerializer,
+    InboxMeOutput,
     InboxPage,
     InboxQuerySerializer,
     InboxReadAllOutput,
@@ -33,6 +44,7 @@ from notifier.inbox.serializers import (
 )
 from notifier.inbox.services import inbox_token_create
 from notifier.inbox.tokens import InboxPrincipal, inbox_token_verify
+from preferences.services import preference_link, recipient_ensure
 
 if TYPE_CHECKING:
     from rest_framework.permissions import _PermissionClass
@@ -98,6 +110,8 @@ class _TokenBound:
     # Not an /api/v1 view: no API-key scope applies (the token is the whole authorization).
     required_scope = None
     required_scopes: dict[str, str] = {}
+    # The token names its user, not a path: that user may have been erased since the token was minted.
+    error_statuses = {404: "The token's recipient is unknown (erased since the token was minted)."}
 
 
 class BrowserInboxListApi(_TokenBound, InboxListApi):
@@ -139,8 +153,75 @@ class BrowserInboxReadAllApi(_TokenBound, InboxReadAllApi):
         return super().post(request, user_id=_principal(request).user_id)
 
 
+class BrowserInboxArchiveApi(_TokenBound, InboxItemArchiveApi):
+    """POST /inbox/v1/messages/{id}/archive."""
+
+    @extend_schema(
+        operation_id="browser_inbox_item_archive",
+        summary="Archive one of the token user's items",
+        request=None,
+        responses=InboxItemSerializer,
+    )
+    def post(self, request: Request, delivery_id: int) -> Response:  # type: ignore[override]
+        return super().post(request, user_id=_principal(request).user_id, delivery_id=delivery_id)
+
+
+class BrowserInboxUnarchiveApi(_TokenBound, InboxItemUnarchiveApi):
+    """POST /inbox/v1/messages/{id}/unarchive."""
+
+    @extend_schema(
+        operation_id="browser_inbox_item_unarchive",
+        summary="Unarchive one of the token user's items",
+        request=None,
+        responses=InboxItemSerializer,
+    )
+    def post(self, request: Request, delivery_id: int) -> Response:  # type: ignore[override]
+        return super().post(request, user_id=_principal(request).user_id, delivery_id=delivery_id)
+
+
+class BrowserInboxClickApi(_TokenBound, InboxItemClickApi):
+    """POST /inbox/v1/messages/{id}/click: the widget counts a click on the item's action URL before opening it."""
+
+    @extend_schema(
+        operation_id="browser_inbox_item_click",
+        summary="Record a click on one of the token user's items",
+        request=None,
+        responses=InboxItemSerializer,
+    )
+    def post(self, request: Request, delivery_id: int) -> Response:  # type: ignore[override]
+        return super().post(request, user_id=_principal(request).user_id, delivery_id=delivery_id)
+
+
+class BrowserInboxMeApi(_TokenBound, APIView):
+    """GET /inbox/v1/me: the token user's id and locale, and a fresh link to their preference center."""
+
+    @extend_schema(operation_id="browser_inbox_me", summary="Describe the token user", responses=InboxMeOutput)
+    def get(self, request: Request) -> Response:
+        principal = _principal(request)
+        recipient = _recipient_or_404(principal.user_id)
+        # The link lives as long as the token that asked for it (at least a minute): a page that keeps the
+        # widget open mints a new token, and with it a new link, before either runs out.
+        ttl = max(60, int(principal.expires - time.time()))
+        url, expires_at = preference_link(recipient=recipient, ttl_seconds=ttl)
+        data = {
+            "user_id": recipient.user_id,
+            "locale": recipient.locale,
+            "preferences_url": url,
+            "preferences_expires_at": expires_at,
+        }
+        return Response(InboxMeOutput(data).data)
+
+
+# Recipient.user_id's length: a longer id could never be a recipient, so it is a 400 before anything is created.
+USER_ID_MAX_LENGTH = 255
+
+
 class InboxTokenApi(APIView):
-    """POST /api/v1/recipients/{user_id}/inbox-token: mint a short-lived token for that user's inbox."""
+    """POST /api/v1/recipients/{user_id}/inbox-token: mint a short-lived token for that user's inbox.
+
+    A user never seen gets a bare recipient first, as a send to them would: a front end opens the inbox before
+    the first notification ever arrives.
+    """
 
     required_scope = "recipients:write"
 
@@ -151,9 +232,11 @@ class InboxTokenApi(APIView):
         responses=InboxTokenOutput,
     )
     def post(self, request: Request, user_id: str) -> Response:
+        if len(user_id) > USER_ID_MAX_LENGTH:
+            raise ApiError(400, "invalid", "user_id is too long.", {"user_id": ["At most 255 characters."]})
         data = InboxTokenInput(data=request.data or {})
         data.is_valid(raise_exception=True)
-        recipient = _recipient_or_404(user_id)
+        recipient = recipient_ensure(user_id=user_id)
         token, expires_at = inbox_token_create(recipient=recipient, ttl_seconds=data.validated_data["ttl_seconds"])
         return Response(InboxTokenOutput({"token": token, "expires_at": expires_at}).data)
 
@@ -177,7 +260,7 @@ DEMO_PAGE = """<!doctype html>
 <style>body{{font-family:system-ui,sans-serif;margin:2rem;color:#1a1a1a}} header{{display:flex;
 justify-content:space-between;align-items:center;max-width:40rem}}</style></head>
 <body><header><h1>Inbox of {user_id}</h1>
-<notifier-inbox base-url="{base_url}" token="{token}"></notifier-inbox></header>
+<notifier-inbox base-url="{base_url}" token="{token}"{locale}></notifier-inbox></header>
 <p>Send this user an in-app notification over the API and it appears here at once.</p>
 <script src="{base_url}/inbox/v1/widget.js"></script></body></html>"""
 
@@ -189,4 +272,7 @@ def demo_page(request: HttpRequest) -> HttpResponse:
     recipient = _recipient_or_404(request.GET.get("user_id") or settings.INBOX_DEMO_USER_ID)
     token, _ = inbox_token_create(recipient=recipient, ttl_seconds=settings.INBOX_TOKEN_DEFAULT_TTL_SECONDS)
     base_url = request.build_absolute_uri("/").rstrip("/")
-    return HttpResponse(format_html(DEMO_PAGE, user_id=recipient.user_id, base_url=base_url, token=token))
+    # ?locale=de shows the widget in another language than the recipient's own.
+    locale = format_html(' locale="{}"', request.GET["locale"]) if request.GET.get("locale") else ""
+    page = format_html(DEMO_PAGE, user_id=recipient.user_id, base_url=base_url, token=token, locale=locale)
+    return HttpResponse(page)

@@ -6,20 +6,23 @@ from django.conf import settings
 from rest_framework import serializers
 
 from core.pagination import CursorQuerySerializer, cursor_page_serializer
-from notifier.models import Delivery
+from notifier.deliveries.models import Delivery
+from notifier.inbox.selectors import inbox_item_url
 
 
 class InboxItemSerializer(serializers.Serializer):
-    """One inbox item: the in-app delivery and its rendered title and body."""
+    """One inbox item: the in-app delivery, its rendered title, body and action URL, read and archived times."""
 
     id = serializers.IntegerField()
     notification_id = serializers.UUIDField()
     title = serializers.SerializerMethodField()
     body = serializers.SerializerMethodField()
+    url = serializers.SerializerMethodField(help_text='The action URL (the template\'s `inapp.url`, http(s)), or "".')
     category = serializers.CharField(source="notification.category")
     status = serializers.CharField()
     created_at = serializers.DateTimeField()
     read_at = serializers.DateTimeField(allow_null=True)
+    archived_at = serializers.DateTimeField(allow_null=True)
 
     def get_title(self, obj: Delivery) -> str:
         return str((obj.content or {}).get("title", ""))
@@ -27,12 +30,17 @@ class InboxItemSerializer(serializers.Serializer):
     def get_body(self, obj: Delivery) -> str:
         return str((obj.content or {}).get("body", ""))
 
+    def get_url(self, obj: Delivery) -> str:
+        return inbox_item_url(obj)
+
 
 class InboxQuerySerializer(CursorQuerySerializer):
     """Query parameters of an inbox page."""
 
     unread = serializers.BooleanField(required=False, default=False, help_text="Only unread items.")
-    limit = serializers.IntegerField(required=False, min_value=1, max_value=100, default=20)
+    archived = serializers.BooleanField(
+        required=False, default=False, help_text="Only archived items (without it, archived items are left out)."
+    )
 
 
 InboxPage = cursor_page_serializer(
@@ -48,6 +56,15 @@ class InboxReadAllOutput(serializers.Serializer):
 
     marked_read = serializers.IntegerField()
     unread_count = serializers.IntegerField()
+
+
+class InboxMeOutput(serializers.Serializer):
+    """Who the inbox token speaks for, in which language, and a link to their preference center."""
+
+    user_id = serializers.CharField()
+    locale = serializers.CharField(help_text="The recipient's locale (\"\" when unknown): the widget's language.")
+    preferences_url = serializers.CharField(help_text="A signed link to the recipient's preference center.")
+    preferences_expires_at = serializers.DateTimeField()
 
 
 class InboxTokenInput(serializers.Serializer):

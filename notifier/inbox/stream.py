@@ -1,6 +1,6 @@
 """GET /inbox/v1/stream: Server-Sent Events of one user's inbox, served by an ASGI server (uvicorn).
 
-One PostgreSQL LISTEN per process (channel `notifier_inbox`, fed by notifier.reach in the same statement
+One PostgreSQL LISTEN per process (channel `notifier_inbox`, fed by notifier.statusevents.record in the same statement
 that records the status change, so a notification arrives only once it is committed) is fanned out in memory
 to the open streams of each recipient: 10,000 streams cost one database connection for notifications and a
 small pool for the reads, not a connection each.
@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import gc
 import json
 import logging
 import time
 from collections import defaultdict, deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qs
@@ -28,11 +30,15 @@ from urllib.parse import parse_qs
 import psycopg
 from django.conf import settings
 
+from core.errors import error_body
+from notifier.deliveries.queries import INBOX_ITEMS_SQL, INBOX_SINCE_SQL, INBOX_UNREAD_SQL, INBOX_UNREADS_SQL
+from notifier.inbox import stream_limits
 from notifier.inbox.browser import token_from
 from notifier.inbox.cors import allowed_origin
 from notifier.inbox.selectors import INBOX_CHANNEL, INBOX_VISIBLE_STATUSES
 from notifier.inbox.tokens import InboxPrincipal, inbox_token_verify
-from notifier.reach import INBOX_CHANNEL as NOTIFY_CHANNEL
+from notifier.statusevents.record import INBOX_CHANNEL as NOTIFY_CHANNEL
+from notifier.tracking.services import is_web_url
 
 log = logging.getLogger(__name__)
 
@@ -43,20 +49,17 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 _VISIBLE = list(INBOX_VISIBLE_STATUSES)
 MAX_QUEUED = 1000
 HEARTBEAT = b": heartbeat\n\n"
-_ITEM_COLUMNS = "d.id, d.notification_id, d.content, n.category, d.status, d.created_at, d.read_at"
-_ITEM_SQL = (
-    f"SELECT {_ITEM_COLUMNS} FROM notifier_delivery d JOIN notifier_notification n ON n.id = d.notification_id"  # noqa: S608
-    " WHERE d.id = %s AND d.recipient_id = %s AND d.channel = %s AND d.status = ANY(%s)"
-)
-_SINCE_SQL = (
-    f"SELECT {_ITEM_COLUMNS} FROM notifier_delivery d JOIN notifier_notification n ON n.id = d.notification_id"  # noqa: S608
-    " WHERE d.recipient_id = %s AND d.channel = %s AND d.status = ANY(%s) AND d.sent_at > %s"
-    " ORDER BY d.sent_at, d.id LIMIT 500"
-)
-_UNREAD_SQL = (
-    "SELECT count(*) FROM notifier_delivery WHERE recipient_id = %s AND channel = %s AND status = ANY(%s)"
-    " AND read_at IS NULL"
-)
+# Recipients read per query; a larger burst is read in several queries at once over the pool.
+PUSH_BATCH = 1000
+# The garbage collector's full passes, taken off the push path (Hub._collect_garbage): one goes once no change
+# has come for GC_IDLE_SECONDS, at most every GC_IDLE_EVERY_SECONDS, and at the latest every
+# GC_LATEST_SECONDS whatever the traffic (a process that is never idle still frees its cycles).
+GC_IDLE_SECONDS = 1.0
+GC_IDLE_EVERY_SECONDS = 30.0
+GC_LATEST_SECONDS = 120.0
+GC_TICK_SECONDS = 0.25
+# A threshold the oldest generation's count never reaches: no full pass but the hub's own.
+_GC_NEVER = 2**30
 
 
 def _conninfo() -> str:
@@ -64,21 +67,31 @@ def _conninfo() -> str:
     return psycopg.conninfo.make_conninfo(
         dbname=db["NAME"], user=db.get("USER") or None, password=db.get("PASSWORD") or None,
         host=db.get("HOST") or None, port=str(db.get("PORT") or "") or None, application_name="notifier-stream",
+        # A multi-host DATABASE_URL: the primary, as Django's own connections (core/database_url.py).
+        target_session_attrs=db.get("OPTIONS", {}).get("target_session_attrs"),
     )  # fmt: skip
+
+
+@functools.lru_cache(maxsize=1024)
+def _web_url(url: str) -> str:
+    """Return `url` stripped if it is an http(s) URL, else "" (a topic's items share one: checked once)."""
+    url = url.strip()
+    return url if is_web_url(url) else ""
 
 
 def _item(row: tuple[Any, ...]) -> dict[str, Any]:
     """Render a row like notifier.inbox.apis.InboxItemSerializer does."""
-    content = row[2] or {}
     return {
         "id": row[0],
         "notification_id": str(row[1]),
-        "title": str(content.get("title", "")),
-        "body": str(content.get("body", "")),
-        "category": row[3],
-        "status": row[4],
-        "created_at": row[5].isoformat().replace("+00:00", "Z"),
-        "read_at": row[6].isoformat().replace("+00:00", "Z") if row[6] else None,
+        "title": row[2] or "",
+        "body": row[3] or "",
+        "url": _web_url(row[4]) if row[4] else "",
+        "category": row[5],
+        "status": row[6],
+        "created_at": row[7].isoformat().replace("+00:00", "Z"),
+        "read_at": row[8].isoformat().replace("+00:00", "Z") if row[8] else None,
+        "archived_at": row[9].isoformat().replace("+00:00", "Z") if row[9] else None,
     }
 
 
@@ -87,15 +100,18 @@ def _now_ms() -> int:
 
 
 class Subscriber:
-    """One open stream: a queue of encoded events for its connection."""
+    """One open stream: the encoded events waiting for its connection, and the future its pump sleeps on."""
 
-    __slots__ = ("closed", "last_write", "overflow", "queue", "recent", "recipient_id", "resync")
+    __slots__ = ("closed", "last_write", "overflow", "pending", "recent", "recipient_id", "resync", "waiter")
 
     def __init__(self, recipient_id: int) -> None:
         self.recipient_id = recipient_id
-        self.queue: asyncio.Queue[bytes] = asyncio.Queue()
+        # A plain list and one future rather than an asyncio.Queue: a burst (a topic's message and the count that
+        # goes with it) is one append and one wake-up of the pump, which writes everything pending in one send.
+        self.pending: list[bytes] = []
+        self.waiter: asyncio.Future[None] | None = None
         self.last_write = time.monotonic()
-        # Why the pump was woken with an empty entry: the client left, or the LISTEN connection came back and
+        # Why the pump was woken with nothing to write: the client left, or the LISTEN connection came back and
         # this stream must re-read what it may have missed.
         self.closed = False
         self.resync = False
@@ -105,26 +121,54 @@ class Subscriber:
         # Item ids sent lately, so a replay racing a live notification does not send an item twice.
         self.recent: deque[int] = deque(maxlen=64)
 
-    def put_message(self, item: dict[str, Any]) -> None:
-        if item["id"] in self.recent:
+    def put_message(self, item_id: int, encoded: bytes) -> None:
+        """Queue a `message` event, unless this item was queued lately."""
+        if item_id in self.recent:
             return
-        self.recent.append(item["id"])
-        self._put(encode("message", item))
+        self.recent.append(item_id)
+        self.put(encoded)
 
-    def put_unread(self, count: int) -> None:
-        self._put(encode("unread", {"unread_count": count}))
+    def put_changes(self, messages: Sequence[tuple[int, bytes]], unread: bytes) -> None:
+        """Queue a burst's new items (id and encoded event) and the count after them, with one wake-up."""
+        recent = self.recent
+        for item_id, encoded in messages:
+            if item_id not in recent:
+                recent.append(item_id)
+                self.pending.append(encoded)
+        self.put(unread)
 
-    def _put(self, chunk: bytes) -> None:
-        if self.queue.qsize() >= MAX_QUEUED:
+    def put(self, chunk: bytes) -> None:
+        """Queue an encoded event (or heartbeat) and wake the pump."""
+        if len(self.pending) >= MAX_QUEUED:
             self.overflow = True
-            self.queue.put_nowait(b"")  # wake the pump so it closes the stream
-            return
-        self.queue.put_nowait(chunk)
+        else:
+            self.pending.append(chunk)
+        self.wake()
+
+    def wake(self) -> None:
+        """Wake the pump (to write, or to notice `closed`, `resync` or `overflow`)."""
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
 
-def encode(event: str, data: Any) -> bytes:
-    """Return one SSE event with a resumable id."""
-    return f"id: {_now_ms()}\nevent: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+def encode(event: str, data: Any, at_ms: int | None = None) -> bytes:
+    """Return one SSE event with a resumable id (`at_ms`: the id of a batch of events encoded at once)."""
+    cursor = _now_ms() if at_ms is None else at_ms
+    return f"id: {cursor}\nevent: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+
+
+def message_events(rest: tuple[Any, ...], at_ms: int) -> tuple[bytes, bytes]:
+    """Return the two halves of the `message` events of items alike but for their id: before and after the id.
+
+    `rest` is an item row without its id. Rendering and JSON-encoding each of a topic's 10,000 items was most of
+    a burst's CPU; this renders them once, and an item's event is `head + b"%d" % id + tail`, byte for byte
+    encode("message", _item((id, *rest)), at_ms).
+    """
+    # The item with id 0 starts `{"id":0`; what follows is the same for every id.
+    text = json.dumps(_item((0, *rest)), separators=(",", ":"))
+    head = b'id: %d\nevent: message\ndata: {"id":' % at_ms
+    return head, text[len('{"id":0') :].encode() + b"\n\n"
 
 
 class Pool:
@@ -171,15 +215,52 @@ class Hub:
         self.pool = Pool(settings.INBOX_STREAM_DB_POOL)
         self._listener: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()
-        self._pushes: set[asyncio.Task[None]] = set()
+        # Changes not yet read, by recipient: the new items' delivery ids (empty: the count only).
+        self._pending: dict[int, set[int]] = {}
+        self._flusher: asyncio.Task[None] | None = None
         self._ticker: asyncio.Task[None] | None = None
+        self._collector: asyncio.Task[None] | None = None
+        # When the last NOTIFY came: the garbage collector's full pass waits for a quiet moment.
+        self.last_change = 0.0
 
     async def start(self) -> None:
         """Start listening (once per process) and wait until LISTEN is in place."""
         if self._listener is None:
             self._listener = asyncio.create_task(self._listen(), name="inbox-listen")
             self._ticker = asyncio.create_task(self._heartbeats(), name="inbox-heartbeats")
+            self._collector = asyncio.create_task(self._collect_garbage(), name="inbox-gc")
         await asyncio.wait_for(self._ready.wait(), timeout=10)
+
+    def busy(self) -> bool:
+        """Return whether changes came within GC_IDLE_SECONDS or are still being pushed."""
+        flushing = self._flusher is not None and not self._flusher.done()
+        return flushing or time.monotonic() - self.last_change < GC_IDLE_SECONDS
+
+    async def _collect_garbage(self) -> None:
+        """Run the garbage collector's full passes in quiet moments rather than in the middle of a push.
+
+        With 10,000 open streams the process holds close to a million objects, and a full pass over them stops
+        the event loop for 0.3-0.5 s. Left to Python, one falls due every few bursts (a burst's objects outlive
+        the young generations while it is being pushed), and whichever burst it lands in reaches every stream
+        that much later. Here the young generations are collected as usual, the full pass only by this task:
+        when no change came for GC_IDLE_SECONDS (at most every GC_IDLE_EVERY_SECONDS), else after
+        GC_LATEST_SECONDS. What the process loaded before its first stream (Django, the app) is frozen out of
+        the passes: it lives as long as the process.
+        """
+        gc.collect()
+        gc.freeze()
+        young, middle, oldest = gc.get_threshold()
+        gc.set_threshold(young, middle, _GC_NEVER)
+        last = time.monotonic()
+        try:
+            while True:
+                await asyncio.sleep(GC_TICK_SECONDS)
+                waited = time.monotonic() - last
+                if waited >= GC_LATEST_SECONDS or (waited >= GC_IDLE_EVERY_SECONDS and not self.busy()):
+                    gc.collect()
+                    last = time.monotonic()
+        finally:
+            gc.set_threshold(young, middle, oldest)
 
     def add(self, sub: Subscriber) -> None:
         self.subscribers[sub.recipient_id].add(sub)
@@ -192,11 +273,11 @@ class Hub:
                 del self.subscribers[sub.recipient_id]
 
     async def unread(self, recipient_id: int) -> int:
-        rows = await self.pool.fetch(_UNREAD_SQL, [recipient_id, INBOX_CHANNEL, _VISIBLE])
+        rows = await self.pool.fetch(INBOX_UNREAD_SQL, [recipient_id, INBOX_CHANNEL, _VISIBLE])
         return int(rows[0][0])
 
     async def since(self, recipient_id: int, after: datetime) -> list[dict[str, Any]]:
-        rows = await self.pool.fetch(_SINCE_SQL, [recipient_id, INBOX_CHANNEL, _VISIBLE, after])
+        rows = await self.pool.fetch(INBOX_SINCE_SQL, [recipient_id, INBOX_CHANNEL, _VISIBLE, after])
         return [_item(r) for r in rows]
 
     async def _listen(self) -> None:
@@ -210,7 +291,7 @@ class Hub:
                         for subs in list(self.subscribers.values()):
                             for sub in list(subs):
                                 sub.resync = True
-                                sub.queue.put_nowait(b"")
+                                sub.wake()
                     self._ready.set()
                     delay = 0.5
                     async for notify in conn.notifies():
@@ -237,35 +318,89 @@ class Hub:
                 for sub in subs:
                     if sub.last_write <= due:
                         sub.last_write = time.monotonic()  # not twice while this one waits to be written
-                        sub.queue.put_nowait(HEARTBEAT)
+                        sub.put(HEARTBEAT)
 
     def _dispatch(self, payload: str) -> None:
-        recipient, _, delivery = payload.partition(":")
-        try:
-            recipient_id = int(recipient)
-        except ValueError:
-            return
-        if recipient_id not in self.subscribers:
-            return  # nobody of this recipient is connected to this process
-        task = asyncio.create_task(self._push(recipient_id, int(delivery) if delivery else None))
-        # Keep a reference until done: the loop holds tasks only weakly.
-        self._pushes.add(task)
-        task.add_done_callback(self._pushes.discard)
-
-    async def _push(self, recipient_id: int, delivery_id: int | None) -> None:
-        try:
-            item = None
+        """Note the changes of one NOTIFY ("<recipient>:<delivery>" or "<recipient>:", comma-separated)."""
+        self.last_change = time.monotonic()
+        subscribers, pending = self.subscribers, self._pending
+        for change in payload.split(","):
+            recipient, _, delivery = change.partition(":")
+            try:
+                recipient_id = int(recipient)
+                delivery_id = int(delivery) if delivery else None
+            except ValueError:
+                continue
+            if recipient_id not in subscribers:
+                continue  # nobody of this recipient is connected to this process
+            ids = pending.get(recipient_id)
+            if ids is None:
+                ids = pending[recipient_id] = set()
             if delivery_id is not None:
-                rows = await self.pool.fetch(_ITEM_SQL, [delivery_id, recipient_id, INBOX_CHANNEL, _VISIBLE])
-                item = _item(rows[0]) if rows else None
-            count = await self.unread(recipient_id)
-        except Exception:
-            log.warning("could not read an inbox change for its streams", exc_info=True)
+                ids.add(delivery_id)
+        if not pending:
             return
-        for sub in list(self.subscribers.get(recipient_id, ())):
-            if item is not None:
-                sub.put_message(item)
-            sub.put_unread(count)
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush(), name="inbox-flush")
+
+    async def _flush(self) -> None:
+        """Read and push every pending change, a batch of recipients per query, until none is left.
+
+        A topic's in-app message arrives as thousands of changes within a second (NOTIFYs of up to
+        notifier.statusevents.record.NOTIFY_BATCH each): read one at a time (an item and a count each) they would queue
+        behind the pool for seconds. Whatever arrives while a batch
+        is being read waits for the next one, so a burst costs a few queries and a lone change goes at once.
+        """
+        while self._pending:
+            pending, self._pending = self._pending, {}
+            recipients = list(pending)
+            chunks = [recipients[i : i + PUSH_BATCH] for i in range(0, len(recipients), PUSH_BATCH)]
+            await asyncio.gather(*(self._push({r: pending[r] for r in chunk}) for chunk in chunks))
+
+    async def _push(self, pending: dict[int, set[int]]) -> None:
+        try:
+            delivery_ids = [d for ids in pending.values() for d in ids]
+            rows = (
+                await self.pool.fetch(INBOX_ITEMS_SQL, [delivery_ids, INBOX_CHANNEL, _VISIBLE]) if delivery_ids else []
+            )
+            counts = dict(await self.pool.fetch(INBOX_UNREADS_SQL, [list(pending), INBOX_CHANNEL, _VISIBLE]))
+        except Exception:
+            log.warning("could not read inbox changes for their streams", exc_info=True)
+            return
+        # Each event is encoded once, not once per stream, and a topic's items share the encoding of everything
+        # but their id (message_events); a count is encoded once per value (most of a topic's recipients share
+        # one); all with the batch's cursor. A recipient's items are tuples, not lists: tuples of integers and
+        # bytes drop out of the garbage collector's sight at its first pass.
+        at_ms = _now_ms()
+        items: dict[int, tuple[tuple[int, bytes], ...]] = {}
+        several = False
+        for *rest, ids, recipients in rows:
+            head, tail = message_events(tuple(rest), at_ms)
+            for delivery_id, recipient_id in zip(ids, recipients, strict=True):
+                if recipient_id in pending:  # the item's own recipient, nobody else's streams
+                    event = (delivery_id, b"%s%d%s" % (head, delivery_id, tail))
+                    found = items.get(recipient_id)
+                    if found is None:
+                        items[recipient_id] = (event,)
+                    else:
+                        items[recipient_id] = (*found, event)
+                        several = True
+        if several:
+            # Items of one recipient from different rows: in the order they were stored, as one row would be.
+            items = {r: tuple(sorted(events)) for r, events in items.items()}
+        unread: dict[int, bytes] = {}
+        no_items: tuple[tuple[int, bytes], ...] = ()
+        for recipient_id in pending:
+            subs = self.subscribers.get(recipient_id)
+            if not subs:
+                continue
+            count = int(counts.get(recipient_id, 0))
+            encoded = unread.get(count)
+            if encoded is None:
+                encoded = unread[count] = encode("unread", {"unread_count": count}, at_ms)
+            messages = items.get(recipient_id, no_items)
+            for sub in list(subs):
+                sub.put_changes(messages, encoded)
 
 
 _hub: Hub | None = None
@@ -282,17 +417,39 @@ def hub() -> Hub:
 async def _respond(send: Send, status: int, body: dict[str, Any], headers: list[tuple[bytes, bytes]]) -> None:
     raw = json.dumps(body).encode()
     await send(
-        {"type": "http.response.start", "status": status, "headers": [*headers, (b"content-type", b"application/json")]}
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                *headers,
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(raw)).encode()),
+            ],
+        }
     )
     await send({"type": "http.response.body", "body": raw})
 
 
+class BadCursor(ValueError):
+    """A Last-Event-ID that is not one of this stream's cursors (answered 400 before the stream starts)."""
+
+
+# Cursors are milliseconds of the server's clock (13 digits until the year 2286): anything longer is refused
+# unread, so a huge header costs no conversion.
+MAX_CURSOR_DIGITS = 15
+
+
 def _parse_cursor(value: str) -> datetime | None:
-    try:
-        ms = int(value)
-    except ValueError:
+    """Return the resume point of a Last-Event-ID (None when there is none); raise BadCursor if malformed."""
+    value = value.strip()
+    if not value:
         return None
-    return datetime.fromtimestamp(ms / 1000 - settings.INBOX_RESUME_MARGIN_SECONDS, tz=UTC)
+    if len(value) > MAX_CURSOR_DIGITS or not value.isascii() or not value.isdigit():
+        raise BadCursor(f"must be a number of at most {MAX_CURSOR_DIGITS} digits (an event id of this stream)")
+    seconds = int(value) / 1000
+    if seconds > time.time() + 86400:
+        raise BadCursor("lies in the future (not an event id of this stream)")
+    return datetime.fromtimestamp(max(seconds - settings.INBOX_RESUME_MARGIN_SECONDS, 0), tz=UTC)
 
 
 async def stream_app(scope: Scope, receive: Receive, send: Send) -> None:
@@ -307,15 +464,44 @@ async def stream_app(scope: Scope, receive: Receive, send: Send) -> None:
         await _respond(send, 204, {}, [*cors, (b"access-control-allow-headers", b"Authorization, Last-Event-ID")])
         return
     if scope["method"] != "GET":
-        await _respond(send, 405, {"error": {"code": "method_not_allowed", "message": "GET only."}}, cors)
+        await _respond(send, 405, error_body("method_not_allowed", "GET only."), cors)
         return
-    principal: InboxPrincipal | None = inbox_token_verify(
-        token_from(headers.get("authorization", ""), query.get("token", ""))
-    )
+    token = token_from(headers.get("authorization", ""), query.get("token", ""))
+    principal: InboxPrincipal | None = inbox_token_verify(token)
     if principal is None:
-        body = {"error": {"code": "unauthenticated", "message": "Invalid or expired inbox token."}}
-        await _respond(send, 401, body, cors)
+        await _respond(send, 401, error_body("unauthenticated", "Invalid or expired inbox token."), cors)
         return
+    try:
+        resume = _parse_cursor(headers.get("last-event-id") or query.get("last_event_id", ""))
+    except BadCursor as exc:
+        body = error_body("invalid_last_event_id", f"Last-Event-ID {exc}.", {"Last-Event-ID": [str(exc)]})
+        await _respond(send, 400, body, cors)
+        return
+    limits = stream_limits.leases()
+    lease, verdict = await limits.acquire(token=token, recipient_id=principal.recipient_id)
+    if lease is None:
+        if verdict == stream_limits.TOKEN_FULL:
+            field, reason = "token", f"at most {settings.INBOX_STREAM_MAX_PER_TOKEN} open streams per inbox token"
+        else:
+            field, reason = "recipient", f"at most {settings.INBOX_STREAM_MAX_PER_RECIPIENT} open streams per recipient"
+        body = error_body("too_many_streams", f"Too many open streams: {reason}; close one first.", {field: [reason]})
+        retry = str(int(settings.INBOX_STREAM_LEASE_SECONDS)).encode()
+        await _respond(send, 429, body, [*cors, (b"retry-after", retry)])
+        return
+    try:
+        await _serve(receive, send, principal, resume, cors)
+    finally:
+        await limits.release(lease)
+
+
+async def _serve(
+    receive: Receive,
+    send: Send,
+    principal: InboxPrincipal,
+    resume: datetime | None,
+    cors: list[tuple[bytes, bytes]],
+) -> None:
+    """Stream events to one admitted caller until it goes away."""
     h = hub()
     await h.start()
     sub = Subscriber(principal.recipient_id)
@@ -336,7 +522,6 @@ async def stream_app(scope: Scope, receive: Receive, send: Send) -> None:
         )
         # The client's reconnect delay, then the catch-up: items since the client's last event, and the count.
         await send({"type": "http.response.body", "body": b"retry: 2000\n\n", "more_body": True})
-        resume = _parse_cursor(headers.get("last-event-id") or query.get("last_event_id", ""))
         await _catch_up(h, sub, resume)
         await _pump(h, sub, resume, receive, send, expires=principal.expires)
         with contextlib.suppress(OSError):
@@ -348,8 +533,8 @@ async def stream_app(scope: Scope, receive: Receive, send: Send) -> None:
 async def _catch_up(h: Hub, sub: Subscriber, since: datetime | None) -> None:
     if since is not None:
         for item in await h.since(sub.recipient_id, since):
-            sub.put_message(item)
-    sub.put_unread(await h.unread(sub.recipient_id))
+            sub.put_message(item["id"], encode("message", item))
+    sub.put(encode("unread", {"unread_count": await h.unread(sub.recipient_id)}))
 
 
 async def _pump(
@@ -365,12 +550,18 @@ async def _pump(
         while (await receive())["type"] != "http.disconnect":
             pass
         sub.closed = True
-        sub.queue.put_nowait(b"")
+        sub.wake()
 
+    loop = asyncio.get_running_loop()
     watcher = asyncio.create_task(watch())
     try:
         while True:
-            chunk = await sub.queue.get()
+            if not sub.pending:
+                sub.waiter = loop.create_future()
+                try:
+                    await sub.waiter
+                finally:
+                    sub.waiter = None
             if sub.closed or sub.overflow or time.time() >= expires:
                 return
             if sub.resync:
@@ -378,9 +569,9 @@ async def _pump(
                 sub.resync = False
                 since = datetime.fromtimestamp(time.time() - 60 - settings.INBOX_RESUME_MARGIN_SECONDS, tz=UTC)
                 await _catch_up(h, sub, since if resume is None else min(since, resume))
-            # Coalesce whatever else is queued into the same write.
-            while not sub.queue.empty():
-                chunk += sub.queue.get_nowait()
+            # Everything queued since the last write goes in one write.
+            chunk = b"".join(sub.pending)
+            sub.pending.clear()
             if not chunk:
                 continue
             try:

@@ -7,7 +7,7 @@ from typing import Any
 from django.contrib import admin
 from django.http import HttpRequest
 
-from notifier.models import EventAttempt, EventEndpoint
+from notifier.statusevents.models import EventAttempt, EventEndpoint
 
 
 class EventAttemptInline(admin.TabularInline):

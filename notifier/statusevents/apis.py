@@ -9,8 +9,8 @@ from rest_framework.views import APIView
 
 from core.errors import ApiError
 from core.pagination import CursorPage, cursor_id
-from notifier.auth import request_client
-from notifier.models import EventEndpoint
+from notifier.clients.auth import request_client
+from notifier.statusevents.models import EventEndpoint
 from notifier.statusevents.selectors import event_attempts_list, event_endpoint_get
 from notifier.statusevents.serializers import (
     EventAttemptPage,
@@ -19,6 +19,8 @@ from notifier.statusevents.serializers import (
     EventEndpointOutput,
 )
 from notifier.statusevents.services import event_endpoint_delete, event_endpoint_put, event_endpoint_rotate_secret
+
+NO_ENDPOINT = "No event endpoint configured."
 
 
 def _endpoint_or_404(request: Request) -> EventEndpoint:
@@ -32,6 +34,7 @@ class EventEndpointApi(APIView):
     """The calling service's event endpoint: PUT to create or change, GET, DELETE."""
 
     required_scope = "send"
+    error_statuses = {"get": {404: NO_ENDPOINT}, "delete": {404: NO_ENDPOINT}}
 
     @extend_schema(
         operation_id="event_endpoint_put",
@@ -64,6 +67,7 @@ class EventEndpointRotateSecretApi(APIView):
     """Replace the endpoint's signing secret; the new one is shown once, here."""
 
     required_scope = "send"
+    error_statuses = {404: NO_ENDPOINT}
 
     @extend_schema(
         operation_id="event_endpoint_rotate_secret",

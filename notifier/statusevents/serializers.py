@@ -8,11 +8,12 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 from rest_framework import serializers
+from rest_framework.fields import SkipField
 
 from core.pagination import CursorQuerySerializer, cursor_page_serializer
 from core.ssrf import address_refusal
-from notifier.models import EventAttempt, EventEndpoint
-from notifier.reach import EVENT_STATUSES
+from notifier.statusevents.models import EventAttempt, EventEndpoint
+from notifier.statusevents.record import EVENT_STATUSES
 
 EVENT_TYPES = [f"delivery.{s}" for s in EVENT_STATUSES]
 
@@ -44,6 +45,19 @@ class EventEndpointInput(serializers.Serializer):
         return value
 
 
+class _ShownSecretField(serializers.CharField):
+    """The secret passed in the serializer's context, left out when there is none (never the stored one).
+
+    Not read-only, so the schema does not list it as always present (drf-spectacular requires read-only fields).
+    """
+
+    def get_attribute(self, instance: Any) -> Any:
+        secret = self.context.get("secret")
+        if not secret:
+            raise SkipField
+        return secret
+
+
 class EventEndpointOutput(serializers.Serializer):
     """An event endpoint; `secret` only right after creation or rotation (pass it in the context)."""
 
@@ -55,25 +69,14 @@ class EventEndpointOutput(serializers.Serializer):
     retry_at = serializers.DateTimeField(allow_null=True)
     created_at = serializers.DateTimeField()
     updated_at = serializers.DateTimeField()
-    secret = serializers.SerializerMethodField(help_text="The signing secret: shown on creation and rotation only.")
+    secret = _ShownSecretField(required=False, help_text="The signing secret: shown on creation and rotation only.")
 
     def get_events(self, obj: EventEndpoint) -> list[str]:
         return [f"delivery.{s}" for s in obj.statuses]
 
-    def get_secret(self, obj: EventEndpoint) -> str | None:
-        return self.context.get("secret")
-
-    def to_representation(self, instance: EventEndpoint) -> dict[str, Any]:
-        body = super().to_representation(instance)
-        if not body["secret"]:
-            del body["secret"]
-        return body
-
 
 class EventAttemptsQuery(CursorQuerySerializer):
     """Query parameters of the attempts list."""
-
-    limit = serializers.IntegerField(required=False, min_value=1, max_value=200, default=50)
 
 
 class EventAttemptSerializer(serializers.Serializer):

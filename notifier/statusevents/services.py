@@ -5,11 +5,18 @@ from __future__ import annotations
 import base64
 import secrets
 from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
+from django.db.models import Min
 
 from audit.services import audit_record
-from notifier.models import ApiClient, EventEndpoint, StatusEvent
+from core.db import limit_maintenance_transaction
+from notifier.clients.models import ApiClient
+from notifier.deliveries.models import Delivery
+from notifier.statusevents.models import EventEndpoint, StatusEvent
+from preferences.models import Recipient
 
 SECRET_PREFIX = "whsec_"
 
@@ -75,3 +82,41 @@ def event_endpoint_delete(*, client: ApiClient) -> bool:
         EventEndpoint.objects.filter(pk=endpoint.pk)._raw_delete(StatusEvent.objects.db)
         audit_record(actor=client, action="event_endpoint.delete", target_type="event_endpoint", target_id=client.pk)
     return True
+
+
+def status_events_forget_recipient(*, recipient: Recipient, **_signal: Any) -> None:
+    """Blank the user_id in the data of the status events about an erased recipient's deliveries."""
+    first = Delivery.objects.filter(recipient=recipient).aggregate(first=Min("created_at"))["first"]
+    if first is None:
+        return
+    # Status events carry the notification's user_id in their data; `at` bounds the scan (BRIN on `at`),
+    # with a margin: an event's time is taken by its writer, not the delivery row's insert.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            'UPDATE notifier_statusevent SET data = data || \'{"user_id": ""}\'::jsonb'
+            " WHERE at >= %s AND delivery_id IN (SELECT id FROM notifier_delivery WHERE recipient_id = %s)"
+            " AND data ? 'user_id' AND data->>'user_id' <> ''",
+            [first - timedelta(days=1), recipient.pk],
+        )
+
+
+def status_events_purge_batch(cutoff: datetime, batch: int) -> int:
+    """Delete one batch of sent or given-up status events, and of event attempts, older than the cutoff."""
+    done = 0
+    with transaction.atomic():
+        limit_maintenance_transaction()
+        with connection.cursor() as cursor:
+            # Pending events stay whatever their age: the sender gives them up (with a record) after its window.
+            cursor.execute(
+                "DELETE FROM notifier_statusevent WHERE id IN (SELECT id FROM notifier_statusevent"
+                " WHERE at < %s AND state <> 'pending' ORDER BY id LIMIT %s)",
+                [cutoff, batch],
+            )
+            done += cursor.rowcount
+            cursor.execute(
+                "DELETE FROM notifier_eventattempt WHERE id IN (SELECT id FROM notifier_eventattempt"
+                " WHERE at < %s ORDER BY id LIMIT %s)",
+                [cutoff, batch],
+            )
+            done = max(done, cursor.rowcount)
+    return done

@@ -22,7 +22,7 @@ from django.conf import settings
 from django.core import signing
 from django.db import connection, transaction
 
-from notifier.events import record_events, transition
+from notifier.deliveries.status import record_events, transition
 
 SALT = "notifier.tracking"
 CLICKED = "clicked"

@@ -1,0 +1,1 @@
+"""Accepting a send: validation, policy, dedup and the accept itself, grouped into few commits."""

@@ -1,0 +1,115 @@
+"""Group commit: concurrent requests of one process share one writer, one transaction and one commit.
+
+A request thread hands its work to `GroupCommit.submit` and waits for its own outcome. When no write is in
+progress, it writes at once, alone (a lone request waits for nobody: no timer, no window). When one is in
+progress, it queues; the thread that finishes a write passes the turn to the first one waiting, which takes
+everything queued by then (up to `max_size`) and writes it with one call of `write_group`. Every request gets
+its own outcome (a result, or the exception it raised), set by whoever wrote it; `write_group` is what decides
+that one request's failure is not its neighbours' (notifier.accepting.services.notifications_accept_group).
+
+The writer is always one of the waiting request threads, never a thread of its own: the work runs on a
+request thread's database connection, so group commit opens no connection beyond the server's threads.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, TypeVar
+
+W = TypeVar("W")  # one request's work
+R = TypeVar("R")  # one request's result
+
+
+class _Waiter(Generic[W, R]):
+    __slots__ = ("done", "error", "result", "turn", "work")
+
+    def __init__(self, work: W) -> None:
+        self.work = work
+        self.result: R | None = None
+        self.error: BaseException | None = None
+        self.done = False
+        # Set when this request's outcome is known or when it is this thread's turn to write.
+        self.turn = threading.Event()
+
+
+class GroupCommit(Generic[W, R]):
+    """Run concurrent calls of one process as groups: one call of `write_group` per group of waiting requests.
+
+    `write_one(work)` writes a request that is alone (the common case at low load); `write_group(works)`
+    writes two or more and returns one outcome per work, in order: a result or an exception instance.
+    """
+
+    def __init__(
+        self,
+        *,
+        write_one: Callable[[W], R],
+        write_group: Callable[[Sequence[W]], Sequence[R | BaseException]],
+        max_size: int = 64,
+    ) -> None:
+        self._write_one = write_one
+        self._write_group = write_group
+        self.max_size = max(1, max_size)
+        self._lock = threading.Lock()
+        self._waiting: list[_Waiter[W, R]] = []
+        self._writing = False
+        # Observability and tests: how many groups of more than one were written, the largest one.
+        self.groups = 0
+        self.largest = 0
+
+    def pending(self) -> int:
+        """Return how many requests wait for a writer right now."""
+        with self._lock:
+            return len(self._waiting)
+
+    def submit(self, work: W) -> R:
+        """Write `work` (alone or with the others waiting) and return its result, or raise its own error."""
+        me: _Waiter[W, R] = _Waiter(work)
+        with self._lock:
+            self._waiting.append(me)
+            lead = not self._writing
+            self._writing = True
+        if not lead:
+            me.turn.wait()
+        if not me.done:
+            self._write_turn()
+        if me.error is not None:
+            raise me.error
+        return me.result  # type: ignore[return-value]  # done without an error: the writer set a result
+
+    def _write_turn(self) -> None:
+        """Take what waits (this thread's request first), write it, answer each, pass the turn on."""
+        with self._lock:
+            group = self._waiting[: self.max_size]
+            del self._waiting[: self.max_size]
+        try:
+            if len(group) == 1:
+                outcomes: Sequence[Any] = [self._call_one(group[0].work)]
+            else:
+                outcomes = self._write_group([w.work for w in group])
+                if len(outcomes) != len(group):
+                    raise RuntimeError(f"group writer answered {len(outcomes)} of {len(group)} requests")
+                self.groups += 1
+                self.largest = max(self.largest, len(group))
+        except BaseException as exc:  # every waiter must be answered, whatever happened
+            outcomes = [exc] * len(group)
+        for waiter, outcome in zip(group, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                waiter.error = outcome
+            else:
+                waiter.result = outcome
+            waiter.done = True
+        with self._lock:
+            following = self._waiting[0] if self._waiting else None
+            if following is None:
+                self._writing = False
+        for waiter in group:
+            waiter.turn.set()
+        if following is not None:
+            following.turn.set()  # its turn: it writes everything queued by now
+
+    def _call_one(self, work: W) -> R | BaseException:
+        try:
+            return self._write_one(work)
+        except Exception as exc:  # the request's own error, raised in its own thread
+            return exc

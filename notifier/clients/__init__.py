@@ -1,0 +1,1 @@
+"""API clients: the calling services, their keys, scopes and rate limits."""

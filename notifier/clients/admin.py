@@ -1,0 +1,128 @@
+"""Admin of API clients: adding one creates its key and shows it once; keys are rotated the same way."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.contrib import admin
+from django.http import HttpRequest
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils.html import format_html
+
+from audit.admin import AuditedAdminMixin
+from core.scopes import DEFAULT_SCOPES, SCOPES
+from notifier.clients.models import ApiClient
+from notifier.clients.rate_limit import parse_rate
+from notifier.clients.services import api_client_assign_key, api_client_rotate_key, webhook_secret_problem
+
+
+def mode_badge(mode: str) -> str:
+    """Return the badge of a client's mode: a visible TEST for test clients, plain text for live ones."""
+    if mode == ApiClient.Mode.TEST:
+        return format_html(
+            '<span class="mode-badge mode-test" style="background:#b45309;color:#fff;padding:1px 6px;'
+            'border-radius:3px;font-weight:bold">{}</span>',
+            "TEST",
+        )
+    return format_html('<span class="mode-badge mode-live">{}</span>', "live")
+
+
+class ApiClientForm(forms.ModelForm):
+    """An API client's editable fields, with its scopes as checkboxes of the known names."""
+
+    scopes = forms.MultipleChoiceField(
+        choices=list(SCOPES.items()), widget=forms.CheckboxSelectMultiple, required=False, initial=list(DEFAULT_SCOPES)
+    )
+
+    class Meta:
+        model = ApiClient
+        fields = (
+            "name", "mode", "scopes", "allowed_categories", "rate_limit", "webhook_url", "webhook_secret", "is_active"
+        )  # fmt: skip
+        help_texts = {"mode": "Test: the whole pipeline runs, but every delivery goes to the sandbox provider."}
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if "mode" in self.fields:  # only on add: the mode is read-only afterwards
+            self.fields["mode"].required = False  # left out, a client is live, as with create_api_client
+
+    def clean_mode(self) -> str:
+        return self.cleaned_data.get("mode") or ApiClient.Mode.LIVE
+
+    def clean_rate_limit(self) -> str:
+        value = (self.cleaned_data.get("rate_limit") or "").strip()
+        if value:
+            try:
+                parse_rate(value)
+            except ValueError as exc:
+                raise forms.ValidationError(str(exc)) from None
+        return value
+
+    def clean_webhook_secret(self) -> str:
+        secret = (self.cleaned_data.get("webhook_secret") or "").strip()
+        problem = webhook_secret_problem(secret) if secret else None
+        if problem:
+            raise forms.ValidationError(problem)
+        return secret
+
+
+@admin.register(ApiClient)
+class ApiClientAdmin(AuditedAdminMixin, admin.ModelAdmin):
+    """Calling services. Adding one creates its key and shows it once; "Rotate key" replaces it, shown once."""
+
+    form = ApiClientForm
+    list_display = (
+        "name", "mode_badge", "key_prefix", "scopes", "allowed_categories", "rate_limit", "is_active", "created_at",
+        "last_used_at",
+    )  # fmt: skip
+    list_filter = ("mode", "is_active")
+    search_fields = ("name", "key_prefix")
+    readonly_fields = ("key_prefix", "created_at", "last_used_at")
+    actions = ("rotate_keys",)
+    audit_target_type = "api_client"
+
+    def get_readonly_fields(self, request: HttpRequest, obj: ApiClient | None = None) -> Any:
+        # The mode is chosen once: a notification's mode is its client's, so a later change would relabel history.
+        fields = tuple(super().get_readonly_fields(request, obj))
+        return (*fields, "mode") if obj is not None else fields
+
+    @admin.display(description="mode", ordering="mode")
+    def mode_badge(self, obj: ApiClient) -> str:
+        """Mark test clients at a glance."""
+        return mode_badge(obj.mode)
+
+    def save_model(self, request: HttpRequest, obj: ApiClient, form: Any, change: bool) -> None:
+        if not change:
+            # The raw key lives only on this request, for the page that shows it once; the row keeps its hash.
+            # Our own request attribute, read back below (getattr) on this request.
+            request._new_api_keys = [(obj, api_client_assign_key(client=obj))]  # type: ignore[attr-defined]
+        super().save_model(request, obj, form, change)
+
+    def response_add(self, request: HttpRequest, obj: ApiClient, post_url_continue: str | None = None) -> Any:
+        keys = getattr(request, "_new_api_keys", None)
+        if keys:
+            return self._show_keys(request, keys, "API client created")
+        return super().response_add(request, obj, post_url_continue)
+
+    @admin.action(description="Rotate the API key of the selected clients (the old keys stop working)")
+    def rotate_keys(self, request: HttpRequest, queryset: Any) -> TemplateResponse:
+        keys = [
+            (client, api_client_rotate_key(client=client, audit_actor=request.user))
+            for client in queryset.order_by("name")
+        ]
+        return self._show_keys(request, keys, "API keys rotated")
+
+    def _show_keys(self, request: HttpRequest, keys: list[tuple[ApiClient, str]], title: str) -> TemplateResponse:
+        """Render the new keys once; they are not stored anywhere but in the caller's copy."""
+        context = {
+            **self.admin_site.each_context(request),
+            "title": title,
+            "keys": keys,
+            "opts": self.model._meta,
+            "changelist_url": reverse("admin:clients_apiclient_changelist"),
+        }
+        response = TemplateResponse(request, "admin/clients/apiclient/keys_shown.html", context)
+        response["Cache-Control"] = "no-store"
+        return response

@@ -1,0 +1,62 @@
+"""The per-client API rate limit: one token bucket per API client in Redis, shared by every API process.
+
+It reuses the provider limiter's machinery (core.ratelimit: the same Lua token bucket on Redis' clock,
+and the same per-process fallback with the rate divided by RESILIENCE_ASSUMED_WORKERS while Redis is down).
+A client's limit is its own `rate_limit` ("200/s", "1000/m", "50000/h"), else API_CLIENT_RATE_LIMIT; the
+bucket holds the numerator's worth of tokens, so "200/s" allows bursts of 200 and refills 200 a second.
+Beyond it DRF raises Throttled, which the error handler answers as 429 `rate_limited` with Retry-After.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+from rest_framework.request import Request
+from rest_framework.throttling import BaseThrottle
+
+from core.ratelimit import Limit, RateLimiter
+from core.redis_guard import rkey
+from notifier.clients.auth import request_client
+
+if TYPE_CHECKING:  # types only: DRF loads this module from settings, before the models may be
+    from notifier.clients.models import ApiClient
+
+RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(s|sec|second|m|min|minute|h|hour)\s*$", re.IGNORECASE)
+PERIOD_SECONDS = {"s": 1, "m": 60, "h": 3600}
+
+_limiter = RateLimiter()
+
+
+def parse_rate(text: str) -> tuple[float, float]:
+    """Parse "200/s", "1000/m" or "50000/h" into (tokens per second, burst); raise ValueError otherwise."""
+    match = RATE.match(text or "")
+    if not match or float(match.group(1)) <= 0:
+        raise ValueError(f"'{text}' is not a rate such as 200/s, 1000/m or 50000/h")
+    count = float(match.group(1))
+    return count / PERIOD_SECONDS[match.group(2)[0].lower()], max(count, 1.0)
+
+
+def client_limit(client: ApiClient) -> Limit:
+    """Return the token bucket limit of an API client (its own rate, else the default)."""
+    rate, burst = parse_rate(getattr(client, "rate_limit", "") or settings.API_CLIENT_RATE_LIMIT)
+    return Limit(rate=rate, burst=burst, high_reserve=0.0, min_rate=rate, increase=0.0)
+
+
+class ApiClientRateThrottle(BaseThrottle):
+    """Allow a request while its API client's shared bucket has a token; remember the wait otherwise."""
+
+    def __init__(self) -> None:
+        self._wait = 0.0
+
+    def allow_request(self, request: Request, view: Any) -> bool:
+        client = request_client(request)  # typed as the ApiClient; an anonymous user has no pk (next line)
+        if client is None or not getattr(client, "pk", None):
+            return True  # unauthenticated requests are answered 401 before this
+        grant = _limiter.acquire_buckets([(rkey("api-rl", str(client.pk)), client_limit(client))], 1, high=True)
+        self._wait = grant.wait
+        return grant.granted >= 1
+
+    def wait(self) -> float:
+        return max(self._wait, 0.001)

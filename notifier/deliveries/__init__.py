@@ -1,0 +1,1 @@
+"""Notifications and deliveries: their rows, their one status writer, their day partitions and archive."""

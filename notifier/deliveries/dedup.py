@@ -1,0 +1,155 @@
+"""Idempotency keys: Redis SET NX as the fast path, the notifier_dedupkey table as the truth.
+
+The table's primary key (client_id, dedup_key) is what makes a key unique: the notifications themselves are
+partitioned by day, and a partition's unique index sees only its own day. A key row lives for the dedup
+window (DEDUP_WINDOW_HOURS, docs/api.md); after it, the same key is free for a new notification (the expired
+row is taken over in place) and `purge_expired` deletes the rest in batches.
+
+Redis only ever saves work; it never decides alone. A key found in Redis still has to be matched to a committed
+notification (or to the request that is committing it right now, which the unique index makes us wait for).
+If Redis is down, every request simply takes the database path.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+from typing import Any, cast
+
+import redis
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+
+from core.db import json_rows
+from core.redis_guard import get_redis, rkey
+
+logger = logging.getLogger(__name__)
+
+
+def _key(client_id: int, dedup_key: str) -> str:
+    return rkey("dedup", client_id, dedup_key)
+
+
+def claim(*, client_id: int, dedup_key: str, notification_id: str, request_hash: str) -> tuple[bool, str | None]:
+    """Try to reserve `dedup_key` for a new notification.
+
+    Returns (won, existing): `won` is True when this request may create the notification (or Redis is
+    unavailable); otherwise `existing` is "<notification id>|<request hash>" of the first request.
+    """
+    try:
+        r = get_redis()
+        value = f"{notification_id}|{request_hash}"
+        if r.set(_key(client_id, dedup_key), value, nx=True, ex=settings.DEDUP_TTL_SECONDS):
+            return True, None
+        # get_redis() decodes responses: a str (redis-py types it bytes | str for any client).
+        return False, cast("str | None", r.get(_key(client_id, dedup_key)))
+    except redis.RedisError as exc:
+        logger.warning("dedup fast path degraded, using the database only: %s", type(exc).__name__)
+        return True, None
+
+
+def release(*, client_id: int, dedup_key: str, notification_id: str) -> None:
+    """Drop a reservation whose notification was never committed, so a retry of the request can succeed."""
+    try:
+        r = get_redis()
+        key = _key(client_id, dedup_key)
+        value = cast("str | None", r.get(key))  # a decoding client: str
+        if value and value.split("|", 1)[0] == notification_id:
+            r.delete(key)
+    except redis.RedisError:
+        # The database is the truth; a stale reservation only costs the next request a database lookup.
+        pass
+
+
+def remember(entries: list[tuple[int, str, str, str]]) -> None:
+    """Record (client_id, dedup_key, notification_id, request_hash) of committed notifications in one round trip.
+
+    The batch path writes through the database first; this only gives later single requests the fast path.
+    """
+    if not entries:
+        return
+    try:
+        pipe = get_redis().pipeline(transaction=False)
+        for client_id, dedup_key, notification_id, request_hash in entries:
+            pipe.set(
+                _key(client_id, dedup_key), f"{notification_id}|{request_hash}", nx=True, ex=settings.DEDUP_TTL_SECONDS
+            )
+        pipe.execute()
+    except redis.RedisError as exc:
+        logger.warning("dedup fast path not updated for a batch: %s", type(exc).__name__)
+
+
+# ---- the database's record of dedup keys (notifier_dedupkey), the truth across partitions ----------------
+
+PURGE_BATCH = 10_000
+
+
+def _cutoff() -> Any:
+    return timezone.now() - timedelta(hours=settings.DEDUP_WINDOW_HOURS)
+
+
+_RESERVE_SQL = """
+    INSERT INTO notifier_dedupkey (client_id, dedup_key, notification_id, request_hash, created_at)
+    SELECT %s, e->>0, (e->>1)::uuid, e->>2, %s FROM jsonb_array_elements(%s::jsonb) AS e
+    ON CONFLICT (client_id, dedup_key) DO UPDATE
+        SET notification_id = EXCLUDED.notification_id, request_hash = EXCLUDED.request_hash,
+            created_at = EXCLUDED.created_at
+        WHERE notifier_dedupkey.created_at < %s
+    RETURNING dedup_key
+"""
+
+
+def reserve(*, client_id: int, entries: list[tuple[str, str, str]]) -> set[str]:
+    """Record (dedup_key, notification_id, request_hash) entries in the accept's transaction; return the keys won.
+
+    A key held by a live entry (another request's, committed or committing: the insert waits for it) is not
+    won; an entry older than the window is taken over. Must run inside the transaction that writes the
+    notifications, so a rollback frees the keys.
+    """
+    if not entries:
+        return set()
+    with connection.cursor() as cursor:
+        cursor.execute(_RESERVE_SQL, [client_id, timezone.now(), json_rows(entries), _cutoff()])
+        return {row[0] for row in cursor.fetchall()}
+
+
+def lookup(*, client_id: int, dedup_keys: list[str]) -> dict[str, tuple[str, str]]:
+    """Return {dedup_key: (notification_id, request_hash)} of the client's keys still within the window."""
+    if not dedup_keys:
+        return {}
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT dedup_key, notification_id, request_hash FROM notifier_dedupkey"
+            " WHERE client_id = %s AND dedup_key = ANY(%s) AND created_at >= %s",
+            [client_id, list(dedup_keys), _cutoff()],
+        )
+        return {row[0]: (str(row[1]), row[2]) for row in cursor.fetchall()}
+
+
+def notification_ids_by_key(*, client_ids: list[int], dedup_key: str) -> list[str]:
+    """Return the ids of the notifications that hold `dedup_key` now, for any of `client_ids` (support search)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT notification_id FROM notifier_dedupkey WHERE client_id = ANY(%s) AND dedup_key = %s",
+            [list(client_ids), dedup_key],
+        )
+        return [str(row[0]) for row in cursor.fetchall()]
+
+
+def purge_expired(*, batch: int = PURGE_BATCH, max_batches: int = 1000) -> int:
+    """Delete dedup keys older than DEDUP_WINDOW_HOURS, in short batches; return how many went."""
+    cutoff = _cutoff()
+    total = 0
+    for _ in range(max_batches):
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(
+                "DELETE FROM notifier_dedupkey WHERE ctid = ANY(ARRAY(SELECT ctid FROM notifier_dedupkey"
+                " WHERE created_at < %s LIMIT %s FOR UPDATE SKIP LOCKED))",
+                [cutoff, batch],
+            )
+            done = cursor.rowcount
+        total += done
+        if done < batch:
+            break
+    return total

@@ -1,0 +1,1 @@
+"""Dispatch: the outbox, topic fan-out, fallback chains, digests, frequency caps and the fan-out pace."""

@@ -1,0 +1,669 @@
+"""Writes of workflows: saving versions, triggering runs, advancing them step by step, waking and cancelling them.
+
+Durability: a run is a row. Its current step is `step_index`; a step that waits (a delay, a digest window)
+leaves the run `waiting` with `wake_at`, and nothing else: no timer lives in a worker or in the broker. The
+wake relay (`runs_wake`, on beat every WORKFLOW_WAKE_INTERVAL_SECONDS) publishes the runs that are due, in
+pages of WORKFLOW_ADVANCE_BATCH ids per message on the `fanout` queue, so many workers share a large wake-up.
+It also re-publishes a run whose message was lost (a broker restart, a worker killed before it committed):
+claims are idempotent, so a second message is harmless.
+
+Idempotency: `runs_advance` takes each run with FOR UPDATE SKIP LOCKED, decides its steps, writes every
+step's outcome and creates what a send step sends in the same transaction, and moves the run with an update
+guarded by the step index and status it started from. A duplicated or retried message finds the run locked,
+finished or already past that step, and repeats nothing; a worker killed mid-step leaves nothing committed.
+
+Every step records why (`WorkflowStep.reason`): the condition and the value it saw, the wait, the throttle's
+count, the digest it led or joined, the deliveries a send created.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from celery import current_app as celery_app
+from django.conf import settings
+from django.db import InterfaceError, OperationalError, transaction
+from django.utils import timezone
+
+from core import task_names
+from core.db import bound_cursor, insert_rows, json_rows
+from core.errors import ApiError
+from core.queues import broker_recently_down, mark_broker_down
+from notifier.accepting.policy import send_policy
+from notifier.accepting.services import (
+    AcceptResult,
+    notification_accept,
+    notification_accept_prepared,
+    notification_cancel,
+    request_fingerprint,
+    topic_notification_write,
+)
+from notifier.clients.models import ApiClient
+from notifier.deliveries import frequency
+from notifier.deliveries.models import Notification
+from notifier.deliveries.partitions import new_notification_id
+from notifier.deliveries.selectors import notification_statuses_reached
+from notifier.dispatch import localtime
+from notifier.workflows import definitions
+from notifier.workflows.models import Workflow, WorkflowRun, WorkflowStep, WorkflowTrigger, WorkflowVersion
+from notifier.workflows.selectors import WorkflowNotFound, workflow_version_resolve
+from preferences.models import Recipient
+from preferences.services import recipient_ensure
+from templates_app.selectors import TemplateNotFound, template_version_resolve
+
+logger = logging.getLogger(__name__)
+
+STRATEGY = "workflow"  # Notification.strategy of a trigger (the fan-out writes runs for it, not deliveries)
+ADVANCE_QUEUE = "fanout"
+R = WorkflowRun.Status
+LIVE = (R.RUNNING, R.WAITING)
+
+
+# --- definitions ---------------------------------------------------------------------------------------------
+
+
+def _template_channels(spec: str) -> tuple[str, list[str]] | None:
+    try:
+        version = template_version_resolve(spec)
+    except TemplateNotFound:
+        return None
+    return version.template.category, list(version.channels)
+
+
+def workflow_put(*, key: str, category: str, steps: Any, actor: str = "") -> WorkflowVersion:
+    """Validate a definition and save it as the workflow's next version; raise ApiError 400 naming the bad step."""
+    try:
+        checked = definitions.validate(category=category, steps=steps, template_channels=_template_channels)
+    except definitions.DefinitionError as exc:
+        raise ApiError(400, "invalid", exc.message, {exc.field: [exc.message]}) from None
+    with transaction.atomic():
+        workflow, _ = Workflow.objects.get_or_create(key=key)
+        # The row lock numbers concurrent PUTs one after the other.
+        workflow = Workflow.objects.select_for_update().get(pk=workflow.pk)
+        workflow.latest_version += 1
+        workflow.save(update_fields=["latest_version", "updated_at"])
+        return WorkflowVersion.objects.create(
+            workflow=workflow, version=workflow.latest_version, category=category, steps=checked, created_by=actor
+        )
+
+
+# --- triggering ----------------------------------------------------------------------------------------------
+
+
+def workflow_trigger(*, client: ApiClient, data: dict[str, Any], trace_id: str = "") -> AcceptResult:
+    """Accept a send with `workflow`: the notification, its trigger record and, for a user, the run.
+
+    Deduplicated as any send (dedup_key, request_hash); category and priority decided by notifier.accepting.policy with
+    the workflow's category in the template's place. A topic's runs are written by the fan-out, page by page.
+    """
+    try:
+        version = workflow_version_resolve(data["workflow"])
+    except WorkflowNotFound as exc:
+        raise ApiError(400, "invalid", str(exc), {"workflow": [str(exc)]}) from None
+    category, priority = send_policy(
+        client=client, template_category=version.category, category=data.get("category"),
+        priority=data.get("priority"),
+    )  # fmt: skip
+    notification = Notification(
+        id=new_notification_id(),
+        client=client,
+        dedup_key=data.get("dedup_key") or None,
+        request_hash=request_fingerprint(data),
+        category=category,
+        template_key="",
+        template_version=None,
+        channels=[],
+        payload=data.get("payload") or {},
+        priority=priority,
+        locale=data.get("locale") or "",
+        strategy=STRATEGY,
+        trace_id=trace_id,
+    )
+
+    def prepare(n: Notification) -> list[Any]:
+        if data.get("topic"):
+            topic_notification_write(n, data["topic"])  # the fan-out starts after commit
+            WorkflowTrigger.objects.create(notification_id=n.pk, version=version)
+            return []
+        recipient = recipient_ensure(user_id=data["recipient"]["user_id"])
+        n.recipient, n.user_id = recipient, recipient.user_id
+        insert_rows([n])
+        WorkflowTrigger.objects.create(notification_id=n.pk, version=version)
+        run = WorkflowRun.objects.create(
+            notification_id=n.pk, version=version, client_id=client.pk, recipient_id=recipient.pk,
+            user_id=recipient.user_id, priority=n.priority, published_at=timezone.now(),
+        )  # fmt: skip
+        transaction.on_commit(lambda: runs_publish([run.pk]))
+        return []
+
+    return notification_accept_prepared(client=client, notification=notification, prepare=prepare)
+
+
+_RUNS_SQL = """
+    INSERT INTO workflows_workflowrun (
+        notification_id, version_id, client_id, recipient_id, user_id, priority, status, step_index,
+        wake_at, published_at, digest, created_at, updated_at
+    )
+    SELECT %s, %s, %s, t.r, t.u, %s, 'running', 0, NULL, %s, NULL, %s, %s
+    FROM unnest(%s::bigint[], %s::text[]) AS t(r, u)
+    ON CONFLICT (notification_id, recipient_id) DO NOTHING
+    RETURNING id
+"""
+
+
+def runs_create_for_page(notification: Notification, rows: list[tuple[int, str]], now: datetime) -> int:
+    """Write one run per subscriber of a fan-out page (one statement); publish them after commit.
+
+    Called by the fan-out inside the page's transaction (notifier.dispatch.fanout.register_page_writer). A page redone
+    after a crash inserts nothing twice (the unique (notification, recipient) constraint).
+    """
+    version_id = (
+        WorkflowTrigger.objects.filter(notification_id=notification.pk).values_list("version_id", flat=True).first()
+    )
+    if version_id is None or not rows:
+        return 0
+    with bound_cursor() as cursor:
+        cursor.execute(
+            _RUNS_SQL,
+            [
+                notification.pk, version_id, notification.client_id, notification.priority, now, now, now,
+                [r for r, _ in rows], [u for _, u in rows],
+            ],
+        )  # fmt: skip
+        ids = [row[0] for row in cursor.fetchall()]
+    if ids:
+        transaction.on_commit(lambda: runs_publish(ids))
+    return len(ids)
+
+
+def runs_publish(run_ids: Sequence[int]) -> int:
+    """Publish advance messages for runs, WORKFLOW_ADVANCE_BATCH ids each; return how many runs went out.
+
+    Never raises: a run whose message did not go is re-published by the wake relay once it is stale.
+    """
+    ids = list(run_ids)
+    size = max(1, int(settings.WORKFLOW_ADVANCE_BATCH))
+    sent = 0
+    if broker_recently_down():
+        logger.warning("broker recently down; %d workflow runs left to the relay", len(ids))
+        return 0
+    for start in range(0, len(ids), size):
+        part = ids[start : start + size]
+        try:
+            celery_app.send_task(task_names.WORKFLOW_ADVANCE, args=[part], queue=ADVANCE_QUEUE, retry=False)
+        except Exception as exc:  # the rows are the record; the relay publishes them again
+            mark_broker_down()
+            logger.warning("workflow advance not published (%d runs left to the relay): %s", len(ids) - sent, exc)
+            break
+        sent += len(part)
+    return sent
+
+
+# --- waking --------------------------------------------------------------------------------------------------
+
+_WAKE_SQL = """
+    WITH due AS (
+        SELECT id FROM workflows_workflowrun
+        WHERE status IN ('running', 'waiting')
+          AND (wake_at IS NULL OR wake_at <= now())
+          AND (published_at IS NULL OR published_at < now() - make_interval(secs => %s))
+        ORDER BY wake_at, id
+        LIMIT %s
+        FOR UPDATE SKIP LOCKED
+    )
+    UPDATE workflows_workflowrun AS r SET published_at = now() FROM due WHERE r.id = due.id
+    RETURNING r.id
+"""
+
+
+def runs_wake(*, limit: int | None = None, pages: int = 20) -> int:
+    """Publish the runs that are due (their wait is over) or whose last message is stale; return how many.
+
+    The relay of workflows: a waiting run's row carries its `wake_at`; this is what turns it into a message,
+    page by page (FOR UPDATE SKIP LOCKED, so two relays never take the same run), each page spread over many
+    messages. A run still `running` long after its message went out lost it (or its worker): published again.
+    """
+    limit = limit or int(settings.WORKFLOW_WAKE_BATCH)
+    total = 0
+    for _ in range(pages):
+        with transaction.atomic(), bound_cursor() as cursor:
+            cursor.execute(_WAKE_SQL, [settings.WORKFLOW_REPUBLISH_AFTER_SECONDS, limit])
+            ids = [row[0] for row in cursor.fetchall()]
+        if not ids:
+            break
+        total += runs_publish(ids)
+        if len(ids) < limit:
+            break
+    if total:
+        logger.info("workflow relay: %d runs published", total)
+    return total
+
+
+# --- advancing -----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    """What deciding one step gave: the step's status and reason, and what it means for the run."""
+
+    status: str
+    reason: str
+    wake_at: datetime | None = None
+    notification_id: uuid.UUID | None = None
+    run_status: str | None = None  # set when the run ends at this step (merged, throttled, failed)
+
+
+@dataclass
+class _Context:
+    """What one advance shares between runs: the clients (one query each) and the database's now()."""
+
+    clients: dict[int, ApiClient]
+    triggers: dict[uuid.UUID, tuple[dict[str, Any], str]]  # notification id -> (payload, locale)
+    now: datetime
+    # Throttle admissions of this message's runs, not yet written (the database count adds them).
+    admitted: Counter[tuple[int, str, int]] = field(default_factory=Counter)
+
+
+def runs_advance(*, run_ids: Sequence[int]) -> dict[str, int]:
+    """Advance each run as far as it can go now (to its next wait or its end); return counts of where they stopped.
+
+    Safe for any ids, any number of times (see the module doc): finished, locked or not-yet-due runs are left.
+    A message's runs are locked with one statement and written back with one statement per table, in one
+    transaction (one commit, not a hundred); each run is decided in a savepoint of its own, so a run that
+    breaks rolls back alone and is recorded failed. A database error retries the whole message.
+    """
+    ids = sorted({int(r) for r in run_ids})
+    counts: Counter[str] = Counter()
+    if not ids:
+        return {}
+    with transaction.atomic():
+        runs = list(
+            WorkflowRun.objects.select_for_update(skip_locked=True, of=("self",))
+            .select_related("version__workflow")
+            .filter(pk__in=ids, status__in=LIVE)
+            .order_by("pk")
+        )
+        if len(runs) < len(ids):
+            counts["skipped"] = len(ids) - len(runs)  # finished, cancelled, or another worker has them now
+        now = _db_now()  # the transaction's: every run of the message is decided at the same instant
+        context = _Context(clients={}, triggers=_triggers({r.notification_id for r in runs}), now=now)
+        steps: list[tuple[Any, ...]] = []
+        moves: list[tuple[Any, ...]] = []
+        early: list[int] = []
+        for run in runs:
+            if run.status == R.WAITING and run.wake_at is not None and run.wake_at > now:
+                early.append(run.pk)
+                counts["not_due"] += 1
+                continue
+            started = (run.pk, run.step_index, run.status)
+            try:
+                with transaction.atomic():
+                    recorded = _advance_run(run, context)
+            except (OperationalError, InterfaceError):
+                raise
+            except Exception as exc:
+                logger.exception("workflow run %s failed", run.pk)
+                run.status, run.wake_at = R.FAILED, None
+                reason = f"internal error: {type(exc).__name__}"
+                definition = run.version.steps
+                index = min(run.step_index, len(definition) - 1)
+                step = definition[index]
+                recorded = [(run.pk, index, step["id"], step["type"], WorkflowStep.Status.FAILED, reason, None)]
+            steps.extend(recorded)
+            moves.append((*started, run.step_index, run.status, run.wake_at, run.published_at, run.digest))
+            counts[str(run.status)] += 1
+        if early:
+            # Woken early: the relay publishes them again when due (not only once their message is stale).
+            WorkflowRun.objects.filter(pk__in=early).update(published_at=None)
+        _write(steps, moves, now)
+    return dict(counts)
+
+
+def _triggers(notification_ids: set[uuid.UUID]) -> dict[uuid.UUID, tuple[dict[str, Any], str]]:
+    """Return (payload, locale) of the triggering notifications (a topic's runs share theirs)."""
+    found: dict[uuid.UUID, tuple[dict[str, Any], str]] = {nid: ({}, "") for nid in notification_ids}
+    for n in Notification.objects.filter(pk__in=list(notification_ids)).only("id", "payload", "locale"):
+        found[n.pk] = (n.payload or {}, n.locale)
+    return found
+
+
+_STEPS_SQL = """
+    INSERT INTO workflows_workflowstep (run_id, index, step_id, type, status, reason, notification_id, at)
+    SELECT (e->>0)::bigint, (e->>1)::int, e->>2, e->>3, e->>4, e->>5, (e->>6)::uuid, %s
+    FROM jsonb_array_elements(%s::jsonb) AS e
+    ON CONFLICT (run_id, index) DO UPDATE SET status = EXCLUDED.status, reason = EXCLUDED.reason,
+        notification_id = COALESCE(EXCLUDED.notification_id, workflows_workflowstep.notification_id), at = EXCLUDED.at
+"""
+# The guard: a run moves only from the step and status its advance started from (held under the row lock,
+# and stated so that no other path can move a run without it).
+_MOVES_SQL = """
+    UPDATE workflows_workflowrun AS r
+    SET step_index = (e->>3)::int, status = e->>4, wake_at = (e->>5)::timestamptz,
+        published_at = (e->>6)::timestamptz, digest = CASE WHEN e->7 = 'null'::jsonb THEN r.digest ELSE e->7 END,
+        updated_at = %s
+    FROM jsonb_array_elements(%s::jsonb) AS e
+    WHERE r.id = (e->>0)::bigint AND r.step_index = (e->>1)::int AND r.status = e->>2
+"""
+
+
+def _write(steps: list[tuple[Any, ...]], moves: list[tuple[Any, ...]], now: datetime) -> None:
+    """Write the steps decided and move the runs: one statement each, however many runs."""
+    with bound_cursor() as cursor:
+        if steps:
+            cursor.execute(_STEPS_SQL, [now, json_rows((*row[:5], row[5][:2000], row[6]) for row in steps)])
+        if moves:
+            cursor.execute(_MOVES_SQL, [now, json_rows(moves)])
+            if cursor.rowcount != len(moves):
+                raise RuntimeError("workflow runs moved under their locks")
+
+
+def _db_now() -> datetime:
+    with bound_cursor() as cursor:
+        cursor.execute("SELECT now()")
+        row = cursor.fetchone()
+    assert row is not None
+    return row[0]
+
+
+def _advance_run(run: WorkflowRun, context: _Context) -> list[tuple[Any, ...]]:
+    """Decide a locked run's steps from its current one to its next wait or its end; return the step rows.
+
+    Moves `run` in memory (step_index, status, wake_at, published_at, digest); the caller writes both.
+    """
+    payload, locale = context.triggers[run.notification_id]
+    steps: list[dict[str, Any]] = run.version.steps
+    recorded: list[tuple[Any, ...]] = []
+    while True:
+        index = run.step_index
+        if index >= len(steps):
+            run.status, run.wake_at = R.DONE, None
+            break
+        step = steps[index]
+        if run.status == R.WAITING:
+            outcome = _resume(run, step, context)
+        else:
+            holds, why = _condition(run, step, payload, recorded)
+            if holds:
+                outcome = _start(run, index, step, payload, locale, context)
+                if why:
+                    outcome.reason = f"{why}; {outcome.reason}"
+            else:
+                outcome = Outcome(WorkflowStep.Status.SKIPPED, why)
+        recorded.append((run.pk, index, step["id"], step["type"], outcome.status, outcome.reason,
+                         outcome.notification_id))  # fmt: skip
+        if outcome.status == WorkflowStep.Status.WAITING:
+            run.status, run.wake_at, run.published_at = R.WAITING, outcome.wake_at, None
+            break
+        run.status, run.wake_at = R.RUNNING, None
+        if outcome.run_status:
+            run.status = outcome.run_status
+            break
+        run.step_index = index + 1
+    return recorded
+
+
+def _condition(
+    run: WorkflowRun, step: dict[str, Any], payload: dict[str, Any], recorded: list[tuple[Any, ...]]
+) -> tuple[bool, str]:
+    """Return whether the step's `if` holds, and the reason naming the condition and the value it saw."""
+    cond = step.get("if")
+    if not cond:
+        return True, ""
+    if "payload" in cond:
+        field = cond["payload"]
+        found, value = definitions.payload_value(payload, field)
+        seen = repr(value) if found else "absent"
+        if "exists" in cond:
+            holds = found == cond["exists"]
+            return holds, f"if payload.{field} exists is {cond['exists']}: {seen} -> {str(holds).lower()}"
+        if "in" in cond:
+            holds = found and value in cond["in"]
+            return holds, f"if payload.{field} in {cond['in']!r}: {seen} -> {str(holds).lower()}"
+        holds = found and value == cond["equals"]
+        return holds, f"if payload.{field} equals {cond['equals']!r}: {seen} -> {str(holds).lower()}"
+    target = cond["step"]
+    # Decided in this advance (not written yet), or earlier.
+    here = [(row[4], row[6]) for row in recorded if row[2] == target]
+    if here:
+        status, notification_id = here[-1]
+    else:
+        row = WorkflowStep.objects.filter(run=run, step_id=target).values_list("status", "notification_id").first()
+        status, notification_id = row if row is not None else ("pending", None)
+    if notification_id is None:
+        reached: set[str] = {status}
+    else:
+        reached = notification_statuses_reached(notification_id=notification_id) or {status}
+    op = "status_in" if "status_in" in cond else "status_not_in"
+    wanted = set(cond[op])
+    holds = bool(reached & wanted) if op == "status_in" else not reached & wanted
+    shown = ", ".join(sorted(reached))
+    return bool(holds), f"if {target} {op} {sorted(wanted)}: reached [{shown}] -> {str(bool(holds)).lower()}"
+
+
+def _start(
+    run: WorkflowRun, index: int, step: dict[str, Any], payload: dict[str, Any], locale: str, context: _Context
+) -> Outcome:
+    kind = step["type"]
+    if kind == "send":
+        return _send(run, step, payload, locale, context)
+    if kind == "delay":
+        return _delay(run, step, payload, context.now)
+    if kind == "digest":
+        return _digest_join(run, step, payload)
+    return _throttle(run, step, context)
+
+
+def _send(run: WorkflowRun, step: dict[str, Any], payload: dict[str, Any], locale: str, context: _Context) -> Outcome:
+    """Send through the accept path of any send (compliance, caps, planning, outbox), in this transaction."""
+    client = context.clients.get(run.client_id)
+    if client is None:
+        client = context.clients[run.client_id] = ApiClient.objects.get(pk=run.client_id)
+    channels = [step["channel"]] if "channel" in step else list(step["channels"])
+    data: dict[str, Any] = {
+        "recipient": {"user_id": run.user_id},
+        "template": step["template"],
+        "channels": channels,
+        "payload": {**payload, "digest": run.digest} if run.digest else payload,
+        "priority": run.priority,
+    }
+    if locale:
+        data["locale"] = locale
+    try:
+        with transaction.atomic():  # a refused send rolls back only itself
+            result = notification_accept(client=client, data=data)
+    except ApiError as exc:
+        return Outcome(WorkflowStep.Status.FAILED, f"send refused: {exc.message}", run_status=R.FAILED)
+    parts = [f"{d.channel} {d.status}" + (f" ({d.reason})" if d.reason else "") for d in result.deliveries]
+    return Outcome(
+        WorkflowStep.Status.DONE,
+        "sent: " + (", ".join(parts) or "no deliveries"),
+        notification_id=result.notification.pk,
+    )
+
+
+def _parse_instant(value: Any) -> datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+
+
+def _delay(run: WorkflowRun, step: dict[str, Any], payload: dict[str, Any], now: datetime) -> Outcome:
+    if "seconds" in step:
+        until = now + timedelta(seconds=step["seconds"])
+        why = f"delay {step['seconds']}s"
+    elif "until" in step:
+        found, value = definitions.payload_value(payload, step["until"])
+        parsed = _parse_instant(value) if found else None
+        if parsed is None:
+            return Outcome(WorkflowStep.Status.DONE, f"delay until payload.{step['until']}: no time there ({value!r})")
+        until, why = parsed, f"delay until payload.{step['until']}"
+    else:
+        zone_name = Recipient.objects.filter(pk=run.recipient_id).values_list("timezone", flat=True).first() or ""
+        at = definitions.parse_local_time(step["until_local"])
+        local_now = now.astimezone(localtime.zone(zone_name))
+        until = localtime.local_instant(datetime.combine(local_now.date(), at), zone_name)
+        if until <= now:
+            until = localtime.local_instant(datetime.combine(local_now.date() + timedelta(days=1), at), zone_name)
+        why = f"delay until {step['until_local']} in {zone_name or localtime.DEFAULT_ZONE}"
+    if until <= now:
+        return Outcome(WorkflowStep.Status.DONE, f"{why}: {until.isoformat()} already passed")
+    return Outcome(WorkflowStep.Status.WAITING, f"{why}: waiting until {until.isoformat()}", wake_at=until)
+
+
+_DIGEST_JOIN_SQL = """
+    INSERT INTO workflows_workflowdigest
+        (workflow_id, step_id, recipient_id, key, leader_id, events, count, closes_at, closed, created_at)
+    VALUES (%s, %s, %s, %s, %s, jsonb_build_array(%s::jsonb), 1, now() + make_interval(secs => %s), false, now())
+    ON CONFLICT (workflow_id, step_id, recipient_id, key) WHERE NOT closed
+    DO UPDATE SET events = workflows_workflowdigest.events || EXCLUDED.events,
+                  count = workflows_workflowdigest.count + 1
+        WHERE workflows_workflowdigest.closes_at > now()
+    RETURNING leader_id, count, closes_at
+"""
+
+
+def _digest_join(run: WorkflowRun, step: dict[str, Any], payload: dict[str, Any]) -> Outcome:
+    """Lead a new digest group or join the open one: the unique index decides between racing runs.
+
+    The window is the database's: it closes at the leader's now() + window_seconds, and a group whose window
+    passed takes no more runs (the WHERE of DO UPDATE), even while its leader has not woken yet.
+    """
+    key = definitions.digest_key(step.get("key", ""), payload)
+    args = [run.version.workflow_id, step["id"], run.recipient_id, key, run.pk, json.dumps(payload),
+            step["window_seconds"]]  # fmt: skip
+    with bound_cursor() as cursor:
+        cursor.execute(_DIGEST_JOIN_SQL, args)
+        row = cursor.fetchone()
+        if row is None:
+            # The open group's window closed: close it for good (its leader still reads it) and open a new one.
+            cursor.execute(
+                "UPDATE workflows_workflowdigest SET closed = true WHERE workflow_id = %s AND step_id = %s"
+                " AND recipient_id = %s AND key = %s AND NOT closed AND closes_at <= now()",
+                args[:4],
+            )
+            cursor.execute(_DIGEST_JOIN_SQL, args)
+            row = cursor.fetchone()
+    assert row is not None
+    leader_id, count, closes_at = row
+    if leader_id == run.pk:
+        return Outcome(
+            WorkflowStep.Status.WAITING,
+            f"digest '{key}': leads it, collecting until {closes_at.isoformat()}",
+            wake_at=closes_at,
+        )
+    return Outcome(
+        WorkflowStep.Status.MERGED,
+        f"digest '{key}': joined the digest of run {leader_id} (event {count})",
+        run_status=R.MERGED,
+    )
+
+
+def _digest_close(run: WorkflowRun, step: dict[str, Any]) -> Outcome:
+    with bound_cursor() as cursor:
+        cursor.execute(
+            "UPDATE workflows_workflowdigest SET closed = true WHERE leader_id = %s AND step_id = %s"
+            " AND closes_at <= now() RETURNING key, count, events",
+            [run.pk, step["id"]],
+        )
+        row = cursor.fetchone()
+        if row is None:
+            cursor.execute(
+                "SELECT closes_at FROM workflows_workflowdigest WHERE leader_id = %s AND step_id = %s",
+                [run.pk, step["id"]],
+            )
+            found = cursor.fetchone()
+            if found is not None:  # woken early (another clock): wait for the database's
+                return Outcome(
+                    WorkflowStep.Status.WAITING, f"digest: collecting until {found[0].isoformat()}", wake_at=found[0]
+                )
+            return Outcome(WorkflowStep.Status.DONE, "digest: no group found; continuing alone")
+    key, count, events = row
+    events = json.loads(events) if isinstance(events, str) else events
+    run.digest = {"key": key, "count": count, "events": events}
+    return Outcome(WorkflowStep.Status.DONE, f"digest '{key}': window closed with {count} events")
+
+
+def _throttle(run: WorkflowRun, step: dict[str, Any], context: _Context) -> Outcome:
+    cap = frequency.Cap(max=step["max"], per_seconds=step["per_seconds"])
+    scope = f"wf:{run.version.workflow.key}:{step['id']}"
+    now = context.now
+    mine = (run.version.workflow_id, step["id"], run.recipient_id)
+
+    def count_in_db() -> int:
+        return context.admitted[mine] + (
+            WorkflowStep.objects.filter(
+                run__version__workflow_id=run.version.workflow_id, run__recipient_id=run.recipient_id,
+                step_id=step["id"], type="throttle", status=WorkflowStep.Status.DONE,
+                at__gt=now - timedelta(seconds=cap.per_seconds),
+            )
+            .exclude(run_id=run.pk)
+            .count()
+        )  # fmt: skip
+
+    admitted, count = frequency.admit_one(
+        scope=scope, cap=cap, recipient_id=run.recipient_id, member=str(run.pk), count_in_db=count_in_db
+    )
+    window = f"{cap.max} per {cap.per_seconds}s"
+    if admitted:
+        context.admitted[mine] += 1
+        return Outcome(WorkflowStep.Status.DONE, f"throttle: run {count} of at most {window}")
+    return Outcome(
+        WorkflowStep.Status.THROTTLED, f"throttle: {count} runs already, at most {window}", run_status=R.THROTTLED
+    )
+
+
+def _resume(run: WorkflowRun, step: dict[str, Any], context: _Context) -> Outcome:
+    """Finish the step a run waited on (its wake_at has come, by the database's clock)."""
+    if step["type"] == "digest":
+        return _digest_close(run, step)
+    waited = run.wake_at.isoformat() if run.wake_at else "now"
+    return Outcome(WorkflowStep.Status.DONE, f"{step['type']} {_wait_words(step)}: woke at {waited}")
+
+
+def _wait_words(step: dict[str, Any]) -> str:
+    if "seconds" in step:
+        return f"{step['seconds']}s"
+    if "until" in step:
+        return f"until payload.{step['until']}"
+    return f"until {step.get('until_local', '')}"
+
+
+# --- cancelling ----------------------------------------------------------------------------------------------
+
+
+def runs_cancel(*, notification: Notification) -> int:
+    """Stop the runs of a triggering notification: live runs end `cancelled`, their waiting step too.
+
+    What their send steps already created and is not yet sent is cancelled as any notification's. Waits on a
+    run being advanced right now (its row lock), so the advance either finished first or finds it cancelled.
+    """
+    now = timezone.now()
+    with transaction.atomic():
+        ids = list(
+            WorkflowRun.objects.select_for_update(of=("self",))
+            .filter(notification_id=notification.pk, status__in=LIVE)
+            .values_list("pk", flat=True)
+        )
+        if ids:
+            WorkflowRun.objects.filter(pk__in=ids).update(status=R.CANCELLED, wake_at=None, updated_at=now)
+            WorkflowStep.objects.filter(run_id__in=ids, status=WorkflowStep.Status.WAITING).update(
+                status=WorkflowStep.Status.CANCELLED, reason="cancelled by client", at=now
+            )
+        sent = WorkflowStep.objects.filter(
+            run__notification_id=notification.pk, notification_id__isnull=False
+        ).values_list("notification_id", flat=True)
+        for child in Notification.objects.filter(pk__in=list(sent)):
+            notification_cancel(notification=child)
+        notification_cancel(notification=notification)
+    return len(ids)
