@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import uuid
+from collections import Counter
 
-from notifier.models import ApiClient, Delivery
-from notifier.outbox import publish
+from notifier.clients.models import ApiClient
+from notifier.deliveries.models import Delivery
+from notifier.deliveries.outbox import publish
 from preferences.models import Recipient
 from templates_app.models import TemplateVersion
 from templates_app.services import template_put
@@ -59,3 +61,16 @@ def make_batch(
 def publish_as_one(ids: list[int], queue: str = "webhook.high") -> None:
     """Publish `ids` as one broker message (one batch for one worker process)."""
     assert publish({queue: ids}, batch_size=len(ids)) == ids
+
+
+def statuses(ids: list[int]) -> Counter[str]:
+    """Count the statuses of the given deliveries."""
+    return Counter(Delivery.objects.filter(pk__in=ids).values_list("status", flat=True))
+
+
+def poison_client() -> ApiClient:
+    """Create an API client whose malformed webhook secret makes the webhook adapter raise (poison deliveries)."""
+    tag = uuid.uuid4().hex[:8]
+    return make_api_client(
+        name=f"bad-{tag}", key_prefix=tag, key_hash=uuid.uuid4().hex * 2, webhook_secret="whsec_not*base64!"
+    )

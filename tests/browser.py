@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 from selenium import webdriver
-from selenium.common.exceptions import StaleElementReferenceException
+from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -102,8 +102,25 @@ def submit(driver: WebDriver, button: WebElement, *, confirm: bool = False) -> N
     button.click()
     if confirm:
         wait(driver).until(ec.alert_is_present()).accept()
-    wait(driver).until(ec.staleness_of(old))
+    wait(driver).until(lambda _: _left(old))
     wait(driver).until(lambda d: d.execute_script("return document.readyState") == "complete")
+
+
+def _left(element: WebElement) -> bool:
+    """Tell whether an element's document is gone.
+
+    Chromium answers a question about a node of a document being replaced either "stale" or, in the middle of
+    the swap, an inspector error that the node "does not belong to the document": both mean the page was left.
+    """
+    try:
+        element.is_enabled()
+    except StaleElementReferenceException:
+        return True
+    except WebDriverException as error:
+        if "does not belong to the document" in str(error.msg):
+            return True
+        raise
+    return False
 
 
 def screenshot(driver: WebDriver, name: str) -> Path:

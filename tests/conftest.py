@@ -6,11 +6,14 @@ key prefix, with `<ns>` from NOTIFIER_TEST_NS (default "main"), so several runs 
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -29,18 +32,23 @@ pytest_plugins = ["tests.stubs.fixtures", "tests.browser"]
 ROOT = Path(__file__).resolve().parent.parent
 NS = settings.TEST_NAMESPACE
 VHOST = f"notifier_test_{NS}"
-BROKER_URL = f"amqp://guest:guest@127.0.0.1:5672/{VHOST}"
+# The machine's RabbitMQ unless a run names another node it started itself (host:port and its node name).
+AMQP_ADDRESS = os.environ.get("NOTIFIER_TEST_AMQP", "127.0.0.1:5672")
+RABBITMQ_NODE = os.environ.get("NOTIFIER_TEST_RABBITMQ_NODE", "")
+BROKER_URL = f"amqp://guest:guest@{AMQP_ADDRESS}/{VHOST}"
 REDIS_PREFIX = f"notifier-test:{NS}:"
+
+
+def rabbitmqctl(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[bytes]:
+    """Run rabbitmqctl against the test broker's node."""
+    node = ["-n", RABBITMQ_NODE] if RABBITMQ_NODE else []
+    return subprocess.run(["rabbitmqctl", *node, "-q", *args], capture_output=True, check=check, timeout=timeout)
 
 
 def _ensure_vhost() -> None:
     """Create this namespace's RabbitMQ vhost (idempotent) with full rights for guest."""
-    subprocess.run(["rabbitmqctl", "-q", "add_vhost", VHOST], capture_output=True, check=False)
-    subprocess.run(
-        ["rabbitmqctl", "-q", "set_permissions", "-p", VHOST, "guest", ".*", ".*", ".*"],
-        capture_output=True,
-        check=True,
-    )
+    rabbitmqctl("add_vhost", VHOST, check=False)
+    rabbitmqctl("set_permissions", "-p", VHOST, "guest", ".*", ".*", ".*")
 
 
 _ensure_vhost()
@@ -181,12 +189,42 @@ def start_worker(start_process: Callable[..., ServerProcess]) -> Callable[..., S
             "--without-gossip", "--without-mingle", "--without-heartbeat",
             "-n", f"test-{NS}-{time.monotonic_ns()}@%h",
         ]  # fmt: skip
-        worker = start_process("worker", args, {"OUTBOX_RELAY_INTERVAL_SECONDS": "3600", **(env or {})})
+        # Celery's per-task lines are off by default (config/ops_settings.py); tests wait for "succeeded" lines.
+        env = {"OUTBOX_RELAY_INTERVAL_SECONDS": "3600", "CELERY_TASK_LOGS": "true", **(env or {})}
+        worker = start_process("worker", args, env)
         if wait:
             worker.wait_ready()
         return worker
 
     return _start
+
+
+def free_port() -> int:
+    """Return a loopback TCP port nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def two_api_processes(start_process: Callable[..., Any]) -> list[str]:
+    """Two real gunicorn processes (one worker each) on loopback ports, on the test database and Redis prefix."""
+    urls = []
+    for _ in range(2):
+        port = free_port()
+        args = ["gunicorn", "config.wsgi:application", "-b", f"127.0.0.1:{port}", "-w", "1"]
+        start_process("api", args, {"LOG_LEVEL": "WARNING"})
+        urls.append(f"http://127.0.0.1:{port}")
+
+    def up(url: str) -> bool:
+        try:
+            return bool(urllib.request.urlopen(f"{url}/healthz", timeout=1).status == 200)
+        except OSError:
+            return False
+
+    for url in urls:
+        wait_for(functools.partial(up, url), timeout=60)
+    return urls
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 30, interval: float = 0.2) -> Any:
@@ -213,7 +251,7 @@ def bearer_client(raw_key: str) -> Any:
 def api_client_factory(db: None) -> Callable[..., tuple[Any, Any]]:
     """Return a factory of (ApiClient, authenticated DRF test client) pairs (every scope unless told)."""
     from core.scopes import SCOPES
-    from notifier.services import api_client_create
+    from notifier.clients.services import api_client_create
 
     counter = {"n": 0}
 

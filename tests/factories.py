@@ -17,19 +17,13 @@ from django.db import connection
 from django.utils import timezone
 
 from channels_app.models import SandboxMessage
-from notifier import partitions
-from notifier.auth import generate_key, hash_key
-from notifier.models import (
-    ApiClient,
-    DeadLetter,
-    Delivery,
-    DeliveryEvent,
-    EventAttempt,
-    EventEndpoint,
-    FanoutLane,
-    Notification,
-    StatusEvent,
-)
+from notifier.clients.auth import generate_key, hash_key
+from notifier.clients.models import ApiClient
+from notifier.deadletters.models import DeadLetter
+from notifier.deliveries import partitions
+from notifier.deliveries.models import Delivery, DeliveryEvent, Notification
+from notifier.dispatch.models import FanoutLane
+from notifier.statusevents.models import EventAttempt, EventEndpoint, StatusEvent
 from preferences.models import Device, Recipient, Subscription, Suppression, Topic
 
 
@@ -114,7 +108,7 @@ def make_delivery(
 def move_to_day(delivery: Delivery, when: datetime) -> Delivery:
     """Move a delivery, its notification and its events to `when`, ids included, and return it reloaded.
 
-    Rows live in the partition of the day their id carries (notifier/partitions.py), so backdating a row
+    Rows live in the partition of the day their id carries (notifier/deliveries/partitions.py), so backdating a row
     means giving it that day's ids, not only a new created_at; the day's partitions are made if missing.
     """
     for table in (partitions.NOTIFICATION, partitions.DELIVERY, partitions.EVENT):

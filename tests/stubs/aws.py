@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import http.client
 import json
+import uuid
 from collections.abc import Callable
+from typing import Any
 from xml.sax.saxutils import escape
 
+import boto3
 import requests
 from moto.server import ThreadedMotoServer
 
@@ -131,3 +134,23 @@ class AwsFaultProxy(StubHTTPServer):
     def sns_publishes(self) -> list[dict[str, str]]:
         """Return the forms of the SNS Publish calls received."""
         return [r.form() for r in self.requests if self.match_sns_publish()(r)]
+
+
+def archive_bucket(server: MotoServer, settings: Any, *, prefix: str) -> Any:
+    """Create a fresh bucket on moto's S3, configure it as the archive's, and return a boto3 client of it."""
+    name = f"{prefix}-{uuid.uuid4().hex[:12]}"
+    settings.ARCHIVE_BUCKET = name
+    settings.ARCHIVE_PREFIX = "notifier"
+    settings.ARCHIVE_S3_ENDPOINT_URL = server.url
+    settings.ARCHIVE_S3_REGION = REGION
+    settings.ARCHIVE_AWS_ACCESS_KEY_ID = ACCESS_KEY
+    settings.ARCHIVE_AWS_SECRET_ACCESS_KEY = SECRET_KEY
+    client = boto3.client(
+        "s3",
+        endpoint_url=server.url,
+        region_name=REGION,
+        aws_access_key_id=ACCESS_KEY,
+        aws_secret_access_key=SECRET_KEY,
+    )
+    client.create_bucket(Bucket=name)
+    return client

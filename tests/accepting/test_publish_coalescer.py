@@ -1,0 +1,78 @@
+"""The API's background publisher: no confirm in the request thread, concurrent requests share a message."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from channels_app.services import heartbeat
+from config.celery import app as celery_app
+from notifier.deliveries.models import Delivery
+from notifier.deliveries.outbox import coalescer
+from tests.conftest import purge_all_queues, queue_depth
+from tests.factories import make_delivery
+
+
+def _drain(queue: str) -> list[list[int]]:
+    """Take every message off `queue`; return the delivery ids each carried."""
+    batches = []
+    with celery_app.connection_for_write() as conn:
+        simple = conn.SimpleQueue(celery_app.amqp.queues[queue])  # type: ignore[arg-type]  # kombu takes a Queue too
+        while True:
+            try:
+                message = simple.get(block=True, timeout=1)
+            except Exception:
+                break
+            args: Any = message.payload[0]  # Celery's message body: [args, kwargs, embed]
+            batches.append([int(i) for i in args[0]])
+            message.ack()
+        simple.close()
+    return batches
+
+
+@pytest.mark.django_db(transaction=True)
+def test_many_quick_accepts_leave_in_few_messages_and_are_marked_published() -> None:
+    purge_all_queues()
+    rows = [make_delivery(channel="sms", status="queued", address=f"+1415555{i:04d}") for i in range(60)]
+    for d in rows:
+        coalescer.submit([(d.pk, "sms", "high")])  # as 60 requests' after-commit hooks would
+    assert coalescer.wait_idle(20)
+
+    assert Delivery.objects.filter(pk__in=[d.pk for d in rows], published_at__isnull=True).count() == 0
+    batches = _drain("sms.high")
+    print(f"\n60 submits left in {len(batches)} messages: {[len(b) for b in batches]}")
+    assert sorted(i for b in batches for i in b) == sorted(d.pk for d in rows)
+    assert len(batches) < 60  # those that arrived while a publish was in flight left together
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_lone_accept_is_published_without_waiting_for_company() -> None:
+    purge_all_queues()
+    d = make_delivery(channel="sms", status="queued", address="+14155550000")
+    coalescer.submit([(d.pk, "sms", "high")])
+    assert coalescer.wait_idle(10)
+    d.refresh_from_db()
+    assert d.published_at is not None
+    assert queue_depth("sms.high") == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_heartbeat_renews_the_lease_of_what_this_process_is_still_sending() -> None:
+    old = timezone.now() - timedelta(seconds=100)
+    mine = make_delivery(channel="sms", status="sending", address="+14155550001", claimed_at=old)
+    done = make_delivery(channel="sms", status="sent", address="+14155550002", claimed_at=old)
+    other = make_delivery(channel="sms", status="sending", address="+14155550003", claimed_at=old)
+    heartbeat.hold([mine.pk, done.pk])
+    try:
+        renewed = heartbeat.beat()
+    finally:
+        heartbeat.release([mine.pk, done.pk])
+    assert renewed == 1
+    for d in (mine, done, other):
+        d.refresh_from_db()
+    assert mine.claimed_at is not None and mine.claimed_at > old + timedelta(seconds=90)
+    assert done.claimed_at == old and other.claimed_at == old  # not ours, or no longer sending
+    assert heartbeat.owned() == []

@@ -1,0 +1,178 @@
+"""Singles travel as batches on the worker: a send task takes the messages waiting on its queue into its batch.
+
+Real RabbitMQ (this namespace's vhost), PostgreSQL and workers; a webhook receiver stands in for the provider
+(the `webhook-id` header names the delivery, so a second send of one delivery would show).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterator
+from functools import partial
+from typing import Any
+
+import pytest
+from django.conf import settings
+
+from channels_app import gather as gather_module
+from channels_app.gather import Gathered, gather
+from config.celery import app as celery_app
+from notifier.deadletters.models import DeadLetter
+from notifier.deliveries.models import Delivery, DeliveryEvent
+from notifier.deliveries.outbox import publish
+from tests.batches import make_batch, poison_client, statuses, webhook_template
+from tests.conftest import purge_all_queues, queue_depth, wait_for
+from tests.stubs.tcp_relay import TcpRelay
+from tests.stubs.webhook import TimedReceiver
+
+QUEUE = "webhook.high"
+
+
+def _singles(n: int, address: str = "http://127.0.0.1:9/hooks") -> list[int]:
+    """Write `n` single notifications (one delivery each, each its own notification); return the delivery ids."""
+    return [make_batch(n=1, address=address)[0] for _ in range(n)]
+
+
+def _publish_each(ids: list[int]) -> None:
+    """Publish every id as its own broker message, as singles travel."""
+    for delivery_id in ids:
+        # A publish that failed (a pooled connection a broker restart of an earlier test broke) is tried again.
+        wait_for(partial(_published, [delivery_id]), timeout=10)
+
+
+def _published(ids: list[int]) -> bool:
+    return publish({QUEUE: ids}) == ids
+
+
+def _claims(ids: list[int]) -> dict[int, Any]:
+    """Return each delivery's claim time: one claim statement stamps every row it takes with the same now()."""
+    return dict(DeliveryEvent.objects.filter(delivery_id__in=ids, status="sending").values_list("delivery_id", "at"))
+
+
+@pytest.fixture
+def empty_queues() -> Iterator[None]:
+    purge_all_queues()
+    yield
+    purge_all_queues()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_gather_takes_the_waiting_messages_and_settles_them(empty_queues: None) -> None:
+    """Taken messages are not ready for anyone else; put back they are, acknowledged they are gone."""
+    webhook_template()
+    own, *waiting = _singles(4)
+    _publish_each(waiting)
+    wait_for(lambda: queue_depth(QUEUE) == 3)
+
+    batch = gather(QUEUE, [own])
+    assert batch.ids == [own, *waiting]
+    assert len(batch.messages) == 3
+    assert queue_depth(QUEUE) == 0  # unacknowledged on the gatherer's channel
+    batch.requeue()
+    wait_for(lambda: queue_depth(QUEUE) == 3)
+
+    again = gather(QUEUE, [own])
+    assert sorted(again.ids) == sorted([own, *waiting])
+    again.ack()
+    assert again.messages == []
+    # Acknowledged: a new connection (as after a worker restart) gets nothing back.
+    broker = gather_module._broker_for(QUEUE)
+    with broker.lock:
+        broker.drop()
+    assert gather(QUEUE, [own]).ids == [own]
+    assert queue_depth(QUEUE) == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_lone_single_gathers_nothing_and_the_limit_holds(empty_queues: None) -> None:
+    webhook_template()
+    lone = gather(QUEUE, [7])
+    assert lone.ids == [7] and lone.messages == []
+
+    own, *waiting = _singles(9)
+    _publish_each(waiting)
+    wait_for(lambda: queue_depth(QUEUE) == 8)
+    settings.SEND_GATHER_MAX = 5
+    try:
+        batch = gather(QUEUE, [own])
+    finally:
+        settings.SEND_GATHER_MAX = 0
+    assert len(batch.ids) == 5 and len(batch.messages) == 4
+    assert queue_depth(QUEUE) == 4
+    batch.requeue()
+    # A batch already at the limit takes nothing.
+    assert gather(QUEUE, list(range(1, 100))).messages == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_message_that_is_not_a_send_batch_is_left_to_the_consumer(empty_queues: None) -> None:
+    celery_app.send_task("notifier.tasks.outbox_relay", queue=QUEUE)
+    wait_for(lambda: queue_depth(QUEUE) == 1)
+    batch = gather(QUEUE, [1])
+    assert batch == Gathered(ids=[1])
+    wait_for(lambda: queue_depth(QUEUE) == 1)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_singles_claimed_together_with_one_poisoned_it_fails_alone(
+    start_worker: Any, receiver: TimedReceiver, webhook_env: dict[str, str]
+) -> None:
+    """A burst of singles, one of them poisoned (its client's webhook secret makes the adapter raise).
+
+    They wait on the queue before the worker starts, so the first task finds them there: it claims them with its
+    own in one statement, sends them as one batch and fails only the poisoned one; every other is sent once.
+    """
+    webhook_template()
+    address = f"{receiver.url}/hooks"
+    good = _singles(15, address=address)
+    [poison] = make_batch(n=1, address=address, client=poison_client())
+    # Behind the first few (which a worker's prefetch takes), so the poisoned one travels in a gathered batch.
+    singles = [*good[:8], poison, *good[8:]]
+    _publish_each(singles)
+    wait_for(lambda: queue_depth(QUEUE) == len(singles))
+
+    env = {**webhook_env, "WEBHOOK_PROVIDERS": "webhook", "SEND_GATHER_MAX": "16"}
+    start_worker(queues=[QUEUE], env=env, concurrency=1, pool="threads")
+    wait_for(lambda: statuses(good)["sent"] == 15 and statuses([poison])["failed"] == 1, timeout=60)
+
+    poisoned = Delivery.objects.get(pk=poison)
+    assert poisoned.reason.startswith("error:") and poisoned.attempts == 1
+    assert DeadLetter.objects.get(delivery_id=poison).reason == "poison"
+    assert poison not in {h.delivery_id for h in receiver.snapshot()}
+    claims = _claims(singles)
+    # Fewer claims than singles: they travelled in batches, not one by one.
+    assert len(set(claims.values())) < len(singles) / 2, Counter(claims.values())
+    # The poisoned one was claimed together with good ones, and they were sent all the same.
+    together = [i for i in good if claims[i] == claims[poison]]
+    assert together, "the poisoned single was claimed alone"
+    assert statuses(together)["sent"] == len(together)
+    # Each sent exactly once; nothing dead-lettered, nothing left on the queue.
+    assert receiver.ok_per_delivery() == {i: 1 for i in good}
+    assert not DeadLetter.objects.filter(delivery_id__in=good).exists()
+    assert queue_depth(QUEUE) == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_gathered_batch_that_cannot_reach_the_database_retries_every_id(
+    start_worker: Any, receiver: TimedReceiver, webhook_env: dict[str, str]
+) -> None:
+    """The worker's database is cut while singles wait; once it is back every single is sent, once."""
+    db = settings.DATABASES["default"]
+    webhook_template()
+    singles = _singles(12, address=f"{receiver.url}/hooks")
+    _publish_each(singles)
+    tcp = TcpRelay(db["HOST"] or "127.0.0.1", int(db["PORT"] or 5432)).start()
+    try:
+        url = f"postgres://{db['USER']}@127.0.0.1:{tcp.port}/{db['TEST']['NAME']}"
+        env = {**webhook_env, "WEBHOOK_PROVIDERS": "webhook", "SEND_GATHER_MAX": "16", "DATABASE_URL": url}
+        tcp.cut()
+        worker = start_worker(queues=[QUEUE], env=env, concurrency=1, pool="threads")
+        wait_for(lambda: re.search(r"send_deliveries\[[0-9a-f-]+\] retry: Retry in", worker.log()), timeout=60)
+        assert statuses(singles) == {"queued": 12}
+        tcp.restore()
+        wait_for(lambda: statuses(singles) == {"sent": 12}, timeout=90, interval=0.5)
+    finally:
+        tcp.stop()
+    assert receiver.ok_per_delivery() == {i: 1 for i in singles}
+    assert not DeadLetter.objects.filter(delivery_id__in=singles).exists()

@@ -1,0 +1,108 @@
+"""The accept's per-process caches (notifier/lookup_cache.py): hit without a query, invalidated by any change.
+
+Other processes are stood for by the Redis generation: what another process's save does is bump it, which is
+done here directly after changing rows behind the signals' back.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from core import config_cache
+from core.redis_guard import get_redis, rkey
+from notifier.clients import lookup_cache
+from notifier.clients.auth import hash_key
+from notifier.clients.models import ApiClient
+from notifier.clients.services import api_client_rotate_key
+from notifier.deliveries.models import Notification
+from templates_app.selectors import template_version_cached
+from templates_app.services import template_put
+
+CONTENT = {"en": {"email": {"subject": "Hi {{ name }}", "text": "Hello {{ name }}"}}}
+
+
+def body() -> dict[str, Any]:
+    return {"recipient": {"user_id": "u-1"}, "template": "welcome", "payload": {"name": "Ada"}}
+
+
+def _queries(fn: Any) -> int:
+    with CaptureQueriesContext(connection) as captured:
+        fn()
+    return len(captured)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_cached_client_is_read_without_a_query_until_another_process_changes_any_client(
+    api_client_factory: Any,
+) -> None:
+    client, _ = api_client_factory()
+    raw_key = api_client_rotate_key(client=client)
+    key_hash = hash_key(raw_key)
+    assert lookup_cache.api_client(key_hash).pk == client.pk
+    assert _queries(lambda: lookup_cache.api_client(key_hash)) == 0
+    # Revoked by another process: the row changes without this process's signals, the generation moves.
+    ApiClient.objects.filter(pk=client.pk).update(is_active=False)
+    get_redis().incr(rkey("config", "generation"))
+    assert lookup_cache.api_client(key_hash) is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_one_request_reads_the_generation_once_and_the_next_request_sees_a_change(api_client_factory: Any) -> None:
+    """Inside one_generation() (one request) the lookups share the first generation read; the next one re-reads."""
+    client, _ = api_client_factory()
+    key_hash = hash_key(api_client_rotate_key(client=client))
+    assert lookup_cache.api_client(key_hash) is not None
+    with config_cache.one_generation():
+        assert lookup_cache.api_client(key_hash) is not None
+        ApiClient.objects.filter(pk=client.pk).update(is_active=False)
+        get_redis().incr(rkey("config", "generation"))
+        # Still the generation this request started with: its lookups agree with each other.
+        assert _queries(lambda: lookup_cache.api_client(key_hash)) == 0
+    with config_cache.one_generation():
+        assert lookup_cache.api_client(key_hash) is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_revoked_key_is_refused_at_the_next_request(api_client_factory: Any) -> None:
+    template_put(key="welcome", category="transactional", default_locale="en", content=CONTENT)
+    client, http = api_client_factory()
+    assert http.post("/api/v1/notifications", body(), format="json").status_code == 202
+    client.is_active = False
+    client.save(update_fields=["is_active"])
+    assert http.post("/api/v1/notifications", body(), format="json").status_code == 401
+
+
+@pytest.mark.django_db(transaction=True)
+def test_each_client_gets_its_own_copy(api_client_factory: Any) -> None:
+    client, _ = api_client_factory()
+    raw_key = api_client_rotate_key(client=client)
+    first = lookup_cache.api_client(hash_key(raw_key))
+    first.rate_limit = "1/s"
+    assert lookup_cache.api_client(hash_key(raw_key)).rate_limit == ""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_published_template_version_is_used_by_the_next_accept(api: Any) -> None:
+    template_put(key="welcome", category="transactional", default_locale="en", content=CONTENT)
+    first = api.post("/api/v1/notifications", body(), format="json")
+    assert first.status_code == 202
+    again = api.post("/api/v1/notifications", body(), format="json")
+    assert again.status_code == 202
+    changed = {"en": {"email": {"subject": "Hello {{ name }}", "text": "Hi there {{ name }}"}}}
+    template_put(key="welcome", category="transactional", default_locale="en", content=changed)
+    third = api.post("/api/v1/notifications", body(), format="json")
+    assert third.status_code == 202
+    versions = [Notification.objects.get(pk=r.json()["id"]).template_version for r in (first, again, third)]
+    assert versions == [1, 1, 2]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_template_resolution_is_cached(api: Any) -> None:
+
+    template_put(key="welcome", category="transactional", default_locale="en", content=CONTENT)
+    assert template_version_cached("welcome").version == 1
+    assert _queries(lambda: template_version_cached("welcome")) == 0

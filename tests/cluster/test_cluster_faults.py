@@ -1,0 +1,560 @@
+"""Faults of replicated engines under load: a RabbitMQ node killed, a broker node hung (partitioned), the
+PostgreSQL primary lost and its standby promoted, the Redis master killed and a replica promoted by Sentinel.
+
+The whole stack runs against real clusters on loopback (tests/cluster/servers.py), configured as a deployment
+is: the broker failover list in CELERY_BROKER_URL, a multi-host DATABASE_URL with target_session_attrs, Redis
+through REDIS_SENTINELS. The API is gunicorn, the workers and beat real Celery processes, the provider the
+webhook stand-in receiver (which records every call and the delivery it carried). Under each fault a topic
+fan-out, a stream of transactional singles and a stream of security OTPs go through the API at once.
+
+After each fault: every accepted delivery is `sent`, reached the receiver, the last of them within 60 s of the
+dependency's return; a delivery reached the receiver twice only if it was `sending` when the fault struck (the
+calls in flight); the API answered throughout (no error at all while the database stays up; while it has no
+primary only quick 503s); `/readyz` named the dependency as down or degraded while it was. The figures of each
+fault (accepted, delivered, sent twice, API errors, longest gap, OTP p99) are printed (docs/cluster.md).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+
+from tests.cluster.servers import PgPair, RabbitCluster, RabbitNode, RedisSentinelSet, missing_requirements
+from tests.conftest import NS, ROOT, ServerProcess
+from tests.redis_server import free_port
+from tests.stubs.config import WEBHOOK_SECRET
+from tests.stubs.webhook import TimedReceiver
+
+pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.slow]
+
+FANOUT = 1500  # subscribers of the topic sent to under every fault
+SINGLES_PER_SECOND = 8
+OTPS_PER_SECOND = 2
+DELIVERY_BOUND = 60.0  # seconds after the dependency's return by which every accepted delivery is sent
+
+
+@dataclass
+class Stack:
+    """The clusters, the stand-in receiver and the service's processes on them."""
+
+    rabbit: RabbitCluster
+    pg: PgPair
+    redis: RedisSentinelSet
+    receiver: TimedReceiver
+    api: str
+    key: str
+    processes: list[ServerProcess]
+
+    def sql(self, query: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
+        """Run a query on the service's database, wherever its primary is now (as the service finds it)."""
+        ports = f"{self.pg.primary.port},{self.pg.standby.port}"
+        dsn = f"host=127.0.0.1,127.0.0.1 port={ports} user=postgres dbname={self.pg.dbname} connect_timeout=3"
+        with psycopg.connect(dsn + " target_session_attrs=read-write", autocommit=True) as conn:
+            return conn.execute(query, params or []).fetchall()
+
+
+def _service_env(rabbit: RabbitCluster, pg: PgPair, rs: RedisSentinelSet) -> dict[str, str]:
+    return {
+        "CELERY_BROKER_URL": rabbit.urls,
+        "DATABASE_URL": pg.url(),
+        # Only its database number counts once REDIS_SENTINELS is set: the master comes from the Sentinels.
+        "REDIS_URL": "redis://127.0.0.1:6379/0",
+        "REDIS_SENTINELS": rs.sentinel_list,
+        "REDIS_SENTINEL_MASTER": rs.MASTER_NAME,
+        "REDIS_KEY_PREFIX": f"notifier-cluster:{NS}:",
+        "WEBHOOK_SIGNING_SECRET": WEBHOOK_SECRET,
+        "WEBHOOK_ALLOW_PRIVATE_TARGETS": "true",
+        "WEBHOOK_PROVIDERS": "webhook",
+        "PROVIDER_RATE_LIMITS": "{}",
+        # The receiver never fails: no breaker opens because a dependency of ours went away.
+        "PROVIDER_CIRCUIT_BREAKERS": json.dumps({"webhook": {"min_calls": 100_000}}),
+        "API_CLIENT_RATE_LIMIT": "10000/s",
+        "RETRY_BACKOFF_BASE_SECONDS": "1",
+        "RETRY_BACKOFF_MAX_SECONDS": "8",
+        "OUTBOX_RELAY_INTERVAL_SECONDS": "5",
+        # A claim whose commit the crash of the primary made ambiguous (committed on the standby, the error seen
+        # by the worker), or that was cut off between the claim and the first provider call, stays `sending`
+        # until its lease runs out; then the relay publishes it again. 30 s (not 300) keeps that within the
+        # 60 s bound; the lease is renewed every 10 s while a batch runs (docs/cluster.md).
+        "SENDING_LEASE_SECONDS": "30",
+        # The same for a fan-out whose task message waited on a lost or hung node: the sweep resumes it from its
+        # checkpoint (a resumed page never doubles) within the bound, not after the default 5 minutes.
+        "FANOUT_STALL_SECONDS": "20",
+        "FANOUT_SWEEP_INTERVAL_SECONDS": "5",
+        "OUTBOX_REPUBLISH_AFTER_SECONDS": "15",
+        "DEVELOPMENT": "true",
+        "WEB_WORKERS": "1",
+        "WEB_THREADS": "8",
+    }
+
+
+def _manage(env: dict[str, str], *args: str, timeout: float = 300) -> str:
+    result = subprocess.run(
+        [sys.executable, *args], cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True, timeout=timeout
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result.stdout
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[Stack]:
+    """Start the three clusters and the service on them; tear every process and directory down afterwards."""
+    reason = missing_requirements()
+    if reason:
+        pytest.skip(reason)
+    root = Path(tempfile.mkdtemp(prefix=f"notifier-cluster-{NS}-"))
+    root.chmod(0o755)  # the rabbitmq and postgres users keep their directories under it
+    rabbit = RabbitCluster(root, f"notifier-{NS}-")
+    pg = PgPair(root, "notifier")
+    rs = RedisSentinelSet(root)
+    processes: list[ServerProcess] = []
+    started = time.monotonic()
+    with TimedReceiver() as receiver:
+        try:
+            rs.start()
+            pg.start()
+            rabbit.start()
+            print(f"\nclusters up in {time.monotonic() - started:.0f}s (RabbitMQ {rabbit.urls})")
+            env = _service_env(rabbit, pg, rs)
+            _manage(env, "manage.py", "migrate", "--noinput", "-v0")
+            key = json.loads(_manage(env, "-m", "tests.cluster.seed", receiver.url, str(FANOUT)))["key"]
+            port = free_port()
+            processes.append(
+                ServerProcess("cluster-api", ["gunicorn", "-c", "gunicorn.conf.py", "-b", f"127.0.0.1:{port}",
+                                              "config.wsgi"], env)
+            )  # fmt: skip
+            for name, queues in (("high", "webhook.high"), ("bulk", "webhook.low,fanout,maintenance")):
+                processes.append(
+                    ServerProcess(f"cluster-{name}", [
+                        "celery", "-A", "config", "worker", "-Q", queues, "--pool", "threads", "--concurrency", "4",
+                        "--loglevel", "INFO", "--without-gossip", "--without-mingle", "-n", f"cluster-{NS}-{name}@%h",
+                    ], env)
+                )  # fmt: skip
+            processes.append(
+                ServerProcess("cluster-beat", ["celery", "-A", "config", "beat", "--loglevel", "INFO",
+                                               "-s", str(root / "beat-schedule")], env)
+            )  # fmt: skip
+            api = f"http://127.0.0.1:{port}"
+            processes[0].wait_ready(lambda: _answers(f"{api}/healthz"), timeout=60)
+            for worker in processes[1:3]:
+                worker.wait_ready()
+            print(f"stack up in {time.monotonic() - started:.0f}s")
+            yield Stack(rabbit, pg, rs, receiver, api, key, processes)
+        finally:
+            for process in processes:
+                process.stop()
+            rabbit.stop()
+            pg.stop()
+            rs.stop()
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+# --- load and figures -------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Call:
+    """One accept request: when it started and ended, and what it answered (0 for no answer)."""
+
+    kind: str
+    started: float
+    ended: float
+    status: int
+
+
+@dataclass
+class Load:
+    """Singles and OTPs through the API at a steady rate from their own threads, every call recorded."""
+
+    stack: Stack
+    tag: str
+    calls: list[Call] = field(default_factory=list)
+    stopping: threading.Event = field(default_factory=threading.Event)
+    threads: list[threading.Thread] = field(default_factory=list)
+
+    def start(self) -> Load:
+        """Start the two streams."""
+        for kind, template, user, rate in (
+            ("single", "receipt", "single", SINGLES_PER_SECOND),
+            ("otp", "otp", "otp", OTPS_PER_SECOND),
+        ):
+            thread = threading.Thread(target=self._stream, args=(kind, template, user, rate), daemon=True)
+            thread.start()
+            self.threads.append(thread)
+        return self
+
+    def stop(self) -> None:
+        """Stop the streams and wait for their last calls."""
+        self.stopping.set()
+        for thread in self.threads:
+            thread.join(timeout=30)
+
+    def post(self, http: httpx.Client, kind: str, body: dict[str, Any]) -> int:
+        """POST one notification; record it; return the status (0 when no answer came)."""
+        started = time.time()
+        try:
+            status = http.post("/api/v1/notifications", json=body).status_code
+        except httpx.HTTPError:
+            status = 0
+        self.calls.append(Call(kind, started, time.time(), status))
+        return status
+
+    def client(self) -> httpx.Client:
+        """Return an HTTP client of the API with the load's key (10 s to answer: beyond that it did not)."""
+        return httpx.Client(base_url=self.stack.api, headers={"Authorization": f"Bearer {self.stack.key}"}, timeout=10)
+
+    def _stream(self, kind: str, template: str, user: str, rate: float) -> None:
+        with self.client() as http:
+            n = 0
+            next_at = time.monotonic()
+            while not self.stopping.is_set():
+                n += 1
+                body = {
+                    "recipient": {"user_id": user}, "template": template, "channels": ["webhook"],
+                    "payload": {"ref": f"{self.tag}-{kind}-{n}"}, "dedup_key": f"{self.tag}-{kind}-{n}",
+                }  # fmt: skip
+                self.post(http, kind, body)
+                next_at += 1 / rate
+                time.sleep(max(0.0, next_at - time.monotonic()))
+
+
+@dataclass
+class Probe:
+    """/readyz polled once a second from its own thread: (time, status code, body)."""
+
+    url: str
+    samples: list[tuple[float, int, dict[str, Any]]] = field(default_factory=list)
+    stopping: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self) -> None:
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stopping.is_set():
+            started = time.time()
+            try:
+                response = httpx.get(self.url, timeout=10)
+                self.samples.append((started, response.status_code, response.json()))
+            except (httpx.HTTPError, ValueError):
+                self.samples.append((started, 0, {}))
+            self.stopping.wait(1.0)
+
+    def stop(self) -> None:
+        """Stop polling."""
+        self.stopping.set()
+        self.thread.join(timeout=15)
+
+    def flagged(self, dependency: str, since: float, until: float) -> list[str]:
+        """Return how /readyz reported `dependency` in [since, until]: "down", "degraded" or "ok" per sample."""
+        seen = []
+        for at, _, body in self.samples:
+            if since <= at <= until:
+                check = body.get("checks", {}).get(dependency, {})
+                seen.append("down" if not check.get("ok") else "degraded" if check.get("degraded") else "ok")
+        return seen
+
+
+def _p99(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(0.99 * len(ordered)) - 1)] if ordered else float("nan")
+
+
+def _longest_gap(calls: list[Call], since: float, until: float) -> float:
+    """Return the longest time in [since, until] without a successful accept answered."""
+    answered = sorted(c.ended for c in calls if c.status in (200, 202))
+    points = [since, *[t for t in answered if since <= t <= until], until]
+    return max(b - a for a, b in itertools.pairwise(points))
+
+
+@dataclass
+class Fault:
+    """What one fault run measured."""
+
+    name: str
+    t_fault: float
+    t_back: float
+    accepted: int
+    delivered: int
+    sent_twice: int
+    in_flight: int
+    api_calls: int
+    api_errors: Counter[int]
+    worst_errors_per_second: int
+    longest_gap: float
+    otp_p99: float
+    otp_p50: float
+    otp_count: int
+    otp_slow: int
+    last_after_back: float
+    readyz: list[str]
+
+    def report(self) -> str:
+        """Return the figures as one line (docs/cluster.md copies them)."""
+        errors = sum(self.api_errors.values())
+        return (
+            f"{self.name}: accepted {self.accepted}, delivered {self.delivered}, sent twice {self.sent_twice} "
+            f"(in flight at the fault {self.in_flight}), API calls {self.api_calls}, errors {errors} "
+            f"{dict(self.api_errors)} (worst {self.worst_errors_per_second}/s), longest gap {self.longest_gap:.1f}s, "
+            f"OTP p99 {self.otp_p99:.2f}s (p50 {self.otp_p50:.2f}s, {self.otp_slow} of {self.otp_count} over 5 s), "
+            f"last delivery {self.last_after_back:.1f}s after the return; "
+            f"readyz {Counter(self.readyz)}"
+        )
+
+
+def run_fault(
+    stack: Stack, name: str, dependency: str, inject: Callable[[], None], restore: Callable[[], float]
+) -> Fault:
+    """Run the load, inject the fault mid fan-out, restore; wait for every delivery; return the figures.
+
+    `restore` brings the dependency back and returns the wall-clock time it was back (serving again).
+    """
+    since = time.time()
+    phase_started = stack.sql("SELECT now()")[0][0]
+    probe = Probe(f"{stack.api}/readyz")
+    load = Load(stack, f"{name}-{int(since)}").start()
+    with load.client() as http:
+        body = {"topic": "everyone", "template": "news", "channels": ["webhook"], "payload": {"ref": name},
+                "dedup_key": f"{name}-{int(since)}-topic"}  # fmt: skip
+        assert load.post(http, "topic", body) == 202
+    fan_sql = (
+        "SELECT count(*) FROM notifier_delivery d JOIN preferences_recipient r ON r.id = d.recipient_id"
+        " WHERE d.created_at >= %s AND r.user_id LIKE 'fan-%%'"
+    )
+    fan_sent = lambda: stack.sql(fan_sql + " AND d.status = 'sent'", [phase_started])[0][0]  # noqa: E731
+    _until(lambda: fan_sent() >= FANOUT // 4, f"{name}: a quarter of the fan-out delivered before the fault", 90)
+    in_flight = {row[0] for row in stack.sql("SELECT id FROM notifier_delivery WHERE status = 'sending'")}
+    t_fault = time.time()
+    inject()
+    t_back = restore()
+    time.sleep(5)  # load keeps coming after the return too
+    load.stop()
+    t_end = time.time()
+
+    def settled() -> bool:
+        rows = stack.sql("SELECT count(*) FROM notifier_delivery WHERE status IN ('queued', 'sending', 'deferred')")
+        # The whole fan-out written too: a fan-out task still waiting in its queue has no rows to count yet.
+        return rows[0][0] == 0 and stack.sql(fan_sql, [phase_started])[0][0] == FANOUT
+
+    try:
+        _until(settled, f"{name}: nothing left queued or sending", DELIVERY_BOUND + 30)
+    except AssertionError:
+        left = stack.sql(
+            "SELECT status, attempts, left(last_error, 120), published_at IS NOT NULL, claimed_at IS NOT NULL, count(*)"
+            " FROM notifier_delivery WHERE status IN ('queued', 'sending', 'deferred') GROUP BY 1, 2, 3, 4, 5"
+        )
+        raise AssertionError(f"{name}: left unsent (status, attempts, error, published, claimed, n): {left}") from None
+    probe.stop()
+
+    rows = stack.sql(
+        "SELECT d.id, d.status, r.user_id, extract(epoch FROM d.created_at) FROM notifier_delivery d "
+        "JOIN preferences_recipient r ON r.id = d.recipient_id WHERE d.created_at >= %s",
+        [phase_started],
+    )
+    ids = {row[0] for row in rows}
+    statuses = Counter(row[1] for row in rows)
+    hits = [h for h in stack.receiver.snapshot() if h.delivery_id in ids and h.status == 200]
+    ok = Counter(h.delivery_id for h in hits)
+    first_hit: dict[int, float] = {}
+    for hit in hits:
+        first_hit.setdefault(hit.delivery_id, hit.at)
+    twice = {i for i, n in ok.items() if n > 1}
+    otp_latency = [
+        first_hit[row[0]] - float(row[3])
+        for row in rows
+        if row[2] == "otp" and t_fault <= float(row[3]) <= t_back + 5 and row[0] in first_hit
+    ]
+    calls = [c for c in load.calls if c.kind != "topic"]
+    errors = Counter(c.status for c in calls if c.status not in (200, 202))
+    per_second = Counter(int(c.started) for c in calls if c.status not in (200, 202))
+    fault = Fault(
+        name=name,
+        t_fault=t_fault,
+        t_back=t_back,
+        accepted=len(ids),
+        delivered=len(ok),
+        sent_twice=len(twice),
+        in_flight=len(in_flight),
+        api_calls=len(calls),
+        api_errors=errors,
+        worst_errors_per_second=max(per_second.values(), default=0),
+        longest_gap=_longest_gap(calls, since, t_end),
+        otp_p99=_p99(otp_latency),
+        otp_p50=sorted(otp_latency)[len(otp_latency) // 2] if otp_latency else float("nan"),
+        otp_count=len(otp_latency),
+        otp_slow=sum(1 for latency in otp_latency if latency > 5),
+        last_after_back=max(first_hit.values(), default=t_back) - t_back,
+        readyz=probe.flagged(dependency, t_fault, t_back),
+    )
+    print(f"\n{fault.report()}")
+
+    # Every accepted notification: one delivery row per 202 (the three streams), each sent and received.
+    accepted_calls = Counter(c.kind for c in load.calls if c.status == 202)
+    by_kind = Counter(_kind(row[2]) for row in rows)
+    assert by_kind["topic"] == FANOUT * accepted_calls["topic"], by_kind
+    assert by_kind["single"] >= accepted_calls["single"] and by_kind["otp"] >= accepted_calls["otp"], (
+        by_kind,
+        accepted_calls,
+    )
+    assert statuses == {"sent": len(ids)}, statuses
+    assert set(ok) == ids, f"{len(ids - set(ok))} accepted deliveries never reached the receiver"
+    # A second call only for what was on the wire when the fault struck.
+    assert twice <= in_flight, f"sent twice and not in flight at the fault: {sorted(twice - in_flight)[:20]}"
+    assert fault.last_after_back <= DELIVERY_BOUND, fault.report()
+    assert _stuck(stack) == 0
+    return fault
+
+
+def _kind(user_id: str) -> str:
+    return "topic" if user_id.startswith("fan-") else user_id
+
+
+def _stuck(stack: Stack) -> int:
+    return int(stack.sql("SELECT count(*) FROM notifier_delivery WHERE status IN ('queued', 'sending')")[0][0])
+
+
+def _until(predicate: Callable[[], Any], what: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if predicate():
+                return
+        except psycopg.OperationalError:
+            pass  # the database itself may be the fault
+        time.sleep(0.5)
+    raise AssertionError(f"not within {timeout:.0f}s: {what}")
+
+
+def _client_node(rabbit: RabbitCluster, via: RabbitNode) -> Counter[str]:
+    """Return how many client connections each node holds (by the AMQP port each connection came in on)."""
+    rows = json.loads(via.ctl("list_connections", "port", "--formatter", "json").stdout or "[]")
+    by_port = {node.port: node.node for node in rabbit.nodes}
+    return Counter(by_port.get(int(row["port"]), "?") for row in rows)
+
+
+def _leaders(rabbit: RabbitCluster, via: RabbitNode) -> Counter[str]:
+    return Counter(leader for leader, _ in rabbit.queue_members(via).values())
+
+
+def _node_back(node: RabbitNode, seconds: float, bring_back: Callable[[], None]) -> Callable[[], float]:
+    """Return the `restore` of a broker fault: wait `seconds`, bring the node back, return when it runs."""
+
+    def restore() -> float:
+        time.sleep(seconds)
+        bring_back()
+        node.wait_started()
+        return time.time()
+
+    return restore
+
+
+def _assert_the_cluster_rode_it_out(stack: Stack, fault: Fault) -> None:
+    """The API never failed; /readyz said degraded (never down); every queue has its three members again."""
+    assert not fault.api_errors, fault.report()
+    assert "degraded" in fault.readyz, fault.readyz  # /readyz: broker up, one node of three away
+    assert "down" not in fault.readyz, fault.readyz
+    members = stack.rabbit.queue_members()
+    assert all(len(m) == 3 for _, m in members.values()), members  # the node is a member of each again
+
+
+# --- the faults -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(420)
+def test_quorum_queues_have_three_members_and_a_killed_leader_node_loses_and_doubles_nothing(stack: Stack) -> None:
+    """SIGKILL the node leading the fan-out's queue (and usually the clients') mid fan-out; restart it 20 s later."""
+    first = stack.rabbit.nodes[0]
+    members = stack.rabbit.queue_members()
+    assert members and all(len(m) == 3 for _, m in members.values()), members  # replicated on every node
+    leader_of_busiest = members["webhook.low"][0]
+    clients = _client_node(stack.rabbit, first)
+    print(f"\nleaders {_leaders(stack.rabbit, first)}, client connections {clients}")
+    # Usually also the node the clients sit on (the first of the list); the figures say which it was.
+    victim = stack.rabbit.by_name(leader_of_busiest)
+    print(f"killing {victim.node}: leads webhook.low, holds {clients[victim.node]} client connections")
+
+    fault = run_fault(stack, "rabbitmq-node-killed", "broker", victim.kill, _node_back(victim, 20, victim.start))
+
+    _assert_the_cluster_rode_it_out(stack, fault)
+
+
+@pytest.mark.timeout(420)
+def test_a_hung_broker_node_is_a_partition_the_cluster_rides_out(stack: Stack) -> None:
+    """SIGSTOP a queue-leading node no client sits on (peers see it vanish, like a partition); SIGCONT 25 s later."""
+    via = stack.rabbit.nodes[0]
+    clients = _client_node(stack.rabbit, via)
+    leaders = _leaders(stack.rabbit, via)
+    candidates = [n for n in stack.rabbit.nodes if clients[n.node] == 0] or stack.rabbit.nodes[1:]
+    victim = max(candidates, key=lambda n: leaders[n.node])
+    print(f"\nleaders {leaders}, client connections {clients}; pausing {victim.node}")
+
+    fault = run_fault(stack, "rabbitmq-node-partitioned", "broker", victim.pause, _node_back(victim, 25, victim.resume))
+
+    _assert_the_cluster_rode_it_out(stack, fault)
+
+
+@pytest.mark.timeout(420)
+def test_postgresql_primary_lost_and_standby_promoted_loses_and_doubles_nothing(stack: Stack) -> None:
+    """Crash the primary (immediate stop) mid fan-out; promote the standby 10 s later, as a managed failover does."""
+
+    def restore() -> float:
+        time.sleep(10)
+        stack.pg.standby.promote()
+        return time.time()
+
+    fault = run_fault(stack, "postgresql-failover", "database", lambda: stack.pg.primary.stop("immediate"), restore)
+
+    # While there is no primary the API answers 503 at once (never a 500, never silence past 10 s).
+    assert set(fault.api_errors) <= {503}, fault.report()
+    assert "down" in fault.readyz, fault.readyz
+    # After the failover the old primary is gone: ready, but the database has one host of two.
+    response = httpx.get(f"{stack.api}/readyz", timeout=10).json()
+    assert response["checks"]["database"] == {**response["checks"]["database"], "ok": True, "nodes_up": 1}
+    assert response["degraded"] == ["database"], response
+
+
+@pytest.mark.timeout(420)
+def test_redis_master_killed_and_replica_promoted_by_sentinel_loses_and_doubles_nothing(stack: Stack) -> None:
+    """SIGKILL the Redis master mid fan-out; Sentinel promotes the replica; the old master returns as a replica."""
+    master_port = stack.redis.master_port()
+    assert master_port is not None
+    old = stack.redis.node_on(master_port)
+
+    def restore() -> float:
+        _until(lambda: stack.redis.master_port() not in (None, master_port), "Sentinel promoting the replica", 60)
+        back = time.time()
+        time.sleep(5)
+        old.start()  # comes back empty; the Sentinels make it a replica of the new master
+        _until(lambda: stack.redis.known_replicas() >= 1, "the old master replicating again", 60)
+        return back
+
+    fault = run_fault(stack, "redis-failover", "redis", old.kill, restore)
+
+    assert not fault.api_errors, fault.report()  # Redis is a fast path: the accept never waits on it
+    assert {"down", "degraded"} & set(fault.readyz), fault.readyz
+    response = httpx.get(f"{stack.api}/readyz", timeout=10).json()
+    assert response["checks"]["redis"]["ok"] and not response["checks"]["redis"]["degraded"], response

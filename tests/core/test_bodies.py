@@ -1,0 +1,189 @@
+"""Pathological input is a 4xx, never a 500: nesting, lone surrogates, NUL, out-of-range numbers, NUL in
+URLs, oversized bodies; in a batch each bad item fails alone and the good ones are written."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from rest_framework.test import APIClient
+
+from notifier.deliveries.models import Notification
+from preferences.models import Recipient
+from templates_app.services import template_put
+
+CONTENT = {"en": {"email": {"subject": "Hi {{ name }}", "text": "Hello {{ name }}"}}}
+BATCH = "/api/v1/notifications/batch"
+
+
+@pytest.fixture(autouse=True)
+def _template(db: None) -> None:
+    template_put(key="hello", category="transactional", default_locale="en", content=CONTENT)
+
+
+def item(user_id: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "recipient": {"user_id": user_id},
+        "category": "transactional",
+        "template": "hello",
+        "channels": ["email"],
+        "payload": {"name": user_id},
+        **extra,
+    }
+
+
+def raw_post(http: APIClient, path: str, raw: str | bytes, **extra: Any) -> Any:
+    return http.post(path, raw, content_type="application/json", **extra)
+
+
+@pytest.mark.parametrize(
+    ("raw", "field"),
+    [
+        # Written as JSON escapes: the text of the body is valid JSON, what it decodes to is not storable.
+        ('"payload": {"name": "\\ud800"}', "payload"),
+        ('"payload": {"\\udfff": 1}', "payload"),
+        ('"payload": {"list": ["ok", "a\\udc00b"]}', "payload"),
+        ('"dedup_key": "k\\ud800"', "dedup_key"),
+        ('"dedup_key": "k\\u0000"', "dedup_key"),
+        ('"payload": {"n": 1e999}', "payload"),
+        ('"payload": {"n": -1e400}', "payload"),
+    ],
+)
+def test_text_postgresql_cannot_store_is_a_400_naming_the_field(api: APIClient, raw: str, field: str) -> None:
+    fields = item("u-1")
+    del fields["payload"]
+    body = json.dumps(fields)[:-1] + ", " + raw + "}"
+    response = raw_post(api, "/api/v1/notifications", body)
+    assert response.status_code == 400, response.content
+    error = response.json()["error"]
+    assert error["code"] == "invalid"
+    assert field in error["fields"], error
+    assert Notification.objects.count() == 0
+
+
+def test_a_lone_surrogate_in_a_field_name_is_echoed_printable(api: APIClient) -> None:
+    response = raw_post(api, "/api/v1/notifications", '{"\\ud800": 1}')
+    assert response.status_code == 400
+    assert "\ufffd" in response.json()["error"]["fields"]
+
+
+@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
+def test_json_constants_outside_the_standard_are_malformed_json(api: APIClient, constant: str) -> None:
+    response = raw_post(api, "/api/v1/notifications", f'{{"payload": {{"n": {constant}}}}}')
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "malformed_json"
+
+
+def test_a_body_that_is_not_utf8_is_malformed_json(api: APIClient) -> None:
+    response = raw_post(api, "/api/v1/notifications", b'{"payload": {"n": "\xff\xfe"}}')
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "malformed_json"
+
+
+def test_a_batch_of_three_with_a_lone_surrogate_keeps_its_two_good_items(api: APIClient) -> None:
+    good = [json.dumps(item("u-1")), json.dumps(item("u-3"))]
+    bad = json.dumps(item("u-2"))[:-1] + ', "dedup_key": "x\\ud800"}'
+    response = raw_post(api, BATCH, f'{{"notifications": [{good[0]}, {bad}, {good[1]}]}}')
+    assert response.status_code == 200, response.content
+    results = response.json()["results"]
+    assert [r["status"] for r in results] == [202, 400, 202]
+    assert results[1]["error"]["code"] == "invalid"
+    assert "dedup_key" in results[1]["error"]["fields"]
+    assert Notification.objects.count() == 2
+    assert set(Recipient.objects.values_list("user_id", flat=True)) >= {"u-1", "u-3"}
+
+
+# Up to Python's recursion limit the batch parses and the item fails alone; past it the body is refused whole.
+@pytest.mark.parametrize("levels", [64, 500])
+def test_a_batch_item_nested_too_deep_fails_alone(api: APIClient, levels: int) -> None:
+    deep = json.dumps(item("u-2"))[:-1] + ', "dedup_key": "d", "extra": ' + "[" * levels + "]" * levels + "}"
+    body = '{{"notifications": [{}, {}]}}'.format(json.dumps(item("u-1")), deep)
+    response = raw_post(api, BATCH, body)
+    assert response.status_code == 200, response.content[:300]
+    results = response.json()["results"]
+    assert [r["status"] for r in results] == [202, 400]
+    assert results[1]["error"]["code"] == "malformed_json"
+    assert Notification.objects.count() == 1
+
+
+def test_a_batch_nested_past_the_recursion_limit_is_malformed_json(api: APIClient) -> None:
+    body = '{"notifications": [' + "[" * 5000 + "]" * 5000 + "]}"
+    response = raw_post(api, BATCH, body)
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "malformed_json"
+
+
+def test_the_ses_callback_refuses_a_deep_body_without_a_key(db: None) -> None:
+    response = APIClient().post("/callbacks/ses", "[" * 1200 + "]" * 1200, content_type="text/plain")
+    assert response.status_code == 400, response.content[:300]
+    assert response.json()["error"]["code"] == "malformed_callback"
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/api/v1/recipients/%00",
+        "/api/v1/recipients/a%00b/devices",
+        "/api/v1/templates/%00",
+        "/api/v1/notifications/%00",
+        "/api/v1/topics/%00/subscribers",
+        "/api/v1/recipients/%01x",
+        "/inbox/v1/messages/%00/read",
+    ],
+)
+def test_a_control_character_in_a_path_is_a_404(api: APIClient, path: str) -> None:
+    response = api.get(path)
+    assert response.status_code == 404, (path, response.content)
+    assert response.json()["error"]["code"] == "not_found"
+
+
+@pytest.mark.parametrize("query", ["user_id=%00", "status=sent&category=a%00", "cursor=%00", "a%00=1"])
+def test_a_nul_in_a_query_parameter_is_a_400_naming_it(api: APIClient, query: str) -> None:
+    response = api.get(f"/api/v1/notifications?{query}")
+    assert response.status_code == 400, response.content
+    error = response.json()["error"]
+    assert error["code"] == "invalid"
+    assert error["fields"]
+
+
+def test_a_body_over_the_limit_is_a_413_before_authentication(settings: Any, db: None) -> None:
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1000
+    for path in ("/api/v1/notifications", BATCH, "/callbacks/ses", "/callbacks/twilio", "/inbox/v1/messages/read-all"):
+        response = APIClient().post(path, "x" * 1001, content_type="application/json")
+        assert response.status_code == 413, (path, response.content)
+        assert response.json()["error"]["code"] == "payload_too_large"
+    # At the limit it is read (and refused for what it is: no key).
+    assert APIClient().post("/api/v1/notifications", "x" * 1000, content_type="application/json").status_code == 401
+
+
+def test_a_form_over_the_limit_is_a_413(settings: Any, db: None) -> None:
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1000
+    form = "a=" + "x" * 2000
+    response = APIClient().post("/callbacks/twilio", form, content_type="application/x-www-form-urlencoded")
+    assert response.status_code == 413
+
+
+@pytest.mark.parametrize("path", ["/api/v1/suppressions", "/api/v1/notifications", "/api/v1/dead-letters"])
+def test_an_empty_cursor_is_the_first_page(api: APIClient, path: str) -> None:
+    response = api.get(f"{path}?cursor=&limit=")
+    assert response.status_code == 200, response.content
+    assert response.json()["results"] == []
+
+
+# The cursor field trims whitespace to blank: that was a 500 (a blank string taken for a decoded position).
+@pytest.mark.parametrize("path", ["/api/v1/suppressions", "/api/v1/sandbox/messages"])
+@pytest.mark.parametrize("cursor", ["%0A", "%20%20", "%09"])
+def test_a_whitespace_cursor_is_the_first_page(api: APIClient, path: str, cursor: str) -> None:
+    response = api.get(f"{path}?cursor={cursor}&limit=")
+    assert response.status_code == 200, response.content
+    assert response.json()["results"] == []
+
+
+@pytest.mark.parametrize(
+    "query", ["limit=abc", "limit=0", "limit=-1", "limit=1.5", "status=bogus", "cursor=zzz", "cursor=%7B%7D"]
+)
+def test_a_malformed_query_parameter_is_a_400_naming_it(api: APIClient, query: str) -> None:
+    response = api.get(f"/api/v1/notifications?{query}")
+    assert response.status_code == 400, response.content
+    assert query.split("=")[0] in response.json()["error"]["fields"]

@@ -1,0 +1,107 @@
+"""Settings for replicated dependencies: a multi-host DATABASE_URL, a broker failover list, Redis through Sentinel.
+
+The faults themselves run in tests/cluster/ against real clusters; these are the parts that need none: how the
+settings are read, and what /readyz and /metrics say when one node of several is away.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.test import Client
+
+from core import redis_guard
+from core.database_url import configured_hosts, parse_database_url
+from tests.cluster.servers import RedisSentinelSet
+from tests.conftest import BROKER_URL
+from tests.redis_server import free_port
+
+
+def _readyz(settings: Any, broker_url: str) -> tuple[int, dict[str, Any]]:
+    """Return /readyz's status and body with CELERY_BROKER_URL set to `broker_url` (1 s per probe)."""
+    settings.CELERY_BROKER_URL = broker_url
+    settings.READYZ_TIMEOUT_SECONDS = 1.0
+    response = Client().get("/readyz")
+    assert "guest" not in response.content.decode()  # an error is a class name, never a URL
+    return response.status_code, response.json()
+
+
+def test_a_multi_host_database_url_gives_libpq_lists_and_keeps_its_options() -> None:
+    """Two hosts and target_session_attrs: HOST and PORT as libpq's lists, the option passed to psycopg."""
+    config = parse_database_url(
+        "postgres://notifier:s%40cret@db-a:5433,db-b/notifier?target_session_attrs=read-write", conn_max_age=60
+    )
+    assert (config["HOST"], config["PORT"]) == ("db-a,db-b", "5433,5432")
+    assert (config["USER"], config["PASSWORD"], config["NAME"]) == ("notifier", "s@cret", "notifier")
+    assert config["OPTIONS"] == {"target_session_attrs": "read-write"}
+    assert config["CONN_MAX_AGE"] == 60
+    assert configured_hosts(config) == [("db-a", 5433), ("db-b", 5432)]
+
+
+def test_a_single_host_database_url_is_read_as_before() -> None:
+    """One host: exactly what dj-database-url makes of it (an int port)."""
+    config = parse_database_url("postgres://postgres@127.0.0.1:5432/notifier")
+    assert (config["HOST"], config["PORT"], config["NAME"]) == ("127.0.0.1", 5432, "notifier")
+    assert configured_hosts(config) == [("127.0.0.1", 5432)]
+
+
+@pytest.mark.django_db
+def test_readyz_with_one_broker_node_of_two_away_is_ready_and_degraded(settings: Any) -> None:
+    """A failover list with a dead node: ready (200), the broker check counts 1 of 2 and names it degraded."""
+    status, body = _readyz(settings, f"{BROKER_URL};amqp://guest:guest@127.0.0.1:{free_port()}//")
+    assert status == 200, body
+    assert body["checks"]["broker"] | {"latency_ms": 0} == {
+        "ok": True, "latency_ms": 0, "nodes": 2, "nodes_up": 1, "degraded": True,
+    }  # fmt: skip
+    assert body["degraded"] == ["broker"]
+    metrics = Client().get("/metrics").content.decode()
+    assert 'notifier_dependency_nodes_up{dependency="broker"} 1.0' in metrics
+    assert 'notifier_dependency_nodes{dependency="broker"} 2.0' in metrics
+    assert "notifier_broker_up 1.0" in metrics  # the queue depths came from the node that answered
+
+
+@pytest.mark.django_db
+def test_readyz_with_every_broker_node_away_is_503(settings: Any) -> None:
+    """No node of the list answers: not ready, and the error is a class name, never a URL."""
+    status, body = _readyz(settings, ";".join(f"amqp://guest:guest@127.0.0.1:{free_port()}//" for _ in range(2)))
+    assert status == 503
+    assert body["checks"]["broker"]["ok"] is False
+
+
+@pytest.fixture
+def sentinels(tmp_path: Path, settings: Any) -> Iterator[RedisSentinelSet]:
+    """A Redis master and replica under three Sentinels; this process's Redis client goes through them."""
+    servers = RedisSentinelSet(tmp_path).start()
+    settings.REDIS_SENTINELS = servers.sentinel_list.split(",")
+    settings.REDIS_SENTINEL_MASTER = servers.MASTER_NAME
+    redis_guard.get_redis.cache_clear()
+    redis_guard.get_sentinel.cache_clear()
+    try:
+        yield servers
+    finally:
+        servers.stop()
+        redis_guard.get_redis.cache_clear()
+        redis_guard.get_sentinel.cache_clear()
+
+
+@pytest.mark.django_db
+def test_through_sentinel_the_client_writes_to_the_master_and_readyz_counts_the_replica(
+    sentinels: RedisSentinelSet,
+) -> None:
+    """get_redis finds the master through the Sentinels (not REDIS_URL); /readyz counts master and replica."""
+    redis_guard.get_redis().set(redis_guard.rkey("sentinel-probe"), "1")
+    assert sentinels.master.client().get(redis_guard.rkey("sentinel-probe")) == "1"
+    check = Client().get("/readyz").json()["checks"]["redis"]
+    assert (check["ok"], check["nodes"], check["nodes_up"], check["degraded"]) == (True, 2, 2, False)
+
+    sentinels.replica.kill()
+    # The Sentinels mark a replica down after down-after-milliseconds (2 s here).
+    deadline = time.monotonic() + 15
+    while sentinels.known_replicas() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    check = Client().get("/readyz").json()["checks"]["redis"]
+    assert (check["ok"], check["nodes_up"], check["degraded"]) == (True, 1, True)

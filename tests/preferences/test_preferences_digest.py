@@ -1,0 +1,143 @@
+"""Digests: many deferred deliveries of a recipient become one digest per channel."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from notifier.clients.models import ApiClient
+from notifier.deliveries.models import Delivery, DeliveryEvent, Notification
+from notifier.dispatch.digest import digest_flush, is_digest
+from notifier.dispatch.tasks import flush_digests
+from preferences.models import Recipient
+from tests.factories import make_delivery, make_notification, make_recipient
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def park(service: ApiClient) -> Callable[..., Delivery]:
+    """Create a delivery the way the pipeline parks a digest one: deferred, reason digest:<freq>, no not_before."""
+    counter = {"n": 0}
+
+    def _park(
+        recipient: Recipient, channel: str = "email", frequency: str = "daily_digest", category: str = "marketing"
+    ) -> Delivery:
+        counter["n"] += 1
+        n = make_notification(
+            client=service,
+            category=category,
+            template_key=f"promo_{counter['n'] % 3}",
+            payload={"n": counter["n"]},
+            recipient=recipient,
+            user_id=recipient.user_id,
+            priority="low",
+            channels=[channel],
+        )
+        return make_delivery(
+            notification=n,
+            recipient=recipient,
+            channel=channel,
+            priority="low",
+            address=recipient.email if channel == "email" else recipient.user_id,
+            status="deferred",
+            reason=f"digest:{frequency}",
+        )
+
+    return _park
+
+
+def _flush(capture: Callable[..., Any], **kw: Any) -> int:
+    # The digest's publish runs on commit; execute it (against this namespace's RabbitMQ vhost).
+    with capture(execute=True):
+        return digest_flush(**kw)
+
+
+def test_many_deferred_deliveries_become_one_digest(
+    park: Callable[..., Delivery], django_capture_on_commit_callbacks: Callable[..., Any]
+) -> None:
+    pytest.importorskip("notifier.deliveries.outbox")
+    alice = make_recipient(user_id="alice", email="alice@example.com")
+    bob = make_recipient(user_id="bob", email="bob@example.com")
+    alice_mail = [park(alice) for _ in range(50)]
+    alice_inbox = [park(alice, channel="inapp") for _ in range(3)]
+    bob_mail = [park(bob) for _ in range(2)]
+    hourly = park(bob, frequency="hourly_digest")
+    not_waiting = park(bob)
+    Delivery.objects.filter(pk=not_waiting.pk).update(status="sent")
+
+    assert _flush(django_capture_on_commit_callbacks, frequency="daily") == 3
+
+    digests = Delivery.objects.filter(notification__template_key="digest").select_related("notification")
+    by_target = {(d.recipient.user_id, d.channel): d for d in digests}
+    assert set(by_target) == {("alice", "email"), ("alice", "inapp"), ("bob", "email")}
+
+    alice_digest = by_target[("alice", "email")]
+    payload = alice_digest.notification.payload
+    assert payload["count"] == 50 and len(payload["items"]) == 50
+    originals = [d.notification for d in alice_mail]
+    assert payload["items"] == [{"template": n.template_key, "payload": n.payload} for n in originals]
+    assert alice_digest.address == "alice@example.com" and alice_digest.status == "queued"
+    assert alice_digest.notification.category == "marketing"
+    assert alice_digest.notification.client_id == originals[0].client_id
+    assert is_digest(alice_digest.notification)
+    assert by_target[("alice", "inapp")].notification.payload["count"] == 3
+    assert by_target[("bob", "email")].notification.payload["count"] == 2
+
+    # Originals retired with a trace; what was not waiting for this frequency is left alone.
+    folded = [d.pk for d in alice_mail + alice_inbox + bob_mail]
+    assert set(Delivery.objects.filter(pk__in=folded).values_list("status", flat=True)) == {"digested"}
+    assert DeliveryEvent.objects.filter(delivery_id__in=folded, status="digested").count() == len(folded)
+    assert DeliveryEvent.objects.filter(delivery=alice_digest, status="queued").exists()
+    assert Delivery.objects.get(pk=hourly.pk).status == "deferred"
+    assert Delivery.objects.get(pk=not_waiting.pk).status == "sent"
+
+    # Published to the broker after commit (the outbox records the publish).
+    assert all(d.published_at is not None for d in Delivery.objects.filter(pk__in=[d.pk for d in digests]))
+
+    # A second run finds nothing: nothing is sent twice.
+    assert _flush(django_capture_on_commit_callbacks, frequency="daily_digest") == 0
+    assert _flush(django_capture_on_commit_callbacks, frequency="hourly_digest") == 1
+    assert Delivery.objects.get(pk=hourly.pk).status == "digested"
+
+
+def test_flush_respects_cutoff_and_separates_categories(
+    park: Callable[..., Delivery], django_capture_on_commit_callbacks: Callable[..., Any]
+) -> None:
+    pytest.importorskip("notifier.deliveries.outbox")
+    carol = make_recipient(user_id="carol", email="carol@example.com")
+    park(carol)
+    park(carol, category="social")
+    late = park(carol)
+    Delivery.objects.filter(pk=late.pk).update(created_at=timezone.now() + dt.timedelta(hours=1))
+    assert _flush(django_capture_on_commit_callbacks, frequency="daily", now=timezone.now()) == 2
+    assert Delivery.objects.get(pk=late.pk).status == "deferred"
+    categories = set(Notification.objects.filter(template_key="digest").values_list("category", flat=True))
+    assert categories == {"marketing", "social"}
+
+
+def test_flush_digests_task_and_bad_frequency(
+    park: Callable[..., Delivery], django_capture_on_commit_callbacks: Callable[..., Any]
+) -> None:
+    dave = make_recipient(user_id="dave", email="dave@example.com")
+    for _ in range(4):
+        park(dave, frequency="hourly_digest")
+    with django_capture_on_commit_callbacks(execute=True):
+        assert flush_digests.run("hourly_digest") == 1
+    with pytest.raises(ValueError, match="frequency"):
+        digest_flush(frequency="weekly")
+
+
+def test_digest_settings_template_key(
+    settings: Any, park: Callable[..., Delivery], django_capture_on_commit_callbacks: Callable[..., Any]
+) -> None:
+    pytest.importorskip("notifier.deliveries.outbox")
+    settings.DIGEST_TEMPLATE_KEY = "weekly_roundup"
+    erin = make_recipient(user_id="erin", email="erin@example.com")
+    park(erin)
+    assert _flush(django_capture_on_commit_callbacks, frequency="daily") == 1
+    assert Notification.objects.filter(template_key="weekly_roundup", recipient=erin).count() == 1
