@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, TypeVar
@@ -13,15 +14,29 @@ from notifier_client import _core
 from notifier_client._core import Call, Page, RetryPolicy
 from notifier_client.errors import NotifierError
 from notifier_client.models import (
+    Campaign,
     CancelResult,
+    DeadLetter,
+    EventAttempt,
+    EventEndpoint,
+    InboxItem,
+    InboxReadAll,
     InboxToken,
+    InboxUser,
+    Layout,
     Notification,
     PreferenceLink,
     Preferences,
+    Preview,
     Recipient,
+    SandboxMessage,
+    Stats,
     SubscribeResult,
     Suppression,
+    Template,
+    TemplateVersion,
     Topic,
+    Workflow,
 )
 
 T = TypeVar("T")
@@ -65,7 +80,9 @@ class AsyncNotifier:
         while True:
             failure: NotifierError
             try:
-                response = await self._http.request(call.method, call.path, json=call.json, params=call.params)
+                response = await self._http.request(
+                    call.method, call.url, json=call.json, params=call.params, headers=call.headers
+                )
             except httpx.TransportError as exc:
                 failure = _core.failure_from_transport(exc)
             else:
@@ -78,10 +95,10 @@ class AsyncNotifier:
             await asyncio.sleep(wait)
             attempt += 1
 
-    async def _iterate(self, build: Any, **filters: Any) -> AsyncIterator[Any]:
+    async def _iterate(self, build: Any, *args: Any, **filters: Any) -> AsyncIterator[Any]:
         cursor: str | None = None
         while True:
-            page: Page[Any] = await self.call(build(cursor=cursor, **filters))
+            page: Page[Any] = await self.call(build(*args, cursor=cursor, **filters))
             for item in page.items:
                 yield item
             if not page.next_cursor:
@@ -94,18 +111,23 @@ class AsyncNotifier:
         self,
         *,
         recipient: str | Mapping[str, Any],
-        template: str,
+        template: str | None = None,
+        workflow: str | None = None,
         channels: Sequence[str] | None = None,
         payload: Mapping[str, Any] | None = None,
         dedup_key: str | None = None,
         category: str | None = None,
         **more: Any,
     ) -> Notification:
-        """Send a notification to one recipient (a user id); without `dedup_key` one is generated for this call."""
+        """Send a notification to one recipient (a user id); without `dedup_key` one is generated for this call.
+
+        Give `template` for one message, or `workflow` ("key" or "key@3") to run a workflow's steps for them.
+        """
         return await self.call(
             _core.send(
                 recipient=recipient,
                 template=template,
+                workflow=workflow,
                 channels=channels,
                 payload=payload,
                 dedup_key=dedup_key,
@@ -118,7 +140,8 @@ class AsyncNotifier:
         self,
         *,
         topic: str,
-        template: str,
+        template: str | None = None,
+        workflow: str | None = None,
         channels: Sequence[str] | None = None,
         payload: Mapping[str, Any] | None = None,
         dedup_key: str | None = None,
@@ -130,6 +153,7 @@ class AsyncNotifier:
             _core.send(
                 topic=topic,
                 template=template,
+                workflow=workflow,
                 channels=channels,
                 payload=payload,
                 dedup_key=dedup_key,
@@ -151,10 +175,15 @@ class AsyncNotifier:
         return await self.call(_core.cancel(notification_id))
 
     def notifications(
-        self, *, user_id: str | None = None, status: str | None = None, category: str | None = None
+        self,
+        *,
+        user_id: str | None = None,
+        status: str | None = None,
+        category: str | None = None,
+        limit: int | None = None,
     ) -> AsyncIterator[Notification]:
         """Iterate over this client's notifications, newest first, following the cursor page by page."""
-        return self._iterate(_core.list_notifications, user_id=user_id, status=status, category=category)
+        return self._iterate(_core.list_notifications, user_id=user_id, status=status, category=category, limit=limit)
 
     # --- Recipients and preferences --------------------------------------------------------------------------
 
@@ -212,9 +241,11 @@ class AsyncNotifier:
         """Remove a user id from a topic."""
         return await self.call(_core.unsubscribe(key, user_id))
 
-    def suppressions(self, *, channel: str | None = None, address: str | None = None) -> AsyncIterator[Suppression]:
+    def suppressions(
+        self, *, channel: str | None = None, address: str | None = None, limit: int | None = None
+    ) -> AsyncIterator[Suppression]:
         """Iterate over the suppression list, following the cursor."""
-        return self._iterate(_core.list_suppressions, channel=channel, address=address)
+        return self._iterate(_core.list_suppressions, channel=channel, address=address, limit=limit)
 
     async def add_suppression(self, *, channel: str, address: str, reason: str = "") -> Suppression:
         """Stop sending to an address on a channel."""
@@ -223,3 +254,229 @@ class AsyncNotifier:
     async def remove_suppression(self, suppression_id: int) -> None:
         """Take an address off the suppression list."""
         return await self.call(_core.remove_suppression(suppression_id))
+
+    # --- Lists of recipients and topics ----------------------------------------------------------------------
+
+    def recipients(
+        self, *, email: str | None = None, phone: str | None = None, limit: int | None = None
+    ) -> AsyncIterator[Recipient]:
+        """Iterate over this installation's recipients (optionally those with one email or phone), page by page."""
+        return self._iterate(_core.list_recipients, email=email, phone=phone, limit=limit)
+
+    def topics(self, *, limit: int | None = None) -> AsyncIterator[Topic]:
+        """Iterate over the topics, page by page."""
+        return self._iterate(_core.list_topics, limit=limit)
+
+    # --- The in-app inbox --------------------------------------------------------------------------------------
+
+    def inbox(self, user_id: str, *, unread: bool | None = None, limit: int | None = None) -> AsyncIterator[InboxItem]:
+        """Iterate over a recipient's inbox, newest first (only unread items with `unread=True`)."""
+        return self._iterate(_core.list_inbox, user_id, unread=unread, limit=limit)
+
+    async def mark_inbox_read(self, user_id: str, delivery_id: int) -> InboxItem:
+        """Mark one inbox item read (its delivery moves to `opened`)."""
+        return await self.call(_core.mark_inbox_read(user_id, delivery_id))
+
+    async def mark_inbox_all_read(self, user_id: str) -> InboxReadAll:
+        """Mark a recipient's whole inbox read."""
+        return await self.call(_core.mark_inbox_all_read(user_id))
+
+    def browser_inbox(
+        self, token: str, *, unread: bool | None = None, limit: int | None = None
+    ) -> AsyncIterator[InboxItem]:
+        """Iterate over the inbox an inbox token opens, as a front end sees it (the API key is not sent)."""
+        return self._iterate(_core.list_browser_inbox, token, unread=unread, limit=limit)
+
+    async def browser_mark_read(self, token: str, delivery_id: int) -> InboxItem:
+        """Mark one item read with an inbox token."""
+        return await self.call(_core.browser_mark_read(token, delivery_id))
+
+    async def browser_mark_all_read(self, token: str) -> InboxReadAll:
+        """Mark the whole inbox of an inbox token read."""
+        return await self.call(_core.browser_mark_all_read(token))
+
+    async def archive_inbox_item(self, user_id: str, delivery_id: int) -> InboxItem:
+        """Archive one inbox item (it is read too, and leaves the default list)."""
+        return await self.call(_core.inbox_item_action(user_id, delivery_id, "archive"))
+
+    async def unarchive_inbox_item(self, user_id: str, delivery_id: int) -> InboxItem:
+        """Bring an archived inbox item back to the default list."""
+        return await self.call(_core.inbox_item_action(user_id, delivery_id, "unarchive"))
+
+    async def click_inbox_item(self, user_id: str, delivery_id: int) -> InboxItem:
+        """Count a click on an inbox item's action URL (a `clicked` event) and mark it read."""
+        return await self.call(_core.inbox_item_action(user_id, delivery_id, "click"))
+
+    async def browser_archive(self, token: str, delivery_id: int) -> InboxItem:
+        """Archive one item with an inbox token."""
+        return await self.call(_core.browser_item_action(token, delivery_id, "archive"))
+
+    async def browser_unarchive(self, token: str, delivery_id: int) -> InboxItem:
+        """Unarchive one item with an inbox token."""
+        return await self.call(_core.browser_item_action(token, delivery_id, "unarchive"))
+
+    async def browser_click(self, token: str, delivery_id: int) -> InboxItem:
+        """Count a click on an item's action URL with an inbox token."""
+        return await self.call(_core.browser_item_action(token, delivery_id, "click"))
+
+    async def browser_me(self, token: str) -> InboxUser:
+        """Return who an inbox token opens, their locale and a link to their preference center."""
+        return await self.call(_core.browser_me(token))
+
+    # --- Templates and email layouts ---------------------------------------------------------------------------
+
+    def templates(self, *, limit: int | None = None) -> AsyncIterator[Template]:
+        """Iterate over the templates, page by page."""
+        return self._iterate(_core.list_templates, limit=limit)
+
+    async def put_template(
+        self,
+        key: str,
+        *,
+        category: str,
+        content: Mapping[str, Any],
+        default_locale: str | None = None,
+        publish: bool = True,
+        layout: str | None = None,
+    ) -> TemplateVersion:
+        """Create the next version of a template (published unless `publish` is false)."""
+        return await self.call(
+            _core.put_template(
+                key, category=category, content=content, default_locale=default_locale, publish=publish, layout=layout
+            )
+        )
+
+    async def get_template(self, key: str) -> Template:
+        """Return a template with its published version."""
+        return await self.call(_core.get_template(key))
+
+    async def get_template_version(self, key: str, version: int) -> TemplateVersion:
+        """Return one version of a template with its content (drafts included)."""
+        return await self.call(_core.get_template_version(key, version))
+
+    async def preview_template(
+        self,
+        key: str,
+        *,
+        payload: Mapping[str, Any] | None = None,
+        locale: str | None = None,
+        version: int | None = None,
+    ) -> Preview:
+        """Render every channel of a version (default: the published one) with a sample payload."""
+        return await self.call(_core.preview_template(key, payload=payload, locale=locale, version=version))
+
+    async def put_layout(self, key: str, *, html: str, text: str = "") -> Layout:
+        """Create the next version of an email layout (`html`, and `text`, place the message with {{ content }})."""
+        return await self.call(_core.put_layout(key, html=html, text=text))
+
+    async def get_layout(self, key: str) -> Layout:
+        """Return an email layout in its current version."""
+        return await self.call(_core.get_layout(key))
+
+    # --- Workflows ---------------------------------------------------------------------------------------------
+
+    async def put_workflow(self, key: str, *, category: str, steps: Sequence[Mapping[str, Any]]) -> Workflow:
+        """Create the next version of a workflow."""
+        return await self.call(_core.put_workflow(key, category=category, steps=steps))
+
+    async def get_workflow(self, key: str) -> Workflow:
+        """Return a workflow."""
+        return await self.call(_core.get_workflow(key))
+
+    def workflows(self, *, limit: int | None = None) -> AsyncIterator[Workflow]:
+        """Iterate over the workflows, page by page."""
+        return self._iterate(_core.list_workflows, limit=limit)
+
+    # --- Campaigns ---------------------------------------------------------------------------------------------
+
+    def campaigns(self, *, status: str | None = None, limit: int | None = None) -> AsyncIterator[Campaign]:
+        """Iterate over the campaigns, page by page."""
+        return self._iterate(_core.list_campaigns, status=status, limit=limit)
+
+    async def create_campaign(self, *, name: str, template: str, topic: str, **fields: Any) -> Campaign:
+        """Create a campaign: `fields` are the API's (category, channels, payload, send_at, crontab, draft...)."""
+        return await self.call(_core.create_campaign(name=name, template=template, topic=topic, **fields))
+
+    async def get_campaign(self, campaign_id: int) -> Campaign:
+        """Return a campaign with its progress and runs (in `raw`)."""
+        return await self.call(_core.get_campaign(campaign_id))
+
+    async def update_campaign(self, campaign_id: int, **fields: Any) -> Campaign:
+        """Change some fields of a campaign."""
+        return await self.call(_core.update_campaign(campaign_id, **fields))
+
+    async def campaign_action(self, campaign_id: int, action: str) -> Campaign:
+        """Pause, resume or cancel a campaign (`action` is one of those words)."""
+        return await self.call(_core.campaign_action(campaign_id, action))
+
+    # --- Operations: dead letters and the sandbox --------------------------------------------------------------
+
+    def dead_letters(
+        self, *, channel: str | None = None, status: str | None = None, limit: int | None = None
+    ) -> AsyncIterator[DeadLetter]:
+        """Iterate over the dead letters, page by page."""
+        return self._iterate(_core.list_dead_letters, channel=channel, status=status, limit=limit)
+
+    async def replay_dead_letter(self, dead_letter_id: int) -> DeadLetter:
+        """Send a dead letter's delivery again."""
+        return await self.call(_core.replay_dead_letter(dead_letter_id))
+
+    async def discard_dead_letter(self, dead_letter_id: int) -> DeadLetter:
+        """Give up on a dead letter for good."""
+        return await self.call(_core.discard_dead_letter(dead_letter_id))
+
+    async def replay_dead_letters(
+        self, *, ids: Sequence[int] | None = None, all: bool = False, channel: str | None = None
+    ) -> int:
+        """Replay these dead letters, or all of them (of one channel); return how many were replayed."""
+        return await self.call(_core.replay_dead_letters(ids=ids, all=all, channel=channel))
+
+    def sandbox_messages(
+        self,
+        *,
+        channel: str | None = None,
+        address: str | None = None,
+        delivery_id: int | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[SandboxMessage]:
+        """Iterate over what the sandbox provider recorded instead of sending, newest first."""
+        return self._iterate(
+            _core.list_sandbox_messages, channel=channel, address=address, delivery_id=delivery_id, limit=limit
+        )
+
+    # --- Status events: the endpoint ---------------------------------------------------------------------------
+
+    async def get_event_endpoint(self) -> EventEndpoint:
+        """Return where this client's status events go."""
+        return await self.call(_core.get_event_endpoint())
+
+    async def set_event_endpoint(
+        self, *, url: str, events: Sequence[str] | None = None, max_batch: int | None = None
+    ) -> EventEndpoint:
+        """Create or change the event endpoint; on creation the answer carries its signing `secret`."""
+        return await self.call(_core.set_event_endpoint(url=url, events=events, max_batch=max_batch))
+
+    async def delete_event_endpoint(self) -> None:
+        """Stop sending status events."""
+        return await self.call(_core.delete_event_endpoint())
+
+    async def rotate_event_secret(self) -> EventEndpoint:
+        """Replace the endpoint's signing secret; the answer carries the new one."""
+        return await self.call(_core.rotate_event_secret())
+
+    def event_attempts(self, *, limit: int | None = None) -> AsyncIterator[EventAttempt]:
+        """Iterate over the recent tries to deliver status events, newest first."""
+        return self._iterate(_core.list_event_attempts, limit=limit)
+
+    # --- Statistics --------------------------------------------------------------------------------------------
+
+    async def stats(
+        self,
+        *,
+        from_day: dt.date | str,
+        to_day: dt.date | str,
+        group_by: Sequence[str] = ("day",),
+        mode: str | None = None,
+    ) -> Stats:
+        """Return delivery counts of this client's notifications per group (day, channel, status, template)."""
+        return await self.call(_core.stats(from_day=from_day, to_day=to_day, group_by=group_by, mode=mode))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, TypeVar
@@ -12,15 +13,29 @@ from notifier_client import _core
 from notifier_client._core import Call, Page, RetryPolicy
 from notifier_client.errors import NotifierError
 from notifier_client.models import (
+    Campaign,
     CancelResult,
+    DeadLetter,
+    EventAttempt,
+    EventEndpoint,
+    InboxItem,
+    InboxReadAll,
     InboxToken,
+    InboxUser,
+    Layout,
     Notification,
     PreferenceLink,
     Preferences,
+    Preview,
     Recipient,
+    SandboxMessage,
+    Stats,
     SubscribeResult,
     Suppression,
+    Template,
+    TemplateVersion,
     Topic,
+    Workflow,
 )
 
 T = TypeVar("T")
@@ -65,7 +80,9 @@ class Notifier:
         while True:
             failure: NotifierError
             try:
-                response = self._http.request(call.method, call.path, json=call.json, params=call.params)
+                response = self._http.request(
+                    call.method, call.url, json=call.json, params=call.params, headers=call.headers
+                )
             except httpx.TransportError as exc:
                 failure = _core.failure_from_transport(exc)
             else:
@@ -78,10 +95,10 @@ class Notifier:
             time.sleep(wait)
             attempt += 1
 
-    def _iterate(self, build: Any, **filters: Any) -> Iterator[Any]:
+    def _iterate(self, build: Any, *args: Any, **filters: Any) -> Iterator[Any]:
         cursor: str | None = None
         while True:
-            page: Page[Any] = self.call(build(cursor=cursor, **filters))
+            page: Page[Any] = self.call(build(*args, cursor=cursor, **filters))
             yield from page.items
             if not page.next_cursor:
                 return
@@ -93,18 +110,23 @@ class Notifier:
         self,
         *,
         recipient: str | Mapping[str, Any],
-        template: str,
+        template: str | None = None,
+        workflow: str | None = None,
         channels: Sequence[str] | None = None,
         payload: Mapping[str, Any] | None = None,
         dedup_key: str | None = None,
         category: str | None = None,
         **more: Any,
     ) -> Notification:
-        """Send a notification to one recipient (a user id); without `dedup_key` one is generated for this call."""
+        """Send a notification to one recipient (a user id); without `dedup_key` one is generated for this call.
+
+        Give `template` for one message, or `workflow` ("key" or "key@3") to run a workflow's steps for them.
+        """
         return self.call(
             _core.send(
                 recipient=recipient,
                 template=template,
+                workflow=workflow,
                 channels=channels,
                 payload=payload,
                 dedup_key=dedup_key,
@@ -117,7 +139,8 @@ class Notifier:
         self,
         *,
         topic: str,
-        template: str,
+        template: str | None = None,
+        workflow: str | None = None,
         channels: Sequence[str] | None = None,
         payload: Mapping[str, Any] | None = None,
         dedup_key: str | None = None,
@@ -129,6 +152,7 @@ class Notifier:
             _core.send(
                 topic=topic,
                 template=template,
+                workflow=workflow,
                 channels=channels,
                 payload=payload,
                 dedup_key=dedup_key,
@@ -150,10 +174,15 @@ class Notifier:
         return self.call(_core.cancel(notification_id))
 
     def notifications(
-        self, *, user_id: str | None = None, status: str | None = None, category: str | None = None
+        self,
+        *,
+        user_id: str | None = None,
+        status: str | None = None,
+        category: str | None = None,
+        limit: int | None = None,
     ) -> Iterator[Notification]:
         """Iterate over this client's notifications, newest first, following the cursor page by page."""
-        return self._iterate(_core.list_notifications, user_id=user_id, status=status, category=category)
+        return self._iterate(_core.list_notifications, user_id=user_id, status=status, category=category, limit=limit)
 
     # --- Recipients and preferences --------------------------------------------------------------------------
 
@@ -211,9 +240,11 @@ class Notifier:
         """Remove a user id from a topic."""
         return self.call(_core.unsubscribe(key, user_id))
 
-    def suppressions(self, *, channel: str | None = None, address: str | None = None) -> Iterator[Suppression]:
+    def suppressions(
+        self, *, channel: str | None = None, address: str | None = None, limit: int | None = None
+    ) -> Iterator[Suppression]:
         """Iterate over the suppression list, following the cursor."""
-        return self._iterate(_core.list_suppressions, channel=channel, address=address)
+        return self._iterate(_core.list_suppressions, channel=channel, address=address, limit=limit)
 
     def add_suppression(self, *, channel: str, address: str, reason: str = "") -> Suppression:
         """Stop sending to an address on a channel."""
@@ -222,3 +253,227 @@ class Notifier:
     def remove_suppression(self, suppression_id: int) -> None:
         """Take an address off the suppression list."""
         return self.call(_core.remove_suppression(suppression_id))
+
+    # --- Lists of recipients and topics ----------------------------------------------------------------------
+
+    def recipients(
+        self, *, email: str | None = None, phone: str | None = None, limit: int | None = None
+    ) -> Iterator[Recipient]:
+        """Iterate over this installation's recipients (optionally those with one email or phone), page by page."""
+        return self._iterate(_core.list_recipients, email=email, phone=phone, limit=limit)
+
+    def topics(self, *, limit: int | None = None) -> Iterator[Topic]:
+        """Iterate over the topics, page by page."""
+        return self._iterate(_core.list_topics, limit=limit)
+
+    # --- The in-app inbox --------------------------------------------------------------------------------------
+
+    def inbox(self, user_id: str, *, unread: bool | None = None, limit: int | None = None) -> Iterator[InboxItem]:
+        """Iterate over a recipient's inbox, newest first (only unread items with `unread=True`)."""
+        return self._iterate(_core.list_inbox, user_id, unread=unread, limit=limit)
+
+    def mark_inbox_read(self, user_id: str, delivery_id: int) -> InboxItem:
+        """Mark one inbox item read (its delivery moves to `opened`)."""
+        return self.call(_core.mark_inbox_read(user_id, delivery_id))
+
+    def mark_inbox_all_read(self, user_id: str) -> InboxReadAll:
+        """Mark a recipient's whole inbox read."""
+        return self.call(_core.mark_inbox_all_read(user_id))
+
+    def browser_inbox(self, token: str, *, unread: bool | None = None, limit: int | None = None) -> Iterator[InboxItem]:
+        """Iterate over the inbox an inbox token opens, as a front end sees it (the API key is not sent)."""
+        return self._iterate(_core.list_browser_inbox, token, unread=unread, limit=limit)
+
+    def browser_mark_read(self, token: str, delivery_id: int) -> InboxItem:
+        """Mark one item read with an inbox token."""
+        return self.call(_core.browser_mark_read(token, delivery_id))
+
+    def browser_mark_all_read(self, token: str) -> InboxReadAll:
+        """Mark the whole inbox of an inbox token read."""
+        return self.call(_core.browser_mark_all_read(token))
+
+    def archive_inbox_item(self, user_id: str, delivery_id: int) -> InboxItem:
+        """Archive one inbox item (it is read too, and leaves the default list)."""
+        return self.call(_core.inbox_item_action(user_id, delivery_id, "archive"))
+
+    def unarchive_inbox_item(self, user_id: str, delivery_id: int) -> InboxItem:
+        """Bring an archived inbox item back to the default list."""
+        return self.call(_core.inbox_item_action(user_id, delivery_id, "unarchive"))
+
+    def click_inbox_item(self, user_id: str, delivery_id: int) -> InboxItem:
+        """Count a click on an inbox item's action URL (a `clicked` event) and mark it read."""
+        return self.call(_core.inbox_item_action(user_id, delivery_id, "click"))
+
+    def browser_archive(self, token: str, delivery_id: int) -> InboxItem:
+        """Archive one item with an inbox token."""
+        return self.call(_core.browser_item_action(token, delivery_id, "archive"))
+
+    def browser_unarchive(self, token: str, delivery_id: int) -> InboxItem:
+        """Unarchive one item with an inbox token."""
+        return self.call(_core.browser_item_action(token, delivery_id, "unarchive"))
+
+    def browser_click(self, token: str, delivery_id: int) -> InboxItem:
+        """Count a click on an item's action URL with an inbox token."""
+        return self.call(_core.browser_item_action(token, delivery_id, "click"))
+
+    def browser_me(self, token: str) -> InboxUser:
+        """Return who an inbox token opens, their locale and a link to their preference center."""
+        return self.call(_core.browser_me(token))
+
+    # --- Templates and email layouts ---------------------------------------------------------------------------
+
+    def templates(self, *, limit: int | None = None) -> Iterator[Template]:
+        """Iterate over the templates, page by page."""
+        return self._iterate(_core.list_templates, limit=limit)
+
+    def put_template(
+        self,
+        key: str,
+        *,
+        category: str,
+        content: Mapping[str, Any],
+        default_locale: str | None = None,
+        publish: bool = True,
+        layout: str | None = None,
+    ) -> TemplateVersion:
+        """Create the next version of a template (published unless `publish` is false)."""
+        return self.call(
+            _core.put_template(
+                key, category=category, content=content, default_locale=default_locale, publish=publish, layout=layout
+            )
+        )
+
+    def get_template(self, key: str) -> Template:
+        """Return a template with its published version."""
+        return self.call(_core.get_template(key))
+
+    def get_template_version(self, key: str, version: int) -> TemplateVersion:
+        """Return one version of a template with its content (drafts included)."""
+        return self.call(_core.get_template_version(key, version))
+
+    def preview_template(
+        self,
+        key: str,
+        *,
+        payload: Mapping[str, Any] | None = None,
+        locale: str | None = None,
+        version: int | None = None,
+    ) -> Preview:
+        """Render every channel of a version (default: the published one) with a sample payload."""
+        return self.call(_core.preview_template(key, payload=payload, locale=locale, version=version))
+
+    def put_layout(self, key: str, *, html: str, text: str = "") -> Layout:
+        """Create the next version of an email layout (`html`, and `text`, place the message with {{ content }})."""
+        return self.call(_core.put_layout(key, html=html, text=text))
+
+    def get_layout(self, key: str) -> Layout:
+        """Return an email layout in its current version."""
+        return self.call(_core.get_layout(key))
+
+    # --- Workflows ---------------------------------------------------------------------------------------------
+
+    def put_workflow(self, key: str, *, category: str, steps: Sequence[Mapping[str, Any]]) -> Workflow:
+        """Create the next version of a workflow."""
+        return self.call(_core.put_workflow(key, category=category, steps=steps))
+
+    def get_workflow(self, key: str) -> Workflow:
+        """Return a workflow."""
+        return self.call(_core.get_workflow(key))
+
+    def workflows(self, *, limit: int | None = None) -> Iterator[Workflow]:
+        """Iterate over the workflows, page by page."""
+        return self._iterate(_core.list_workflows, limit=limit)
+
+    # --- Campaigns ---------------------------------------------------------------------------------------------
+
+    def campaigns(self, *, status: str | None = None, limit: int | None = None) -> Iterator[Campaign]:
+        """Iterate over the campaigns, page by page."""
+        return self._iterate(_core.list_campaigns, status=status, limit=limit)
+
+    def create_campaign(self, *, name: str, template: str, topic: str, **fields: Any) -> Campaign:
+        """Create a campaign: `fields` are the API's (category, channels, payload, send_at, crontab, draft...)."""
+        return self.call(_core.create_campaign(name=name, template=template, topic=topic, **fields))
+
+    def get_campaign(self, campaign_id: int) -> Campaign:
+        """Return a campaign with its progress and runs (in `raw`)."""
+        return self.call(_core.get_campaign(campaign_id))
+
+    def update_campaign(self, campaign_id: int, **fields: Any) -> Campaign:
+        """Change some fields of a campaign."""
+        return self.call(_core.update_campaign(campaign_id, **fields))
+
+    def campaign_action(self, campaign_id: int, action: str) -> Campaign:
+        """Pause, resume or cancel a campaign (`action` is one of those words)."""
+        return self.call(_core.campaign_action(campaign_id, action))
+
+    # --- Operations: dead letters and the sandbox --------------------------------------------------------------
+
+    def dead_letters(
+        self, *, channel: str | None = None, status: str | None = None, limit: int | None = None
+    ) -> Iterator[DeadLetter]:
+        """Iterate over the dead letters, page by page."""
+        return self._iterate(_core.list_dead_letters, channel=channel, status=status, limit=limit)
+
+    def replay_dead_letter(self, dead_letter_id: int) -> DeadLetter:
+        """Send a dead letter's delivery again."""
+        return self.call(_core.replay_dead_letter(dead_letter_id))
+
+    def discard_dead_letter(self, dead_letter_id: int) -> DeadLetter:
+        """Give up on a dead letter for good."""
+        return self.call(_core.discard_dead_letter(dead_letter_id))
+
+    def replay_dead_letters(
+        self, *, ids: Sequence[int] | None = None, all: bool = False, channel: str | None = None
+    ) -> int:
+        """Replay these dead letters, or all of them (of one channel); return how many were replayed."""
+        return self.call(_core.replay_dead_letters(ids=ids, all=all, channel=channel))
+
+    def sandbox_messages(
+        self,
+        *,
+        channel: str | None = None,
+        address: str | None = None,
+        delivery_id: int | None = None,
+        limit: int | None = None,
+    ) -> Iterator[SandboxMessage]:
+        """Iterate over what the sandbox provider recorded instead of sending, newest first."""
+        return self._iterate(
+            _core.list_sandbox_messages, channel=channel, address=address, delivery_id=delivery_id, limit=limit
+        )
+
+    # --- Status events: the endpoint ---------------------------------------------------------------------------
+
+    def get_event_endpoint(self) -> EventEndpoint:
+        """Return where this client's status events go."""
+        return self.call(_core.get_event_endpoint())
+
+    def set_event_endpoint(
+        self, *, url: str, events: Sequence[str] | None = None, max_batch: int | None = None
+    ) -> EventEndpoint:
+        """Create or change the event endpoint; on creation the answer carries its signing `secret`."""
+        return self.call(_core.set_event_endpoint(url=url, events=events, max_batch=max_batch))
+
+    def delete_event_endpoint(self) -> None:
+        """Stop sending status events."""
+        return self.call(_core.delete_event_endpoint())
+
+    def rotate_event_secret(self) -> EventEndpoint:
+        """Replace the endpoint's signing secret; the answer carries the new one."""
+        return self.call(_core.rotate_event_secret())
+
+    def event_attempts(self, *, limit: int | None = None) -> Iterator[EventAttempt]:
+        """Iterate over the recent tries to deliver status events, newest first."""
+        return self._iterate(_core.list_event_attempts, limit=limit)
+
+    # --- Statistics --------------------------------------------------------------------------------------------
+
+    def stats(
+        self,
+        *,
+        from_day: dt.date | str,
+        to_day: dt.date | str,
+        group_by: Sequence[str] = ("day",),
+        mode: str | None = None,
+    ) -> Stats:
+        """Return delivery counts of this client's notifications per group (day, channel, status, template)."""
+        return self.call(_core.stats(from_day=from_day, to_day=to_day, group_by=group_by, mode=mode))

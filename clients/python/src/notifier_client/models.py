@@ -79,6 +79,12 @@ class Notification:
     created_at: dt.datetime | None = None
     delivery_counts: dict[str, int] = field(default_factory=dict)
     recipients_total: int | None = None
+    # "test" for a test key's notifications (every delivery goes to the sandbox), else "live".
+    mode: str = "live"
+    # Sent with `workflow`: its key and version, and (to a user) every step with its status and reason.
+    workflow: str | None = None
+    workflow_version: int | None = None
+    steps: list[dict[str, Any]] = field(default_factory=list)
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -97,6 +103,10 @@ class Notification:
             created_at=parse_time(data.get("created_at")),
             delivery_counts=dict(data.get("delivery_counts") or {}),
             recipients_total=data.get("recipients_total"),
+            mode=data.get("mode") or "live",
+            workflow=data.get("workflow"),
+            workflow_version=data.get("workflow_version"),
+            steps=list(data.get("steps") or []),
             raw=data,
         )
 
@@ -245,3 +255,310 @@ class PreferenceLink:
 
     url: str
     expires_at: dt.datetime | None
+
+
+@dataclass(frozen=True)
+class Template:
+    """A template: its header and published version number; `raw` has every version's summary and content."""
+
+    key: str
+    category: str = ""
+    default_locale: str = ""
+    published_version: int | None = None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_api(cls, data: dict[str, Any]) -> Template:
+        """Build from the API's JSON."""
+        return cls(
+            key=data["key"],
+            category=data.get("category") or "",
+            default_locale=data.get("default_locale") or "",
+            published_version=data.get("published_version"),
+            raw=data,
+        )
+
+
+@dataclass(frozen=True)
+class TemplateVersion:
+    """One version of a template (put_template answers the number; get_template_version the content too)."""
+
+    key: str
+    version: int
+    published: bool = False
+    content: dict[str, Any] = field(default_factory=dict)
+    layout: str = ""
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_api(cls, data: dict[str, Any], key: str = "") -> TemplateVersion:
+        """Build from the API's JSON (a version body has no key: the caller's is used)."""
+        return cls(
+            key=data.get("key") or key,
+            version=int(data["version"]),
+            published=bool(data.get("published", False)),
+            content=dict(data.get("content") or {}),
+            layout=data.get("layout") or "",
+            raw=data,
+        )
+
+
+@dataclass(frozen=True)
+class Preview:
+    """A version rendered with a sample payload: per channel, the locale used and the parts."""
+
+    key: str
+    version: int
+    channels: dict[str, dict[str, Any]] = field(default_factory=dict)
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def parts(self, channel: str) -> dict[str, Any]:
+        """Return the rendered parts of one channel ({} if the version does not serve it)."""
+        return dict(self.channels.get(channel, {}).get("parts") or {})
+
+    @classmethod
+    def from_api(cls, data: dict[str, Any]) -> Preview:
+        """Build from the API's JSON."""
+        return cls(key=data["key"], version=int(data["version"]), channels=dict(data.get("channels") or {}), raw=data)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """An email layout in its current version (put_layout answers key and version only)."""
+
+    key: str
+    version: int
+    html: str = ""
+    text: str = ""
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_api(cls, data: dict[str, Any]) -> Layout:
+        """Build from the API's JSON."""
+        return cls(
+            key=data["key"], version=int(data["version"]), html=data.get("html") or "", text=data.get("text") or "",
+            raw=data,
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Campaign:
+    """A campaign: a template sent to a topic now, later or on a schedule."""
+
+    id: int
+    name: str
+    status: str
+    template: str = ""
+    topic: str = ""
+    category: str = ""
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_api(cls, data: dict[str, Any]) -> Campaign:
+        """Build from the API's JSON."""
+        return cls(
+            id=int(data["id"]),
+            name=data.get("name") or "",
+            status=data.get("status") or "",
+            template=data.get("template") or "",
+            topic=data.get("topic") or "",
+            category=data.get("category") or "",
+            raw=data,
+        )
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """A delivery whose retries ran out, kept to replay or discard."""
+
+    id: int
+    delivery_id: int
+    notification_id: str
+    status: str = ""
+    delivery_status: str = ""
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_api(cls, data: dict[str, Any]) -> DeadLetter:
+        """Build from the API's JSON."""
+        return cls(
+            id=int(data["id"]),
+            delivery_id=int(data["delivery_id"]),
+            notification_id=str(data.get("notification_id") or ""),
+            status=data.get("status") or "",
+            delivery_status=data.get("delivery_status") or "",
+            raw=data,
+        )
+
+
+@dataclass(frozen=True)
+class EventEndpoint:
+    """Where this client's status events go; `secret` (whsec_...) only on creation and rotation."""
+
+    url: str
+    events: list[str] = field(default_factory=list)
+    max_batch: int = 1
+    is_active: bool = True
+    secret: str | None = None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_api(cls, data: dict[str, Any]) -> EventEndpoint:
+        """Build from the API's JSON."""
+        return cls(
+            url=data["url"],
+            events=list(data.get("events") or []),
+            max_batch=int(data.get("max_batch") or 1),
+            is_active=bool(data.get("is_active", True)),
+            secret=data.get("secret") or None,
+            raw=data,
+        )
+
+
+@dataclass(frozen=True)
+class EventAttempt:
+    """One try to deliver status events to the endpoint."""
+
+    id: int
+    ok: bool
+    status_code: int | None = None
+    error: str = ""
+    events: int = 0
+    at: dt.datetime | None = None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_api(cls, data: dict[str, Any]) -> EventAttempt:
+        """Build from the API's JSON."""
+        return cls(
+            id=int(data["id"]),
+            ok=bool(data.get("ok")),
+            status_code=data.get("status_code"),
+            error=data.get("error") or "",
+            events=int(data.get("events") or 0),
+            at=parse_time(data.get("at")),
+            raw=data,
+        )
+
+
+@dataclass(frozen=True)
+class InboxItem:
+    """One message of a recipient's in-app inbox."""
+
+    id: int
+    notification_id: str
+    title: str = ""
+    body: str = ""
+    category: str = ""
+    status: str = ""
+    created_at: dt.datetime | None = None
+    read_at: dt.datetime | None = None
+    url: str = ""
+    archived_at: dt.datetime | None = None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_api(cls, data: dict[str, Any]) -> InboxItem:
+        """Build from the API's JSON."""
+        return cls(
+            id=int(data["id"]),
+            notification_id=str(data.get("notification_id") or ""),
+            title=data.get("title") or "",
+            body=data.get("body") or "",
+            category=data.get("category") or "",
+            status=data.get("status") or "",
+            created_at=parse_time(data.get("created_at")),
+            read_at=parse_time(data.get("read_at")),
+            url=data.get("url") or "",
+            archived_at=parse_time(data.get("archived_at")),
+            raw=data,
+        )
+
+
+@dataclass(frozen=True)
+class InboxUser:
+    """Who an inbox token opens: the user, their locale and a signed link to their preference center."""
+
+    user_id: str
+    locale: str = ""
+    preferences_url: str = ""
+    preferences_expires_at: dt.datetime | None = None
+
+    @classmethod
+    def from_api(cls, data: dict[str, Any]) -> InboxUser:
+        """Build from the API's JSON."""
+        return cls(
+            user_id=str(data["user_id"]),
+            locale=data.get("locale") or "",
+            preferences_url=data.get("preferences_url") or "",
+            preferences_expires_at=parse_time(data.get("preferences_expires_at")),
+        )
+
+
+@dataclass(frozen=True)
+class InboxReadAll:
+    """What marking a whole inbox read did."""
+
+    marked_read: int
+    unread_count: int
+
+
+@dataclass(frozen=True)
+class SandboxMessage:
+    """A message the sandbox provider recorded instead of sending it."""
+
+    id: int
+    delivery_id: int
+    channel: str
+    address: str
+    content: dict[str, Any] = field(default_factory=dict)
+    created_at: dt.datetime | None = None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_api(cls, data: dict[str, Any]) -> SandboxMessage:
+        """Build from the API's JSON."""
+        return cls(
+            id=int(data["id"]),
+            delivery_id=int(data["delivery_id"]),
+            channel=data.get("channel") or "",
+            address=data.get("address") or "",
+            content=dict(data.get("content") or {}),
+            created_at=parse_time(data.get("created_at")),
+            raw=data,
+        )
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Delivery counts per group (day, channel, status, template) over a range of days."""
+
+    rows: list[dict[str, Any]]
+    from_day: str = ""
+    to_day: str = ""
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_api(cls, data: dict[str, Any]) -> Stats:
+        """Build from the API's JSON."""
+        return cls(
+            rows=list(data.get("results") or []),
+            from_day=str(data.get("from") or ""),
+            to_day=str(data.get("to") or ""),
+            raw=data,
+        )
+
+
+@dataclass(frozen=True)
+class Workflow:
+    """A workflow: its key and current version; `raw` has its steps."""
+
+    key: str
+    version: int | None = None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_api(cls, data: dict[str, Any]) -> Workflow:
+        """Build from the API's JSON."""
+        version = data.get("version")
+        return cls(key=data["key"], version=int(version) if version is not None else None, raw=data)
