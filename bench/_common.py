@@ -26,7 +26,9 @@ _NS = os.environ.get("BENCH_NS", "")
 DB_NAME = f"bench_notifier_{_NS}" if _NS else "bench_notifier"
 VHOST = f"notifier_bench_{_NS}" if _NS else "notifier_bench"
 DATABASE_URL = f"postgres://postgres@127.0.0.1:5432/{DB_NAME}"
-BROKER_URL = f"amqp://guest:guest@127.0.0.1:5672/{VHOST}"
+# The machine's RabbitMQ unless a run names a node it started itself (as the tests: host:port and node name).
+BROKER_URL = f"amqp://guest:guest@{os.environ.get('BENCH_AMQP', '127.0.0.1:5672')}/{VHOST}"
+_NODE = ["-n", os.environ["BENCH_RABBITMQ_NODE"]] if os.environ.get("BENCH_RABBITMQ_NODE") else []
 ENV = {
     "DATABASE_URL": DATABASE_URL,
     "CELERY_BROKER_URL": BROKER_URL,
@@ -62,8 +64,8 @@ def _psql(sql: str, db: str = "postgres") -> None:
 def _ensure_vhost() -> None:
     """Create the bench vhost unless it exists; it is reused, never deleted (core.queues.purge_queues says why)."""
     try:
-        subprocess.run(["rabbitmqctl", "-q", "add_vhost", VHOST], capture_output=True, check=False, timeout=60)
-        permissions = ["rabbitmqctl", "-q", "set_permissions", "-p", VHOST, "guest", ".*", ".*", ".*"]
+        subprocess.run(["rabbitmqctl", *_NODE, "-q", "add_vhost", VHOST], capture_output=True, check=False, timeout=60)
+        permissions = ["rabbitmqctl", *_NODE, "-q", "set_permissions", "-p", VHOST, "guest", ".*", ".*", ".*"]
         subprocess.run(permissions, capture_output=True, check=True, timeout=60)
     except (subprocess.TimeoutExpired, subprocess.CalledProcessError):
         # A broken broker need not stop the benchmarks that do not use it (inbox_streams.py --direct).
@@ -184,8 +186,8 @@ def fill_day(
     """
     from django.db import connection
 
-    from notifier.models import ApiClient
-    from notifier.partitions import delivery_id_bounds
+    from notifier.clients.models import ApiClient
+    from notifier.deliveries.partitions import delivery_id_bounds
     from preferences.models import Recipient
 
     client, _ = ApiClient.objects.get_or_create(name="bench", defaults={"key_prefix": "bench", "key_hash": "b" * 64})
@@ -239,19 +241,16 @@ def table_sizes() -> dict[str, int]:
 def fill_history(days: int, per_day: int, *, recipients: int = 100_000) -> None:
     """Load `days` past days (yesterday back) of `per_day` finished deliveries each into real day partitions.
 
-    A fresh bench database cuts over today: its (empty) legacy partitions cover everything before, so
-    `create_partition` would leave the past to them. They are dropped first (`drop_legacy`, as an
-    installation does once the purge has drained them), then each day's three partitions are created,
-    filled set-based (fill_day: notifications of 2 to 10 deliveries, two events per delivery, spread over
-    `recipients` recipients), and VACUUM ANALYZEd, one day at a time. Prints the fill time and sizes.
+    Each day's three partitions are created, filled set-based (fill_day: notifications of 2 to 10 deliveries,
+    two events per delivery, spread over `recipients` recipients), and VACUUM ANALYZEd, one day at a time.
+    Prints the fill time and sizes.
     """
     from django.db import connection
     from django.utils import timezone
 
-    from notifier import partitions
+    from notifier.deliveries import partitions
 
-    dropped = partitions.drop_legacy()
-    log(f"history: {days} days x {per_day:,} deliveries (dropped the empty {', '.join(dropped) or 'nothing'})")
+    log(f"history: {days} days x {per_day:,} deliveries")
     n = min(recipients, per_day)
     with connection.cursor() as cursor:
         cursor.execute(
@@ -414,7 +413,8 @@ def empty_task_rate(n: int = 3000) -> dict[str, float]:
     """Measure publish and consume rates of an empty task on this broker (a prefork worker of 2, late acks)."""
     from config.celery import app
 
-    worker = Worker("noop", ["maintenance"], concurrency=2)
+    # Its "succeeded" lines are counted.
+    worker = Worker("noop", ["maintenance"], concurrency=2, CELERY_TASK_LOGS="true")
     with workers(worker):
         started = time.monotonic()
         with app.producer_or_acquire() as producer:
@@ -481,27 +481,49 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-class ApiServer:
-    """The real HTTP API under gunicorn on a loopback port, on the bench database and vhost."""
+SERVERS = ("gunicorn", "granian")
 
-    def __init__(self, port: int = 0, workers: int = 2, threads: int = 4) -> None:
+
+def server_command(server: str, app: str, *, port: int, workers: int, threads: int) -> list[str]:
+    """Return the command serving the WSGI `app` under `server`: gunicorn as the Procfile runs it, or granian alike."""
+    if server == "granian":
+        # The same shape as gunicorn.conf.py: `workers` processes of `threads` request threads, no access log.
+        return [
+            sys.executable, "-m", "granian", "--interface", "wsgi", "--host", "127.0.0.1", "--port", str(port),
+            "--workers", str(workers), "--blocking-threads", str(threads), "--no-ws", "--log-level", "warning", app,
+        ]  # fmt: skip
+    # As the Procfile runs it (gunicorn.conf.py: request recycling, keep-alive, no access log).
+    return [sys.executable, "-m", "gunicorn", "-c", "gunicorn.conf.py", app]
+
+
+class ApiServer:
+    """The real HTTP API (or another WSGI app) under gunicorn or granian on a loopback port, on the bench database."""
+
+    def __init__(
+        self,
+        port: int = 0,
+        workers: int = 2,
+        threads: int = 4,
+        *,
+        server: str = "gunicorn",
+        app: str = "config.wsgi:application",
+        env: dict[str, str] | None = None,
+    ) -> None:
         # Port 0: a free one. Eight people benchmark on this box: with one fixed port, two overlapping runs meet, and
         # the second's clients talk to the first's server (another database).
         port = port or free_port()
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
-        self.log_path = ROOT / "var" / f"bench-api-{os.getpid()}.log"
+        self.log_path = ROOT / "var" / f"bench-api-{server}-{os.getpid()}.log"
         self._log = self.log_path.open("w")
+        workers = int(os.environ.get("WEB_WORKERS", str(workers)))
+        threads = int(os.environ.get("WEB_THREADS", str(threads)))
         self.proc = subprocess.Popen(
-            [
-                # As the Procfile runs it (gunicorn.conf.py: request recycling, keep-alive, no access log).
-                sys.executable, "-m", "gunicorn", "-c", "gunicorn.conf.py", "config.wsgi:application",
-            ],
+            server_command(server, app, port=port, workers=workers, threads=threads),
             cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
-            env={
+            env=env if env is not None else {
                 **os.environ, **ENV, "GUNICORN_BIND": f"127.0.0.1:{port}",
-                "WEB_WORKERS": os.environ.get("WEB_WORKERS", str(workers)),
-                "WEB_THREADS": os.environ.get("WEB_THREADS", str(threads)),
+                "WEB_WORKERS": str(workers), "WEB_THREADS": str(threads),
             },
         )  # fmt: skip
 
@@ -528,7 +550,7 @@ class ApiServer:
 def api_key() -> str:
     """Create an API client allowed every category and scope and return its raw key."""
     from core.scopes import SCOPES
-    from notifier.services import api_client_create
+    from notifier.clients.services import api_client_create
 
     client, raw_key = api_client_create(name=f"bench-{time.time_ns()}", scopes=list(SCOPES))
     client.rate_limit = "1000000/s"  # a benchmark measures the pipeline, not the per-client API limit
@@ -603,3 +625,51 @@ class StatementCounter:
         for label, (count, seconds) in sorted(self.stats.items(), key=lambda kv: -kv[1][1]):
             print(f"  {count / per:7.1f}  {seconds * 1000 * ms_scale:7.1f} ms  {label}")
         print(f"  {total_count / per:7.1f}  {total_s * 1000 * ms_scale:7.1f} ms  (all statements)")
+
+
+# Process groups by a piece of their command line; the first match wins.
+# Workers match both as the Procfile names them (`-n high@%h`) and as Worker below does (`-n bench-high-<pid>@`).
+GROUPS = [
+    ("floor (bare view)", "bench.floor_app"),
+    ("api (gunicorn)", "gunicorn"),
+    ("api (granian)", "granian"),
+    ("worker high", "high"),
+    ("worker low", "low"),
+    ("worker events", "events"),
+    ("worker fanout", "fanout"),
+    ("worker maintenance", "maintenance"),
+    ("load generator (wrk)", "wrk "),
+    ("flower", "flower"),
+    ("beat", " beat"),
+    ("streams (uvicorn)", "uvicorn"),
+    ("honcho (log lines)", "honcho"),
+    ("postgresql", "postgres"),
+    ("rabbitmq", "beam"),
+    ("redis", "redis-server"),
+]
+
+
+def group_cpu() -> dict[str, float]:
+    """Return the CPU seconds of every process group on the box, reaped children included."""
+    tick = os.sysconf("SC_CLK_TCK")
+    totals: dict[str, float] = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # it exited meanwhile
+        seconds = sum(int(fields[i]) for i in (11, 12, 13, 14)) / tick  # utime, stime, cutime, cstime
+        for name, piece in GROUPS:
+            if piece in command and (not name.startswith("worker") or " worker " in f" {command}"):
+                totals[name] = totals.get(name, 0.0) + seconds
+                break
+    return totals
+
+
+def print_cpu(before: dict[str, float], after: dict[str, float], n: int) -> None:
+    """Print each group's CPU seconds between two snapshots, and per single."""
+    for name in sorted(after, key=lambda k: before.get(k, 0.0) - after[k]):
+        used = after[name] - before.get(name, 0.0)
+        if used >= 0.05:
+            print(f"  {name:<20} {used:6.1f} s   {used / n * 1000:5.2f} ms per single")

@@ -3,7 +3,7 @@
 Fills the bench database (BENCH_NS gives it its own name; no broker needed) with one UTC day of N deliveries
 (default 1,000,000), their notifications (two deliveries each) and events (two per delivery), written by
 generate_series with realistic shapes: four channels, a status mix, provider message ids, some errors, 1%
-of recipients erased. Then exports the day with notifier.archive to moto's S3 server on 127.0.0.1 and
+of recipients erased. Then exports the day with notifier.deliveries.archive to moto's S3 server on 127.0.0.1 and
 prints the rate and the sizes.
 
     BENCH_NS=archive .venv/bin/python bench/archive.py [--deliveries 1000000] [--restore] [--keep]
@@ -32,7 +32,7 @@ def fill(deliveries: int) -> None:
     """Write one day of notifications, deliveries and events with generate_series."""
     from django.db import connection
 
-    from notifier.services import api_client_create
+    from notifier.clients.services import api_client_create
 
     client_id = api_client_create(name="bench-archive")[0].pk
     notifications = max(1, deliveries // 2)
@@ -116,7 +116,7 @@ def main() -> None:
     try:
         from django.db import connection
 
-        from notifier import archive
+        from notifier.deliveries import archive
 
         started = time.monotonic()
         fill(opts.deliveries)

@@ -71,8 +71,9 @@ def main() -> None:
 def topic_to_sent(args: argparse.Namespace) -> float:
     from django.db.models import Max
 
-    from notifier.models import Delivery
-    from notifier.services import api_client_create, notification_accept
+    from notifier.accepting.services import notification_accept
+    from notifier.clients.services import api_client_create
+    from notifier.deliveries.models import Delivery
 
     make_template("news", "social")
     make_topic("all", args.subscribers)
@@ -108,7 +109,7 @@ def topic_to_sent(args: argparse.Namespace) -> float:
 def singles_to_sent(args: argparse.Namespace) -> float:
     from django.db.models import Max, Min
 
-    from notifier.models import Delivery
+    from notifier.deliveries.models import Delivery
 
     make_template("otp", "security")
     key = api_key()

@@ -35,8 +35,9 @@ def main() -> None:
 
 
 def run(subscribers: int, page: int, lanes: int, timeout: float) -> None:
-    from notifier.models import Delivery, Notification
-    from notifier.services import api_client_create, notification_accept
+    from notifier.accepting.services import notification_accept
+    from notifier.clients.services import api_client_create
+    from notifier.deliveries.models import Delivery, Notification
 
     noop = empty_task_rate()
     log(f"empty task: publish {noop['publish_per_s']:.0f}/s, publish+consume {noop['end_to_end_per_s']:.0f}/s")

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -29,50 +28,7 @@ from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import ROOT, log, percentile
-
-# Process groups by a piece of their command line; the first match wins.
-GROUPS = [
-    ("api (gunicorn)", "gunicorn"),
-    ("worker high", "-n high@"),
-    ("worker low", "-n low@"),
-    ("worker events", "-n events@"),
-    ("worker fanout", "-n fanout@"),
-    ("worker maintenance", "-n maintenance@"),
-    ("flower", "flower"),
-    ("beat", " beat"),
-    ("streams (uvicorn)", "uvicorn"),
-    ("honcho (log lines)", "honcho"),
-    ("postgresql", "postgres"),
-    ("rabbitmq", "beam"),
-    ("redis", "redis-server"),
-]
-
-
-def group_cpu() -> dict[str, float]:
-    """Return the CPU seconds of every process group on the box, reaped children included."""
-    tick = os.sysconf("SC_CLK_TCK")
-    totals: dict[str, float] = {}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # it exited meanwhile
-        seconds = sum(int(fields[i]) for i in (11, 12, 13, 14)) / tick  # utime, stime, cutime, cstime
-        for name, piece in GROUPS:
-            if piece in command:
-                totals[name] = totals.get(name, 0.0) + seconds
-                break
-    return totals
-
-
-def print_cpu(before: dict[str, float], after: dict[str, float], n: int) -> None:
-    """Print each group's CPU seconds between two snapshots, and per single."""
-    for name in sorted(after, key=lambda k: before.get(k, 0.0) - after[k]):
-        used = after[name] - before.get(name, 0.0)
-        if used >= 0.05:
-            print(f"  {name:<20} {used:6.1f} s   {used / n * 1000:5.2f} ms per single")
+from bench._common import ROOT, group_cpu, log, percentile, print_cpu
 
 
 class Api:

@@ -50,7 +50,7 @@ def main() -> None:
     timed(
         "personalize with footer (text + html)",
         lambda r: personalize(
-            parts, preferences_url=links[0], unsubscribe_url=links[0], locale="de", footer=True, placeholder=False
+            parts, preferences_url=links[0], unsubscribe_url=links[0], locale="de", footer=True, marker=""
         ),
     )
     tokens = iter([link.rsplit("/", 1)[1] for link in links])

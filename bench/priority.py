@@ -2,15 +2,22 @@
 
     .venv/bin/python bench/priority.py [--recipients 100000] [--rate 100000] [--otps 60]
     .venv/bin/python bench/priority.py --load singles [--clients 16] [--otps 60]
+    .venv/bin/python bench/priority.py --load topic-high [--recipients 100000] [--pace '*=1000'] [--otps 60]
 
 A campaign to a topic of N recipients (marketing, low priority, capped at --rate per second) drains through
 its own low-queue workers; meanwhile an OTP (security, high priority) is POSTed to the real HTTP API once a
-second, served by separate high-queue workers (DESIGN.md: priorities need separate queues and processes).
+second, served by separate high-queue workers (priorities need separate queues and processes, or an OTP
+waits behind the campaign).
 Latency per OTP is its delivery's sent_at minus its notification's created_at. Target p99 <= 500 ms.
 
 With `--load singles` there is no campaign: --clients HTTP clients send single notifications (social, normal
 priority, which travels on the low queue) as fast as the API takes them for the whole run, as bench/singles.py
 does, and the OTPs are measured against that.
+
+With `--load topic-high` a transactional template is sent to a topic of N recipients at high priority over the
+HTTP API: its deliveries travel on `email.high`, the OTPs' own queue and workers (8 threads, as the high worker
+class runs). The fan-out fills the high queue at `--pace` (FANOUT_HIGH_PACE, default the setting's own;
+`'*=0'` turns pacing off, for comparison); the figures say how long the topic took to drain besides the OTPs'.
 """
 
 from __future__ import annotations
@@ -50,7 +57,8 @@ def main() -> None:
     p.add_argument("--recipients", type=int, default=100_000)
     p.add_argument("--rate", type=int, default=100_000)
     p.add_argument("--otps", type=int, default=60)
-    p.add_argument("--load", choices=["campaign", "singles"], default="campaign")
+    p.add_argument("--load", choices=["campaign", "singles", "topic-high"], default="campaign")
+    p.add_argument("--pace", default="", help="with --load topic-high: FANOUT_HIGH_PACE of the workers")
     p.add_argument("--clients", type=int, default=16, help="with --load singles: concurrent HTTP clients")
     args = p.parse_args()
     prepare()
@@ -64,14 +72,16 @@ def run(args: argparse.Namespace) -> None:
     from django.db.models import Max
 
     from notifier.campaigns.services import campaign_create
-    from notifier.models import ApiClient, Delivery
+    from notifier.clients.models import ApiClient
+    from notifier.deliveries.models import Delivery
     from preferences.models import Recipient
 
     noop = empty_task_rate()
     make_template("promo", "marketing")
     make_template("otp", "security")
     make_template("news", "social")
-    if args.load == "campaign":
+    make_template("receipt", "transactional")
+    if args.load in ("campaign", "topic-high"):
         make_topic("everyone", args.recipients)
     else:
         Recipient.objects.bulk_create(
@@ -83,19 +93,29 @@ def run(args: argparse.Namespace) -> None:
     Recipient.objects.create(user_id="otp-user", email="otp@example.com")
     server = ApiServer()
     low = Worker("prio-low", ["email.low"], concurrency=2)
-    fan = Worker("prio-fanout", ["fanout", "maintenance"], concurrency=1)
-    high = Worker("prio-high", ["email.high"], concurrency=1, pool="threads")
+    pace_env = {"FANOUT_HIGH_PACE": args.pace} if args.pace else {}
+    if args.load == "topic-high":
+        # Two fan-out processes for the topic's two lanes, sharing one pace; the high class as it ships.
+        fan = Worker("prio-fanout", ["fanout", "maintenance"], concurrency=2, **pace_env)
+        high = Worker("prio-high", ["email.high"], concurrency=8, pool="threads")
+    else:
+        fan = Worker("prio-fanout", ["fanout", "maintenance"], concurrency=1)
+        high = Worker("prio-high", ["email.high"], concurrency=1, pool="threads")
     try:
         server.wait_ready()
         with workers(low, fan, high):
             stop = threading.Event()
             loaders: list[threading.Thread] = []
+            topic_drain = (0.0, 0)
             if args.load == "campaign":
                 campaign_create(
                     client=client, name="bench", template="promo", topic="everyone", channels=["email"],
                     payload={"n": 1}, rate_per_second=args.rate,
                 )  # fmt: skip
                 campaign_sent = Delivery.objects.filter(notification__campaign__isnull=False, status="sent")
+            elif args.load == "topic-high":
+                topic_id = _send_topic(server.url, key)
+                campaign_sent = Delivery.objects.filter(notification_id=topic_id, status="sent")
             else:
                 loaders = [
                     threading.Thread(target=_singles_load, args=(server.port, key, c, args, stop))
@@ -126,6 +146,10 @@ def run(args: argparse.Namespace) -> None:
             otps = Delivery.objects.filter(notification_id__in=ids)
             wait_until(lambda: otps.filter(status="sent").count() == len(ids), timeout=120, what="otps sent")
             during = campaign_sent.count()
+            if args.load == "topic-high":
+                # The topic drains on: measure how long it took in all (its pace shows here).
+                wait_until(lambda: campaign_sent.count() >= args.recipients, timeout=1800, what="topic drained")
+                topic_drain = (time.monotonic() - load_started, campaign_sent.count())
             drained_at = campaign_sent.aggregate(last=Max("sent_at"))["last"]
     finally:
         server.stop()
@@ -135,7 +159,16 @@ def run(args: argparse.Namespace) -> None:
     # The OTPs accepted while campaign (or load) deliveries were still being sent: the ones the target is about.
     draining = [(sent - accepted).total_seconds() * 1000 for accepted, sent in rows if accepted <= drained_at]
     print("\n=== bench/priority.py ===")
-    if args.load == "campaign":
+    if args.load == "topic-high":
+        from django.conf import settings
+
+        print(
+            f"topic (high, transactional) {args.recipients} recipients, pace {args.pace or settings.FANOUT_HIGH_PACE}"
+        )
+        print(f"topic deliveries sent while OTPs ran  {during}")
+        seconds, total = topic_drain
+        print(f"topic drained               {total} in {seconds:.1f} s ({total / seconds:.0f}/s) from its accept")
+    elif args.load == "campaign":
         print(f"campaign                    {args.recipients} recipients, cap {args.rate}/s")
         print(f"campaign deliveries sent while OTPs ran  {during}")
     else:
@@ -152,6 +185,19 @@ def run(args: argparse.Namespace) -> None:
         f"p99 {percentile(latencies, 99):.0f}, max {max(latencies):.0f}"
     )
     print(f"empty Celery task           {noop['end_to_end_per_s']:.0f}/s publish+consume")
+
+
+def _send_topic(base_url: str, key: str) -> str:
+    """POST a transactional template to the whole topic at high priority; return the notification id."""
+    body: dict[str, object] = {"topic": "everyone", "template": "receipt", "category": "transactional"}
+    body["priority"] = "high"
+    body |= {"channels": ["email"], "payload": {"n": 0}}
+    request = urllib.request.Request(
+        f"{base_url}/api/v1/notifications",
+        data=json.dumps(body).encode(),
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+    )
+    return str(json.loads(urllib.request.urlopen(request, timeout=30).read())["id"])
 
 
 def _singles_load(port: int, key: str, client_no: int, args: argparse.Namespace, stop: threading.Event) -> None:

@@ -45,7 +45,7 @@ def sizes(day: date) -> dict[str, int]:
     """Return the total size (heap, indexes, TOAST) of each of the day's partitions, 0 when it is gone."""
     from django.db import connection
 
-    from notifier.partitions import partition_name
+    from notifier.deliveries.partitions import partition_name
 
     out = {}
     with connection.cursor() as cursor:
@@ -58,7 +58,7 @@ def sizes(day: date) -> dict[str, int]:
 def dead_tuples(day: date) -> int:
     from django.db import connection
 
-    from notifier.partitions import partition_name
+    from notifier.deliveries.partitions import partition_name
 
     with connection.cursor() as cursor:
         # This backend's counts reach the shared statistics on the next flush; read them fresh.
@@ -101,7 +101,7 @@ def run_delete(day: date, n: int, batch: int) -> dict[str, Any]:
 
 def run_drop(day: date, n: int) -> dict[str, Any]:
     """Fill `day`, then detach and drop its partitions; return the figures."""
-    from notifier.partitions import drop_day
+    from notifier.deliveries.partitions import drop_day
 
     log(f"filling {day} with {n:,} deliveries for the partition drop")
     filled = fill_day(day, n, created=datetime.now(tz=UTC))

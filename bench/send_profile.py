@@ -31,8 +31,8 @@ def _deliveries(n: int) -> list[int]:
     """Write a topic notification and n queued email deliveries as the fan-out would; return their ids."""
     from django.db import connection
 
-    from notifier.models import Notification
-    from notifier.services import api_client_create
+    from notifier.clients.services import api_client_create
+    from notifier.deliveries.models import Notification
     from preferences.models import Topic
 
     client = api_client_create(name=f"profile-{time.time_ns()}")[0]

@@ -62,8 +62,8 @@ def main() -> None:
 def run(args: Any, noop: dict[str, float]) -> None:
     from django.db.models import Max, Min
 
-    from notifier.models import Delivery
-    from notifier.outbox import relay
+    from notifier.deliveries.models import Delivery
+    from notifier.deliveries.outbox import relay
     from preferences.models import Recipient
 
     make_template("otp", "security")

@@ -67,8 +67,9 @@ class Receiver:
 def run_topic(key: str, n: int, *, receiver: Receiver | None, max_batch: int, timeout: float) -> dict[str, float]:
     from django.db.models import Max
 
-    from notifier.models import Delivery
-    from notifier.services import api_client_create, notification_accept
+    from notifier.accepting.services import notification_accept
+    from notifier.clients.services import api_client_create
+    from notifier.deliveries.models import Delivery
     from notifier.statusevents.services import event_endpoint_put
 
     make_topic(key, n)

@@ -1,0 +1,89 @@
+"""What tracing costs a database statement: off, the instrumentation's cursor with spans dropped, exporting.
+
+    BENCH_NS=me .venv/bin/python bench/tracing_overhead.py [--statements 20000] [--keep]
+
+`SELECT 1` through Django's connection, `--statements` times per case, in one process on the bench database
+(`bench_notifier_<BENCH_NS>`, created and dropped):
+
+1. no exporter (production default): the connection has Django's own cursor class;
+2. the psycopg instrumentation's traced cursor in the path while the sampler drops every span, which is what
+   an always-installed instrumentation would cost without an exporter (forced here for the comparison);
+3. exporting to memory under the default sampler (a span per statement, recorded and processed);
+4. exporting under `OTEL_TRACES_SAMPLER=traceidratio`, `OTEL_TRACES_SAMPLER_ARG=0.1`, each statement its own
+   trace (a tenth recorded).
+
+Prints microseconds per statement for each (the median of `--rounds` rounds, the cases interleaved round by
+round) and the spans each produced.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._common import cleanup, log, parser, prepare
+
+
+def _round(n: int) -> float:
+    """Run `n` statements; return microseconds per statement."""
+    from django.db import connection
+
+    started = time.perf_counter()
+    for _ in range(n):
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+            cursor.fetchone()
+    return (time.perf_counter() - started) / n * 1e6
+
+
+def main() -> None:
+    p = parser(__doc__.split("\n\n")[0])
+    p.add_argument("--statements", type=int, default=20_000)
+    p.add_argument("--rounds", type=int, default=10)
+    args = p.parse_args()
+    prepare(broker=False)
+    try:
+        from django.db import connection
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+        from core import tracing
+
+        per_round = max(1, args.statements // args.rounds)
+        connection.ensure_connection()
+        cases = [
+            ("1. no exporter, Django's cursor", None, None),
+            ("2. traced cursor, spans dropped", "forced", None),
+            ("3. exporting, parentbased_always_on", "parentbased_always_on", ""),
+            ("4. exporting, traceidratio 0.1", "traceidratio", "0.1"),
+        ]
+        times: dict[str, list[float]] = {name: [] for name, _, _ in cases}
+        spans: dict[str, int] = dict.fromkeys(times, 0)
+        _round(per_round)  # warm up: the connection, the code paths
+        # Rounds interleaved (1 2 3 4 1 2 3 4 ...): the load of a shared box drifts, and each case sees it alike.
+        for _ in range(args.rounds):
+            for name, sampler, arg in cases:
+                memory = InMemorySpanExporter()
+                if sampler == "forced":
+                    tracing._switch_database_cursors(True)
+                elif sampler is not None:
+                    os.environ["OTEL_TRACES_SAMPLER"], os.environ["OTEL_TRACES_SAMPLER_ARG"] = sampler, arg or ""
+                    tracing.configure_tracing(exporter=memory)
+                times[name].append(_round(per_round))
+                spans[name] += len(memory.get_finished_spans())
+                tracing.reset_tracing()
+        plain = statistics.median(times[cases[0][0]])
+        total = per_round * args.rounds
+        for name, _, _ in cases:
+            cost = statistics.median(times[name])
+            log(f"{name}: {cost:.1f} µs a statement (+{cost - plain:.1f} µs), {spans[name]:,} spans of {total:,}")
+    finally:
+        cleanup(args.keep, broker=False)
+
+
+if __name__ == "__main__":
+    main()
