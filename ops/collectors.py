@@ -10,14 +10,14 @@ import logging
 from collections.abc import Iterator
 
 from django.conf import settings
-from django.db import connection
 from django.db.models import Count
 from kombu import Connection
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from core.queues import build_queues
-from notifier.models import DeadLetter
+from notifier.deadletters.models import DeadLetter
+from notifier.deliveries.selectors import outbox_state
 
 logger = logging.getLogger(__name__)
 
@@ -28,9 +28,20 @@ def collect_queue_depths(timeout: float | None = None) -> dict[str, tuple[int, i
     Passive declares only: a scrape never creates a queue, and a queue missing on the broker is left out.
     """
     timeout = settings.METRICS_BROKER_TIMEOUT_SECONDS if timeout is None else timeout
+    # A cluster's nodes (`;`-separated): the first that answers. kombu's own failover does not move on without
+    # retries, and a scrape does not retry, so a dead first node would read as a dead broker.
+    urls = [url.strip() for url in settings.CELERY_BROKER_URL.split(";") if url.strip()]
+    for url in urls[:-1]:
+        depths = _queue_depths(url, timeout, quiet=True)
+        if depths is not None:
+            return depths
+    return _queue_depths(urls[-1], timeout, quiet=False)
+
+
+def _queue_depths(url: str, timeout: float, *, quiet: bool) -> dict[str, tuple[int, int]] | None:
     depths: dict[str, tuple[int, int]] = {}
     try:
-        with Connection(settings.CELERY_BROKER_URL, connect_timeout=timeout) as conn:
+        with Connection(url, connect_timeout=timeout) as conn:
             conn.ensure_connection(max_retries=0)
             channel = conn.channel()
             for queue in build_queues():
@@ -45,7 +56,8 @@ def collect_queue_depths(timeout: float | None = None) -> dict[str, tuple[int, i
                     continue
                 depths[queue.name] = (int(messages), int(consumers))
     except Exception as exc:
-        logger.warning("queue depth collection failed", extra={"error": type(exc).__name__})
+        if not quiet:
+            logger.warning("queue depth collection failed", extra={"error": type(exc).__name__})
         return None
     return depths
 
@@ -57,21 +69,8 @@ def collect_outbox_state() -> tuple[int, float] | None:
     them) or published longer ago than OUTBOX_STALE_AFTER_SECONDS. Both read the partial index on queued
     deliveries (delivery_outbox_idx); the count stops at 100,000.
     """
-    sql = """
-        SELECT
-          (SELECT count(*) FROM (
-             SELECT 1 FROM notifier_delivery
-             WHERE status = 'queued'
-               AND (published_at IS NULL OR published_at < now() - make_interval(secs => %s))
-             LIMIT 100000) AS backlog),
-          (SELECT coalesce(extract(epoch FROM now() - min(published_at)), 0)
-             FROM notifier_delivery WHERE status = 'queued' AND published_at IS NOT NULL)
-    """
     try:
-        with connection.cursor() as cursor:
-            cursor.execute(sql, [settings.OUTBOX_STALE_AFTER_SECONDS])
-            backlog, oldest = cursor.fetchone()
-        return int(backlog), max(float(oldest), 0.0)
+        return outbox_state(settings.OUTBOX_STALE_AFTER_SECONDS)
     except Exception as exc:
         logger.warning("outbox state read failed", extra={"error": type(exc).__name__})
         return None

@@ -14,14 +14,16 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib import admin
-from django.db import connection
+from django.core.exceptions import PermissionDenied
 from django.db.models import Count
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils import timezone
 
-from notifier.charts import COLOURS, bar_chart, line_chart, state_strip
-from notifier.models import DeliveryEvent
+from core.charts import COLOURS, bar_chart, line_chart, state_strip
+from notifier.deliveries.models import DeliveryEvent
+from notifier.deliveries.selectors import event_counts_by_bucket
+from notifier.staff.roles import may_see_dashboard
 from ops.collectors import collect_pending_dead_letters, collect_queue_depths
 from ops.series import breaker_series, breaker_states, number_series, ops_samples, total_series
 
@@ -55,18 +57,6 @@ def bucket_starts(since: Any, now: Any) -> list[Any]:
     return [start + timedelta(minutes=BUCKET_MINUTES * i) for i in range(count)]
 
 
-def _event_buckets(start: Any, column: str, statuses: tuple[str, ...]) -> list[tuple[Any, ...]]:
-    """Count events per 5-minute bucket, delivery `column` and status since `start` (one grouped query)."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT floor(extract(epoch FROM e.at - %s) / %s)::int AS bucket, d.{column}, e.status, count(*)"  # noqa: S608 - a column name of ours
-            " FROM notifier_deliveryevent e JOIN notifier_delivery d ON d.id = e.delivery_id"
-            " WHERE e.at >= %s AND e.status = ANY(%s) GROUP BY 1, 2, 3",
-            [start, BUCKET_MINUTES * 60, start, list(statuses)],
-        )
-        return cursor.fetchall()
-
-
 def outcome_series(since: Any, now: Any) -> tuple[list[Any], dict[str, dict[str, list[float]]]]:
     """Return bucket starts and, per channel and outcome, deliveries per minute (averaged per 5-minute bucket).
 
@@ -74,7 +64,7 @@ def outcome_series(since: Any, now: Any) -> tuple[list[Any], dict[str, dict[str,
     """
     labels = bucket_starts(since, now)
     count = len(labels)
-    rows = _event_buckets(labels[0], "channel", OUTCOMES)
+    rows = event_counts_by_bucket(labels[0], "channel", OUTCOMES, bucket_seconds=BUCKET_MINUTES * 60)
     series: dict[str, dict[str, list[float]]] = {
         channel: {status: [0.0] * count for status in OUTCOMES} for channel in settings.CHANNELS
     }
@@ -98,7 +88,9 @@ def provider_errors(since: datetime) -> dict[str, int]:
 def provider_error_series(labels: list[Any]) -> dict[str, list[float]]:
     """Return failed and bounced outcomes per provider and 5-minute bucket over the buckets `labels`."""
     series: dict[str, list[float]] = {}
-    for bucket, provider, _, n in _event_buckets(labels[0], "provider", ("failed", "bounced")):
+    for bucket, provider, _, n in event_counts_by_bucket(
+        labels[0], "provider", ("failed", "bounced"), bucket_seconds=BUCKET_MINUTES * 60
+    ):
         if 0 <= bucket < len(labels):
             series.setdefault(provider or "(none)", [0.0] * len(labels))[bucket] += n
     return dict(sorted(series.items()))
@@ -139,7 +131,7 @@ def history_charts(labels: list[Any]) -> dict[str, Any]:
 
 
 def dashboard_charts(context: dict[str, Any]) -> dict[str, Any]:
-    """Draw the dashboard's charts as server-side SVG (notifier/charts.py): no script, no CDN."""
+    """Draw the dashboard's charts as server-side SVG (core/charts.py): no script, no CDN."""
     now = timezone.now()
     labels, series = outcome_series(now - CHART_WINDOW, now)
     per_channel = [
@@ -202,10 +194,12 @@ def dashboard_view_context() -> dict[str, Any]:
 
 
 def dashboard_view(request: HttpRequest) -> HttpResponse:
-    """Render the operations dashboard inside the admin's layout."""
+    """Render the operations dashboard inside the admin's layout (403 for a role that may not see it)."""
+    if not may_see_dashboard(request.user):
+        raise PermissionDenied
     context = {
         **admin.site.each_context(request),
         "title": "Operations dashboard",
         **dashboard_view_context(),
     }
-    return TemplateResponse(request, "admin/notifier/dashboard.html", context)
+    return TemplateResponse(request, "admin/ops/dashboard.html", context)

@@ -26,6 +26,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from channels_app import breaker
+from core import task_names
 from core.redis_guard import get_redis, rkey
 from ops.collectors import collect_pending_dead_letters, collect_queue_depths
 
@@ -150,7 +151,7 @@ def breaker_series(samples: Sequence[dict[str, Any]], labels: Sequence[datetime]
     return dict(sorted(series.items()))
 
 
-@shared_task(name="notifier.tasks.sample_ops")
+@shared_task(name=task_names.SAMPLE_OPS)
 def sample_ops() -> bool:
     """Record queue depths, dead letters and breaker states for the operations charts."""
     return ops_sample() is not None
