@@ -113,11 +113,11 @@ def test_a_quiet_hub_is_not_busy_and_a_change_makes_it_busy() -> None:
     assert hub.busy()
 
 
-def test_every_lease_is_renewed_when_they_take_several_pipelines(settings: Any, monkeypatch: Any) -> None:
+def test_every_lease_is_renewed_when_they_take_several_slices(settings: Any, monkeypatch: Any) -> None:
     settings.INBOX_STREAM_LEASE_SECONDS = 0.6  # renewed every 0.2 s
     monkeypatch.setattr(stream_limits, "RENEW_SLICE", 2)
 
-    async def run() -> list[float]:
+    async def run() -> tuple[list[float], list[float], bool, list[int]]:
         limits = stream_limits.StreamLeases()
         token = f"renew-{uuid.uuid4().hex}"
         leases = []
@@ -126,13 +126,35 @@ def test_every_lease_is_renewed_when_they_take_several_pipelines(settings: Any, 
             assert verdict == stream_limits.OK and lease is not None
             leases.append(lease)
         redis = limits._redis()
-        first = [await redis.zscore(lease.token_key, lease.member) for lease in leases]
+
+        async def scores() -> list[tuple[float, float]]:
+            return [
+                (
+                    (await redis.zscore(x.token_key, x.member)) or 0.0,
+                    (await redis.zscore(x.recipient_key, x.member)) or 0.0,
+                )
+                for x in leases
+            ]
+
+        first = await scores()
+        # A lease whose stream closed behind the renewer's back (its member gone, the stream still listed here)
+        # is not brought back by a renewal.
+        gone = leases[2]
+        await redis.zrem(gone.token_key, gone.member)
         await asyncio.sleep(0.5)
-        later = [await redis.zscore(lease.token_key, lease.member) for lease in leases]
+        later = await scores()
+        revived = await redis.zscore(gone.token_key, gone.member) is not None
+        ttls = [await redis.pttl(x.recipient_key) for x in leases]
         for lease in leases:
             await limits.release(lease)
         assert limits._renewer is not None
         limits._renewer.cancel()
-        return [(b or 0.0) - (a or 0.0) for a, b in zip(first, later, strict=True)]
+        token_moved = [b[0] - a[0] for a, b in zip(first, later, strict=True) if b[0]]
+        recipient_moved = [b[1] - a[1] for a, b in zip(first, later, strict=True)]
+        return token_moved, recipient_moved, revived, ttls
 
-    assert all(moved > 0 for moved in asyncio.run(run()))
+    token_moved, recipient_moved, revived, ttls = asyncio.run(run())
+    assert len(token_moved) == 4 and all(moved > 0 for moved in token_moved)
+    assert all(moved > 0 for moved in recipient_moved)
+    assert not revived
+    assert all(0 < ttl <= 2_000 for ttl in ttls)  # the sets expire a second after their leases
