@@ -220,17 +220,27 @@ INBOX_SINCE_SQL = (
 # The batched reads behind a burst of changes (a topic's in-app message): items and counts of many recipients.
 # Items alike but for their id come as one row with the arrays of their ids and recipients: a topic's 1,000
 # items are one row, encoded once, and two arrays of integers rather than 1,000 row tuples and UUIDs for the
-# garbage collector to track.
+# garbage collector to track. The ids' range bounds the partitions read; the notification (for its category)
+# is looked up once per group by its key, never joined as a whole: a day's partition is new and without
+# statistics every midnight, and a hash join then reads all of it.
 INBOX_ITEMS_SQL = (
-    f"SELECT {_INBOX_REST_COLUMNS}, array_agg(d.id ORDER BY d.id), array_agg(d.recipient_id ORDER BY d.id)"  # noqa: S608
-    " FROM notifier_delivery d JOIN notifier_notification n ON n.id = d.notification_id"
-    " WHERE d.id = ANY(%s) AND d.channel = %s AND d.status = ANY(%s) GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9"
+    "SELECT g.notification_id, g.title, g.body, g.url, n.category, g.status, g.created_at, g.read_at, g.archived_at,"
+    " g.ids, g.recipients FROM ("
+    " SELECT d.notification_id, d.content->>'title' AS title, d.content->>'body' AS body, d.content->>'url' AS url,"
+    " d.status, d.created_at, d.read_at, d.archived_at,"
+    " array_agg(d.id ORDER BY d.id) AS ids, array_agg(d.recipient_id ORDER BY d.id) AS recipients"
+    " FROM notifier_delivery d WHERE d.id = ANY(%s) AND d.id BETWEEN %s AND %s AND d.channel = %s"
+    " AND d.status = ANY(%s) GROUP BY 1, 2, 3, 4, 5, 6, 7, 8) AS g"
+    " CROSS JOIN LATERAL (SELECT n.category FROM notifier_notification n WHERE n.id = g.notification_id OFFSET 0) AS n"
 )
+# A recipient's unread count, with the ids of the unread items among them sent in the last so many seconds
+# (notifier/inbox/unread.py: an item counted here and notified afterwards is not counted again).
+_RECENT_IDS = "array_agg(id) FILTER (WHERE sent_at > now() - make_interval(secs => %s))"
 INBOX_UNREADS_SQL = (
-    "SELECT recipient_id, count(*) FROM notifier_delivery WHERE recipient_id = ANY(%s) AND channel = %s"
-    " AND status = ANY(%s) AND read_at IS NULL GROUP BY recipient_id"
+    f"SELECT recipient_id, count(*), {_RECENT_IDS} FROM notifier_delivery WHERE recipient_id = ANY(%s)"  # noqa: S608
+    " AND channel = %s AND status = ANY(%s) AND read_at IS NULL GROUP BY recipient_id"
 )
 INBOX_UNREAD_SQL = (
-    "SELECT count(*) FROM notifier_delivery WHERE recipient_id = %s AND channel = %s AND status = ANY(%s)"
-    " AND read_at IS NULL"
+    f"SELECT count(*), {_RECENT_IDS} FROM notifier_delivery WHERE recipient_id = %s AND channel = %s"  # noqa: S608
+    " AND status = ANY(%s) AND read_at IS NULL"
 )

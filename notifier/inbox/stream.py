@@ -37,6 +37,7 @@ from notifier.inbox.browser import token_from
 from notifier.inbox.cors import allowed_origin
 from notifier.inbox.selectors import INBOX_CHANNEL, INBOX_VISIBLE_STATUSES
 from notifier.inbox.tokens import InboxPrincipal, inbox_token_verify
+from notifier.inbox.unread import RECENT_SECONDS, UnreadCounts
 from notifier.statusevents.record import INBOX_CHANNEL as NOTIFY_CHANNEL
 from notifier.tracking.services import is_web_url
 
@@ -47,6 +48,8 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 _VISIBLE = list(INBOX_VISIBLE_STATUSES)
+# The position of read_at in an item row without its id (INBOX_ITEMS_SQL, _item).
+_READ_AT = 7
 MAX_QUEUED = 1000
 HEARTBEAT = b": heartbeat\n\n"
 # Recipients read per query; a larger burst is read in several queries at once over the pool.
@@ -215,8 +218,11 @@ class Hub:
         self.pool = Pool(settings.INBOX_STREAM_DB_POOL)
         self._listener: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()
-        # Changes not yet read, by recipient: the new items' delivery ids (empty: the count only).
+        # Changes not yet read, by recipient: the new items' delivery ids (empty: the count only), and the
+        # recipients with a change other than a new item (their count is read again, notifier/inbox/unread.py).
         self._pending: dict[int, set[int]] = {}
+        self._recount: set[int] = set()
+        self.counts = UnreadCounts()
         self._flusher: asyncio.Task[None] | None = None
         self._ticker: asyncio.Task[None] | None = None
         self._collector: asyncio.Task[None] | None = None
@@ -271,10 +277,23 @@ class Hub:
             subs.discard(sub)
             if not subs:
                 del self.subscribers[sub.recipient_id]
+                self.counts.forget(sub.recipient_id)
 
     async def unread(self, recipient_id: int) -> int:
-        rows = await self.pool.fetch(INBOX_UNREAD_SQL, [recipient_id, INBOX_CHANNEL, _VISIBLE])
-        return int(rows[0][0])
+        """Read a recipient's unread count from the database (and keep it for the bursts that follow)."""
+        started = self.counts.begin()
+        rows = await self.pool.fetch(INBOX_UNREAD_SQL, [RECENT_SECONDS, recipient_id, INBOX_CHANNEL, _VISIBLE])
+        count, recent = rows[0]
+        return self.counts.stored(recipient_id, count, recent or (), started)
+
+    async def _unreads(self, recipient_ids: list[int]) -> dict[int, int]:
+        """Read the unread counts of several recipients (as `unread`, in one query)."""
+        started = self.counts.begin()
+        rows = await self.pool.fetch(INBOX_UNREADS_SQL, [RECENT_SECONDS, recipient_ids, INBOX_CHANNEL, _VISIBLE])
+        found = {int(r): (int(count), recent or ()) for r, count, recent in rows}
+        return {
+            r: self.counts.stored(r, *found.get(r, (0, ())), started) for r in recipient_ids if r in self.subscribers
+        }
 
     async def since(self, recipient_id: int, after: datetime) -> list[dict[str, Any]]:
         rows = await self.pool.fetch(INBOX_SINCE_SQL, [recipient_id, INBOX_CHANNEL, _VISIBLE, after])
@@ -338,6 +357,8 @@ class Hub:
                 ids = pending[recipient_id] = set()
             if delivery_id is not None:
                 ids.add(delivery_id)
+            else:
+                self._recount.add(recipient_id)
         if not pending:
             return
         if self._flusher is None or self._flusher.done():
@@ -353,19 +374,32 @@ class Hub:
         """
         while self._pending:
             pending, self._pending = self._pending, {}
+            recount, self._recount = self._recount, set()
             recipients = list(pending)
             chunks = [recipients[i : i + PUSH_BATCH] for i in range(0, len(recipients), PUSH_BATCH)]
-            await asyncio.gather(*(self._push({r: pending[r] for r in chunk}) for chunk in chunks))
+            await asyncio.gather(*(self._push({r: pending[r] for r in chunk}, recount) for chunk in chunks))
 
-    async def _push(self, pending: dict[int, set[int]]) -> None:
+    async def _push(self, pending: dict[int, set[int]], recount: set[int]) -> None:
+        # Counts are read only where a new item cannot simply be added: a change other than a new item, or a
+        # recipient whose count this process does not know yet (notifier/inbox/unread.py).
+        counts = self.counts
+        to_read = [r for r in pending if r in recount or not counts.known(r)]
         try:
             delivery_ids = [d for ids in pending.values() for d in ids]
             rows = (
-                await self.pool.fetch(INBOX_ITEMS_SQL, [delivery_ids, INBOX_CHANNEL, _VISIBLE]) if delivery_ids else []
+                await self.pool.fetch(
+                    INBOX_ITEMS_SQL,
+                    [delivery_ids, min(delivery_ids), max(delivery_ids), INBOX_CHANNEL, _VISIBLE],
+                )
+                if delivery_ids
+                else []
             )
-            counts = dict(await self.pool.fetch(INBOX_UNREADS_SQL, [list(pending), INBOX_CHANNEL, _VISIBLE]))
+            read = await self._unreads(to_read) if to_read else {}
         except Exception:
             log.warning("could not read inbox changes for their streams", exc_info=True)
+            for recipient_id in pending:
+                # Whatever this burst would have added is unknown now: read those counts at the next change.
+                counts.forget(recipient_id)
             return
         # Each event is encoded once, not once per stream, and a topic's items share the encoding of everything
         # but their id (message_events); a count is encoded once per value (most of a topic's recipients share
@@ -373,11 +407,15 @@ class Hub:
         # bytes drop out of the garbage collector's sight at its first pass.
         at_ms = _now_ms()
         items: dict[int, tuple[tuple[int, bytes], ...]] = {}
+        unread_items: dict[int, list[int]] = defaultdict(list)
         several = False
         for *rest, ids, recipients in rows:
             head, tail = message_events(tuple(rest), at_ms)
+            is_unread = rest[_READ_AT] is None
             for delivery_id, recipient_id in zip(ids, recipients, strict=True):
                 if recipient_id in pending:  # the item's own recipient, nobody else's streams
+                    if is_unread:
+                        unread_items[recipient_id].append(delivery_id)
                     event = (delivery_id, b"%s%d%s" % (head, delivery_id, tail))
                     found = items.get(recipient_id)
                     if found is None:
@@ -394,7 +432,11 @@ class Hub:
             subs = self.subscribers.get(recipient_id)
             if not subs:
                 continue
-            count = int(counts.get(recipient_id, 0))
+            count = read.get(recipient_id)
+            if count is None:
+                count = counts.added(recipient_id, unread_items.get(recipient_id, ()))
+            if count is None:  # its count was forgotten meanwhile (a failed read): read it at once
+                count = await self.unread(recipient_id)
             encoded = unread.get(count)
             if encoded is None:
                 encoded = unread[count] = encode("unread", {"unread_count": count}, at_ms)
