@@ -11,6 +11,7 @@ Celery workers and beat, manage.py), which is also where structlog itself is con
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import re
 from collections.abc import Iterator, Mapping, Sequence
@@ -195,6 +196,7 @@ def configure_structlog() -> None:
 
 
 BULK_LINES = "bulk_lines"
+_PLAIN = frozenset({str, int, float, bool, type(None)})
 
 
 def log_lines(logger: logging.Logger, level: int, lines: Sequence[Mapping[str, Any]]) -> None:
@@ -212,9 +214,11 @@ def log_lines(logger: logging.Logger, level: int, lines: Sequence[Mapping[str, A
 class _Formatter(structlog.stdlib.ProcessorFormatter):
     """structlog's formatter, which also renders a `log_lines` record as its lines."""
 
-    def __init__(self, renderer: Processor, **kwargs: Any) -> None:
+    def __init__(self, renderer: Processor, *, json_lines: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._renderer = renderer
+        # The renderer is structlog's JSONRenderer(default=str): bulk lines may be written as JSON directly.
+        self.json_lines = json_lines
 
     def format(self, record: logging.LogRecord) -> str:
         lines = getattr(record, BULK_LINES, None)
@@ -224,19 +228,44 @@ class _Formatter(structlog.stdlib.ProcessorFormatter):
         shared = {"level": record.levelname.lower(), "logger": record.name, "timestamp": at}
         context = structlog.contextvars.get_contextvars()
         method = record.levelname.lower()
+        # The lines of one call share most of their values (the event, the notification, the channel): each
+        # (field, value) is masked once per call, as masking is field by field, and in JSON also encoded once as
+        # its `"field": value` member (what json.dumps writes for it inside the object). Only plain values are
+        # remembered; the type is part of the key, as 1, 1.0 and True are equal as dict keys but not as values.
+        memo: dict[tuple[str, type, Any], Any] = {}
+        encode = self._member if self.json_lines else mask_value
+
+        def done(key: str, value: Any) -> Any:
+            kind = type(value)
+            if kind not in _PLAIN:
+                return encode(value, key)
+            found = memo.get((key, kind, value), memo)
+            if found is memo:
+                found = memo[(key, kind, value)] = encode(value, key)
+            return found
+
+        if self.json_lines:
+            return "\n".join(
+                "{" + ", ".join([done(k, v) for k, v in {**context, **line, **shared}.items()]) + "}" for line in lines
+            )
         return "\n".join(
-            str(self._renderer(None, method, mask_personal_data(None, method, {**context, **line, **shared})))
+            str(self._renderer(None, method, {k: done(k, v) for k, v in {**context, **line, **shared}.items()}))
             for line in lines
         )
 
+    @staticmethod
+    def _member(value: Any, key: str) -> str:
+        return f"{json.dumps(key)}: {json.dumps(mask_value(value, key), default=str)}"
 
-def _formatter(renderer: Processor) -> structlog.stdlib.ProcessorFormatter:
+
+def _formatter(renderer: Processor, *, json_lines: bool = False) -> structlog.stdlib.ProcessorFormatter:
     """Return a formatter that masks personal data, then renders with `renderer`."""
     # Django applies LOGGING in every process before any of our code logs: the right moment to configure
     # structlog too, without asking each entry point to remember it.
     configure_structlog()
     return _Formatter(
         renderer,
+        json_lines=json_lines,
         foreign_pre_chain=_shared_processors(),
         processors=[
             structlog.stdlib.ProcessorFormatter.remove_processors_meta,
@@ -250,7 +279,7 @@ def _formatter(renderer: Processor) -> structlog.stdlib.ProcessorFormatter:
 
 def json_formatter() -> structlog.stdlib.ProcessorFormatter:
     """Return the formatter that renders every record as one masked JSON object (named in LOGGING)."""
-    return _formatter(structlog.processors.JSONRenderer(default=str))
+    return _formatter(structlog.processors.JSONRenderer(default=str), json_lines=True)
 
 
 def console_formatter() -> structlog.stdlib.ProcessorFormatter:

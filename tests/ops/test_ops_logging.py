@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from core.logs import (
+    BULK_LINES,
     bind_delivery_context,
     bound_log_context,
     clear_log_context,
@@ -64,6 +65,30 @@ def test_bound_ids_are_json_keys_of_stdlib_and_structlog_lines(log_lines: Callab
     assert second["provider"] == "sandbox"
     # Leaving the block unbinds: nothing leaks into the next line.
     assert "delivery_id" not in after and "trace_id" not in after
+
+
+def test_bulk_lines_written_as_json_directly_equal_what_the_renderer_writes() -> None:
+    """The JSON formatter's own encoding of `log_lines` is byte for byte structlog's JSONRenderer's."""
+    lines = [
+        {"event": "delivery sent", "delivery_id": 1, "attempts": 1, "ok": True, "ratio": 1.0, "gone": None},
+        {"event": "delivery sent", "delivery_id": 2, "attempts": True, "ok": 1, "ratio": 1, "tags": ["a", EMAIL]},
+        {"event": "delivery failed", "delivery_id": 3, "reason": f'rejected {EMAIL} \u00e9"', "api_key": "k-1"},
+        {"event": "delivery failed", "delivery_id": 4, "reason": f'rejected {EMAIL} \u00e9"', "at": object()},
+    ]
+    record = logging.getLogger("channels_app.services").makeRecord(
+        "channels_app.services", logging.INFO, "", 0, "%d lines", (len(lines),), None
+    )
+    setattr(record, BULK_LINES, lines)
+    formatter = json_formatter()
+    with bind_delivery_context(task_id="task-9"):
+        fast = formatter.format(record)
+        formatter.json_lines = False  # the renderer's own path
+        rendered = formatter.format(record)
+    # An object's text differs by its address only where the object is the same: drop that one field.
+    assert [line.split(', "at": ')[0] for line in fast.splitlines()] == [
+        line.split(', "at": ')[0] for line in rendered.splitlines()
+    ]
+    assert len(fast.splitlines()) == 4 and EMAIL not in fast and '"api_key": "' in fast
 
 
 def test_plain_bind_stays_until_cleared() -> None:
@@ -124,15 +149,22 @@ def test_bulk_lines_come_out_one_json_object_each_with_context_and_masking(
             [
                 {"event": "delivery sent", "delivery_id": 1, "provider": "sandbox"},
                 {"event": "delivery failed", "delivery_id": 2, "reason": f"rejected {EMAIL}"},
+                # Masking is remembered per field and value within a call: a value seen again is masked again,
+                # and values equal as dict keys (1, 1.0, True) keep their own types.
+                {"event": "delivery failed", "delivery_id": 1.0, "reason": f"rejected {EMAIL}", "attempts": True},
+                {"event": "delivery failed", "delivery_id": True, "attempts": 1},
             ],
         )
     write_lines(logger, logging.DEBUG, [{"event": "not kept", "delivery_id": 3}])  # below the level
 
-    sent, failed = log_lines()
+    sent, failed, again, typed = log_lines()
+    assert again["reason"] == failed["reason"] and EMAIL not in again["reason"]
+    assert again["delivery_id"] == 1.0 and isinstance(again["delivery_id"], float) and again["attempts"] is True
+    assert typed["delivery_id"] is True and typed["attempts"] == 1 and not isinstance(typed["attempts"], bool)
     assert sent["event"] == "delivery sent" and sent["delivery_id"] == 1 and sent["provider"] == "sandbox"
     assert failed["event"] == "delivery failed" and failed["delivery_id"] == 2
     assert EMAIL not in failed["reason"] and "[email]" in failed["reason"]
-    for line in (sent, failed):
+    for line in (sent, failed, again, typed):
         assert line["task_id"] == "task-7"
         assert line["level"] == "info" and line["logger"] == "channels_app.services"
         assert line["timestamp"].endswith("Z")
