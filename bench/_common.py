@@ -642,6 +642,9 @@ GROUPS = [
     ("flower", "flower"),
     ("beat", " beat"),
     ("streams (uvicorn)", "uvicorn"),
+    # uvicorn's --workers children are spawned: their command line names multiprocessing, not uvicorn.
+    ("streams (uvicorn)", "multiprocessing.spawn"),
+    ("bench client", "bench/"),
     ("honcho (log lines)", "honcho"),
     ("postgresql", "postgres"),
     ("rabbitmq", "beam"),
@@ -667,9 +670,9 @@ def group_cpu() -> dict[str, float]:
     return totals
 
 
-def print_cpu(before: dict[str, float], after: dict[str, float], n: int) -> None:
-    """Print each group's CPU seconds between two snapshots, and per single."""
+def print_cpu(before: dict[str, float], after: dict[str, float], n: int, *, per: str = "single") -> None:
+    """Print each group's CPU seconds between two snapshots, and per single (or per `per`)."""
     for name in sorted(after, key=lambda k: before.get(k, 0.0) - after[k]):
         used = after[name] - before.get(name, 0.0)
         if used >= 0.05:
-            print(f"  {name:<20} {used:6.1f} s   {used / n * 1000:5.2f} ms per single")
+            print(f"  {name:<20} {used:6.1f} s   {used / n * 1000:5.2f} ms per {per}")
