@@ -229,7 +229,7 @@ INBOX_ITEMS_SQL = (
     " SELECT d.notification_id, d.content->>'title' AS title, d.content->>'body' AS body, d.content->>'url' AS url,"
     " d.status, d.created_at, d.read_at, d.archived_at,"
     " array_agg(d.id ORDER BY d.id) AS ids, array_agg(d.recipient_id ORDER BY d.id) AS recipients"
-    " FROM notifier_delivery d WHERE d.id = ANY(%s) AND d.id BETWEEN %s AND %s AND d.channel = %s"
+    " FROM notifier_delivery d WHERE d.id = ANY(%s::bigint[]) AND d.id BETWEEN %s AND %s AND d.channel = %s"
     " AND d.status = ANY(%s) GROUP BY 1, 2, 3, 4, 5, 6, 7, 8) AS g"
     " CROSS JOIN LATERAL (SELECT n.category FROM notifier_notification n WHERE n.id = g.notification_id OFFSET 0) AS n"
 )
@@ -237,7 +237,7 @@ INBOX_ITEMS_SQL = (
 # (notifier/inbox/unread.py: an item counted here and notified afterwards is not counted again).
 _RECENT_IDS = "array_agg(id) FILTER (WHERE sent_at > now() - make_interval(secs => %s))"
 INBOX_UNREADS_SQL = (
-    f"SELECT recipient_id, count(*), {_RECENT_IDS} FROM notifier_delivery WHERE recipient_id = ANY(%s)"  # noqa: S608
+    f"SELECT recipient_id, count(*), {_RECENT_IDS} FROM notifier_delivery WHERE recipient_id = ANY(%s::bigint[])"  # noqa: S608
     " AND channel = %s AND status = ANY(%s) AND read_at IS NULL GROUP BY recipient_id"
 )
 INBOX_UNREAD_SQL = (

@@ -186,8 +186,8 @@ def lanes_wanted() -> int:
 
 
 def lane_min_subscribers() -> int:
-    """Return the topic size from which it is split into lanes (FANOUT_LANE_MIN_SUBSCRIBERS, default 50,000)."""
-    return int(_setting("FANOUT_LANE_MIN_SUBSCRIBERS", 50_000))
+    """Return the topic size from which it is split into lanes (FANOUT_LANE_MIN_SUBSCRIBERS, default 10,000)."""
+    return int(_setting("FANOUT_LANE_MIN_SUBSCRIBERS", 10_000))
 
 
 def enqueue(notification_id: uuid.UUID | str, *, lane: int = 0, countdown: float | None = None) -> bool:

@@ -30,6 +30,7 @@ from urllib.parse import parse_qs
 import psycopg
 from django.conf import settings
 
+from core.db import int_array
 from core.errors import error_body
 from notifier.deliveries.queries import INBOX_ITEMS_SQL, INBOX_SINCE_SQL, INBOX_UNREAD_SQL, INBOX_UNREADS_SQL
 from notifier.inbox import stream_limits
@@ -289,7 +290,8 @@ class Hub:
     async def _unreads(self, recipient_ids: list[int]) -> dict[int, int]:
         """Read the unread counts of several recipients (as `unread`, in one query)."""
         started = self.counts.begin()
-        rows = await self.pool.fetch(INBOX_UNREADS_SQL, [RECENT_SECONDS, recipient_ids, INBOX_CHANNEL, _VISIBLE])
+        params = [RECENT_SECONDS, int_array(recipient_ids), INBOX_CHANNEL, _VISIBLE]
+        rows = await self.pool.fetch(INBOX_UNREADS_SQL, params)
         found = {int(r): (int(count), recent or ()) for r, count, recent in rows}
         return {
             r: self.counts.stored(r, *found.get(r, (0, ())), started) for r in recipient_ids if r in self.subscribers
@@ -389,7 +391,8 @@ class Hub:
             rows = (
                 await self.pool.fetch(
                     INBOX_ITEMS_SQL,
-                    [delivery_ids, min(delivery_ids), max(delivery_ids), INBOX_CHANNEL, _VISIBLE],
+                    # Arrays as literals built in C: psycopg would dump a list element by element in Python.
+                    [int_array(delivery_ids), min(delivery_ids), max(delivery_ids), INBOX_CHANNEL, _VISIBLE],
                 )
                 if delivery_ids
                 else []
