@@ -323,6 +323,7 @@ def instrument() -> None:
     from opentelemetry.instrumentation.requests import RequestsInstrumentor
 
     DjangoInstrumentor().instrument(tracer_provider=provider, excluded_urls=EXCLUDED_URLS)
+    _django_middleware_while_exporting()
     CeleryInstrumentor().instrument(tracer_provider=provider)
     RequestsInstrumentor().instrument(tracer_provider=provider)
     BotocoreInstrumentor().instrument(tracer_provider=provider)
@@ -331,6 +332,41 @@ def instrument() -> None:
     _instrument_database()
     _connect_task_context()
     configure_tracing()  # Redis and the database cursors follow the exporter (_instrument_redis, _switch_...)
+
+
+_OTEL_DJANGO_MIDDLEWARE = "opentelemetry.instrumentation.django.middleware.otel_middleware._DjangoMiddleware"
+
+
+def _django_middleware_while_exporting() -> None:
+    """Put WhileExportingMiddleware where the Django instrumentation inserted its middleware."""
+    from django.conf import settings
+
+    settings.MIDDLEWARE = [
+        "core.tracing.WhileExportingMiddleware" if path == _OTEL_DJANGO_MIDDLEWARE else path
+        for path in settings.MIDDLEWARE
+    ]
+
+
+class WhileExportingMiddleware:
+    """The OpenTelemetry Django middleware, run only while spans are exported.
+
+    Without an exporter the sampler drops its server span at creation, and RequestContextMiddleware gives the
+    request its trace position anyway (the caller's `traceparent` continued, or a new trace), so the ids still
+    travel into logs, tasks and the response. What the middleware did per request then (reading the request's
+    attributes, extracting the context, counting active requests) bought nothing: 6 % of an API process's CPU
+    under single sends.
+    """
+
+    def __init__(self, get_response: Callable[[Any], Any]) -> None:
+        from opentelemetry.instrumentation.django.middleware.otel_middleware import _DjangoMiddleware
+
+        self.get_response = get_response
+        self._traced = _DjangoMiddleware(get_response)
+
+    def __call__(self, request: Any) -> Any:
+        if _sampler.exporting:
+            return self._traced(request)
+        return self.get_response(request)
 
 
 # --- Notifier's own spans ----------------------------------------------------------------------------

@@ -208,6 +208,30 @@ def test_without_an_exporter_nothing_is_recorded_but_ids_propagate() -> None:
 
 
 @pytest.mark.urls(__name__)
+def test_the_django_instrumentations_middleware_runs_only_while_exporting(monkeypatch: Any) -> None:
+    """In MIDDLEWARE the instrumentation's middleware stands behind a switch: off, a request never reaches it."""
+    from django.conf import settings
+    from opentelemetry.instrumentation.django.middleware.otel_middleware import _DjangoMiddleware
+
+    assert "core.tracing.WhileExportingMiddleware" in settings.MIDDLEWARE
+    assert tracing._OTEL_DJANGO_MIDDLEWARE not in settings.MIDDLEWARE
+    calls: list[str] = []
+    original = _DjangoMiddleware.process_request
+    monkeypatch.setattr(_DjangoMiddleware, "process_request", lambda self, r: calls.append(r.path) or original(self, r))
+    assert tracing.configure_tracing(endpoint="") is False
+    Client().get("/ops-test/echo", HTTP_TRACEPARENT=INCOMING)
+    assert calls == []
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    try:
+        assert tracing.configure_tracing(exporter=InMemorySpanExporter()) is True
+        Client().get("/ops-test/echo", HTTP_TRACEPARENT=INCOMING)
+        assert calls == ["/ops-test/echo"]
+    finally:
+        tracing.reset_tracing()
+
+
+@pytest.mark.urls(__name__)
 def test_request_becomes_a_django_server_span_in_the_callers_trace(exporter: Any) -> None:
     """With an exporter, the Django instrumentation's server span continues the caller's trace; the response
     echoes that span."""
