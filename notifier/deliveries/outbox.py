@@ -98,15 +98,24 @@ MARK_PUBLISHED_SQL = (
 )
 
 
-def mark_published(ids: Sequence[int]) -> None:
+# The coalescer's mark, a second after the publish: what a worker claimed meanwhile no longer needs it.
+MARK_STILL_QUEUED_SQL = MARK_PUBLISHED_SQL + " AND status = 'queued'"
+# How long the coalescer waits before marking what it published. Most singles are claimed by then, so their rows
+# are not written again; the relay leaves an unmarked row alone for OUTBOX_REPUBLISH_AFTER_SECONDS / 4 (15 s by
+# default), far beyond this.
+MARK_AFTER_SECONDS = 1.0
+
+
+def mark_published(ids: Sequence[int], *, still_queued: bool = False) -> None:
     """Record that a message for these deliveries is in the broker (the relay leaves them alone).
 
     On the database's clock, like every time the relay compares it with. One raw statement: as a queryset
     update, compiling it was 5 % of the API's CPU under single sends (the coalescer marks every publish).
     """
     if ids:
+        sql = MARK_STILL_QUEUED_SQL if still_queued else MARK_PUBLISHED_SQL
         with bound_cursor() as cursor:
-            cursor.execute(MARK_PUBLISHED_SQL, [int_array(ids), min(ids), max(ids)], prepare=span_prepare(ids))
+            cursor.execute(sql, [int_array(ids), min(ids), max(ids)], prepare=span_prepare(ids))
 
 
 def publish_now(rows: Iterable[tuple[int, str, str]], *, countdown: float | None = None) -> list[int]:
@@ -125,8 +134,10 @@ class Coalescer:
     broker confirm. The thread publishes at once when idle, so a lone OTP leaves immediately; while a publish
     is in flight the ids of the requests that arrive meanwhile gather and leave together, one message per
     queue (up to SEND_BATCH_SIZE ids), consumed by the workers' bulk claim. `published_at` is set only after
-    the broker confirmed; rows whose publish never happened (the process died, the broker is down) are the
-    relay's, as before.
+    the broker confirmed, and MARK_AFTER_SECONDS later, in one statement for everything published meanwhile and
+    only on rows still `queued`: a single is usually claimed by then, and its row is not written a second time
+    for nothing. Rows whose publish never happened, or whose mark was lost with the process, are the relay's, as
+    before (a second message is harmless: claims are idempotent).
     """
 
     def __init__(self) -> None:
@@ -137,6 +148,9 @@ class Coalescer:
         self._thread: threading.Thread | None = None
         self._pid = 0
         self._busy = False
+        # Published, not yet marked, and when the oldest of them is due to be marked.
+        self._to_mark: list[int] = []
+        self._mark_at = 0.0
 
     def submit(self, rows: Iterable[tuple[int, str, str]]) -> None:
         """Queue rows for publishing; return at once."""
@@ -158,7 +172,7 @@ class Coalescer:
         """Block until everything submitted so far is published (or given up to the relay); for tests."""
         deadline = time.monotonic() + timeout
         with self._cond:
-            while self._rows or self._busy:
+            while self._rows or self._busy or self._to_mark:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return False
@@ -169,17 +183,24 @@ class Coalescer:
         while True:
             with self._cond:
                 while not self._rows:
+                    if self._to_mark and time.monotonic() >= self._mark_at:
+                        break
                     self._busy = False
                     self._cond.notify_all()
-                    self._cond.wait()
+                    self._cond.wait(max(0.0, self._mark_at - time.monotonic()) if self._to_mark else None)
                 rows, self._rows = self._rows, []
                 contexts, self._contexts = self._contexts, []
                 self._busy = True
             try:
-                if not broker_recently_down():
+                if rows and not broker_recently_down():
                     with tracing.continue_from(contexts):
                         published = publish(group_by_queue(rows))
-                    mark_published(published)
+                    if published and not self._to_mark:
+                        self._mark_at = time.monotonic() + MARK_AFTER_SECONDS
+                    self._to_mark.extend(published)
+                if self._to_mark and time.monotonic() >= self._mark_at:
+                    marking, self._to_mark = self._to_mark, []
+                    mark_published(marking, still_queued=True)
             except Exception as exc:  # the relay publishes whatever this missed
                 logger.error("background publish failed; %d deliveries left to the relay: %s", len(rows), exc)
                 connection.close()

@@ -60,6 +60,21 @@ def test_a_lone_accept_is_published_without_waiting_for_company() -> None:
 
 
 @pytest.mark.django_db(transaction=True)
+def test_the_mark_after_a_publish_leaves_rows_a_worker_already_took() -> None:
+    """published_at is written a moment after the publish, and only on rows still queued then."""
+    purge_all_queues()
+    waiting = make_delivery(channel="sms", status="queued", address="+14155550010")
+    taken = make_delivery(channel="sms", status="sent", address="+14155550011")  # claimed and sent meanwhile
+    coalescer.submit([(waiting.pk, "sms", "high"), (taken.pk, "sms", "high")])
+    assert coalescer.wait_idle(10)
+    waiting.refresh_from_db()
+    taken.refresh_from_db()
+    assert waiting.published_at is not None
+    assert taken.published_at is None
+    assert sorted(i for b in _drain("sms.high") for i in b) == sorted([waiting.pk, taken.pk])
+
+
+@pytest.mark.django_db(transaction=True)
 def test_the_heartbeat_renews_the_lease_of_what_this_process_is_still_sending() -> None:
     old = timezone.now() - timedelta(seconds=100)
     mine = make_delivery(channel="sms", status="sending", address="+14155550001", claimed_at=old)
