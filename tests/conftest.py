@@ -199,6 +199,16 @@ def start_worker(start_process: Callable[..., ServerProcess]) -> Callable[..., S
     return _start
 
 
+class HandClock:
+    """A monotonic clock that a test moves by hand (`clock.now += 1`)."""
+
+    def __init__(self, start: float = 100.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def free_port() -> int:
     """Return a loopback TCP port nothing listens on right now."""
     with socket.socket() as sock:

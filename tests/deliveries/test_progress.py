@@ -24,7 +24,7 @@ from django.utils import timezone
 
 from core import progress
 from notifier.deliveries import archive, partitions
-from tests.conftest import BROKER_URL, REDIS_PREFIX, test_database_url
+from tests.conftest import BROKER_URL, REDIS_PREFIX, HandClock, test_database_url
 from tests.deliveries.test_archive import bucket  # noqa: F401  (the archive's bucket fixture)
 from tests.factories import make_dead_letter, make_delivery, move_to_day
 from tests.stubs import aws
@@ -32,19 +32,9 @@ from tests.stubs import aws
 ROOT = Path(__file__).resolve().parents[2]
 
 
-class _Clock:
-    """A clock the test moves by hand."""
-
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_plain_lines_come_every_interval_with_counts_rate_and_time_left() -> None:
     """Not a terminal: a start line, a line once the interval has passed (not per advance), a closing line."""
-    out, clock = io.StringIO(), _Clock()
+    out, clock = io.StringIO(), HandClock()
     reporter = progress.Reporter(out, tty=False, interval_seconds=10, clock=clock)
     token = progress._current.set(reporter)
     try:
@@ -65,7 +55,7 @@ def test_plain_lines_come_every_interval_with_counts_rate_and_time_left() -> Non
 
 def test_the_bar_redraws_in_place_with_percentage_rate_and_time_left() -> None:
     """On a terminal: carriage returns and a bar, not a line per advance; the last state stays on its own line."""
-    out, clock = io.StringIO(), _Clock()
+    out, clock = io.StringIO(), HandClock()
     reporter = progress.Reporter(out, tty=True, clock=clock)
     token = progress._current.set(reporter)
     try:
@@ -90,7 +80,7 @@ def test_the_bar_redraws_in_place_with_percentage_rate_and_time_left() -> None:
 
 def test_an_estimate_is_marked_and_never_shows_more_than_all() -> None:
     """An estimated total is shown with "~"; a count past it drops the percentage instead of exceeding 100 %."""
-    out, clock = io.StringIO(), _Clock()
+    out, clock = io.StringIO(), HandClock()
     token = progress._current.set(progress.Reporter(out, tty=False, interval_seconds=0, clock=clock))
     try:
         with progress.task("archive x", total=10, estimated=True) as work:

@@ -13,23 +13,15 @@ from notifier.inbox.services import inbox_item_mark_read
 from notifier.inbox.tokens import inbox_token_mint
 from notifier.inbox.unread import UnreadCounts
 from preferences.models import Recipient
-from tests.conftest import wait_for
+from tests.conftest import HandClock, wait_for
 from tests.dispatch.test_fanout import make_topic, run_to_end
 from tests.inbox.test_inbox_browser import SseReader, StreamServer
 from tests.inbox.test_inbox_browser import stream_server as stream_server  # the fixture, shared
 from tests.inbox.test_inbox_fanout import _accept, _client, _template
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_new_items_are_added_to_a_known_count_once() -> None:
-    counts = UnreadCounts(Clock())
+    counts = UnreadCounts(HandClock())
     assert counts.added(7, [1]) is None  # unknown: the caller must read it
     assert counts.stored(7, 2, [], counts.begin()) == 2
     assert counts.added(7, [10, 11]) == 4
@@ -40,7 +32,7 @@ def test_new_items_are_added_to_a_known_count_once() -> None:
 
 
 def test_an_item_in_the_read_and_notified_after_it_is_not_counted_twice() -> None:
-    clock = Clock()
+    clock = HandClock()
     counts = UnreadCounts(clock)
     # Item 5 committed before the read (so counted, and among its recent ids), its NOTIFY dispatched afterwards.
     assert counts.stored(3, 1, [5], counts.begin()) == 1
@@ -50,7 +42,7 @@ def test_an_item_in_the_read_and_notified_after_it_is_not_counted_twice() -> Non
 
 
 def test_items_added_while_a_read_was_under_way_survive_it_unless_it_saw_them() -> None:
-    clock = Clock()
+    clock = HandClock()
     counts = UnreadCounts(clock)
     counts.stored(4, 0, [], counts.begin())
     started = counts.begin()
@@ -63,7 +55,7 @@ def test_items_added_while_a_read_was_under_way_survive_it_unless_it_saw_them() 
 
 
 def test_an_older_read_does_not_replace_a_newer_one() -> None:
-    clock = Clock()
+    clock = HandClock()
     counts = UnreadCounts(clock)
     older = counts.begin()
     clock.now += 1
@@ -72,7 +64,7 @@ def test_an_older_read_does_not_replace_a_newer_one() -> None:
 
 
 def test_additions_older_than_the_window_are_forgotten(monkeypatch: Any) -> None:
-    clock = Clock()
+    clock = HandClock()
     counts = UnreadCounts(clock)
     counts.stored(9, 0, [], counts.begin())
     counts.added(9, range(100))
