@@ -258,7 +258,7 @@ class _Formatter(structlog.stdlib.ProcessorFormatter):
         return f"{json.dumps(key)}: {json.dumps(mask_value(value, key), default=str)}"
 
 
-def _formatter(renderer: Processor, *, json_lines: bool = False) -> structlog.stdlib.ProcessorFormatter:
+def _formatter(renderer: Processor, *, json_lines: bool = False) -> _Formatter:
     """Return a formatter that masks personal data, then renders with `renderer`."""
     # Django applies LOGGING in every process before any of our code logs: the right moment to configure
     # structlog too, without asking each entry point to remember it.
@@ -277,7 +277,7 @@ def _formatter(renderer: Processor, *, json_lines: bool = False) -> structlog.st
     )
 
 
-def json_formatter() -> structlog.stdlib.ProcessorFormatter:
+def json_formatter() -> _Formatter:
     """Return the formatter that renders every record as one masked JSON object (named in LOGGING)."""
     return _formatter(structlog.processors.JSONRenderer(default=str), json_lines=True)
 

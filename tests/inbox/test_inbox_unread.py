@@ -88,19 +88,22 @@ def test_stream_counts_follow_new_items_reads_and_earlier_items(stream_server: C
     def counts(reader: SseReader) -> list[int]:
         return [c["unread_count"] for c in reader.of("unread")]
 
+    def last_is(reader: SseReader, count: int) -> bool:
+        return counts(reader)[-1:] == [count]
+
     for reader in readers:
-        wait_for(lambda reader=reader: counts(reader) == [1], 20)
+        wait_for(functools.partial(last_is, reader, 1), 20)
     for expected in (2, 3):
         run_to_end(_accept(client, topic.key))
         for reader in readers:
-            wait_for(lambda reader=reader, expected=expected: counts(reader)[-1:] == [expected], 20)
+            wait_for(functools.partial(last_is, reader, expected), 20)
     # The first person reads the item that was there before the stream: a count-only change, read again.
     first_item = before.deliveries.get(recipient=people[0])
     assert inbox_item_mark_read(recipient=people[0], delivery_id=first_item.pk) is not None
-    wait_for(lambda: counts(readers[0])[-1:] == [2], 20)
+    wait_for(functools.partial(last_is, readers[0], 2), 20)
     run_to_end(_accept(client, topic.key))
-    wait_for(functools.partial(lambda r: counts(r)[-1:] == [3], readers[0]), 20)
-    wait_for(functools.partial(lambda r: counts(r)[-1:] == [4], readers[1]), 20)
+    wait_for(functools.partial(last_is, readers[0], 3), 20)
+    wait_for(functools.partial(last_is, readers[1], 4), 20)
     # Every count a stream was told, in order: never one that the database did not hold at some moment.
     assert counts(readers[0]) == [1, 2, 3, 2, 3]
     assert counts(readers[1]) == [1, 2, 3, 4]

@@ -217,7 +217,12 @@ def test_the_django_instrumentations_middleware_runs_only_while_exporting(monkey
     assert tracing._OTEL_DJANGO_MIDDLEWARE not in settings.MIDDLEWARE
     calls: list[str] = []
     original = _DjangoMiddleware.process_request
-    monkeypatch.setattr(_DjangoMiddleware, "process_request", lambda self, r: calls.append(r.path) or original(self, r))
+
+    def counted(self: Any, request: Any) -> Any:
+        calls.append(request.path)
+        return original(self, request)
+
+    monkeypatch.setattr(_DjangoMiddleware, "process_request", counted)
     assert tracing.configure_tracing(endpoint="") is False
     Client().get("/ops-test/echo", HTTP_TRACEPARENT=INCOMING)
     assert calls == []
