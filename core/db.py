@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any, Generic, TypeVar, cast
 
 import psycopg
-from django.db import close_old_connections, connection
+from django.db import DEFAULT_DB_ALIAS, close_old_connections, connection
 from django.db.models import Field, Model
 from django.db.models.base import ModelState
 
@@ -128,6 +128,45 @@ class RowLoader(Generic[M]):
         instance.__dict__.update(zip(self.attnames, row, strict=True))
         state = instance._state = ModelState()
         state.adding, state.db = False, connection.alias
+        return instance
+
+
+class InstanceBuilder(Generic[M]):
+    """Build new, unsaved model instances as `model(**values)` does, without Model.__init__, for the accept path.
+
+    Model.__init__ with keywords looks every field up, sets each through its descriptor and sends two signals: a
+    fifth of a batch item's accept, for a notification and a delivery per item. Here the defaults of the fields
+    not given are worked out once (a callable default is still called per instance, as Django does), a related
+    object given by name sets its id and is cached as the descriptor would cache it, and everything else is
+    stored as given. The models built so have no pre_init/post_init receivers (a test holds both ways equal).
+    """
+
+    def __init__(self, model: type[M]) -> None:
+        self.model = model
+        fields: list[Field[Any, Any]] = list(model._meta.concrete_fields)
+        self._defaults = {f.attname: f.get_default() for f in fields if not callable(f.default)}
+        self._called = [(f.attname, f) for f in fields if callable(f.default)]
+        self._related = {f.name: f.attname for f in fields if f.is_relation}
+
+    def new(self, **values: Any) -> M:
+        """Return an unsaved instance holding `values` (field names, or attnames) and every other field's default."""
+        instance = self.model.__new__(self.model)
+        state = instance._state = ModelState()
+        found = instance.__dict__
+        found.update(self._defaults)
+        for attname, field in self._called:
+            if attname not in values:
+                found[attname] = field.get_default()
+        for name, value in values.items():
+            attname = self._related.get(name)
+            if attname is None:
+                found[name] = value
+            else:
+                found[attname] = None if value is None else value.pk
+                state.fields_cache[name] = value
+                if value is not None:  # as the descriptor routes both (the project sets no database router)
+                    state.db = state.db or value._state.db or DEFAULT_DB_ALIAS
+                    value._state.db = value._state.db or state.db
         return instance
 
 

@@ -96,6 +96,18 @@ def _master_options() -> dict[str, Any]:
     }
 
 
+_scripts: dict[tuple[int, str], redis.commands.core.Script] = {}
+
+
+def redis_script(source: str) -> redis.commands.core.Script:
+    """Return `source` registered with the process's Redis client (EVALSHA, loaded again if Redis forgot it)."""
+    client = get_redis()
+    script = _scripts.get((id(client), source))
+    if script is None:
+        script = _scripts[(id(client), source)] = client.register_script(source)
+    return script
+
+
 def rkey(*parts: object) -> str:
     """Return a Redis key under this deployment's prefix."""
     return settings.REDIS_KEY_PREFIX + ":".join(str(p) for p in parts)

@@ -51,7 +51,7 @@ def represent_with(cls: type[serializers.Serializer[Any]], instance: Any) -> dic
     return dict(thread_serializer(cls).to_representation(instance))
 
 
-def _holds_nul(value: Any) -> bool:
+def holds_nul(value: Any) -> bool:
     """Return True if a string anywhere in a parsed JSON value (an object's keys too) holds a NUL character.
 
     Walked with a stack, not by recursion: a payload nested as deep as the JSON parser allows must not raise
@@ -83,6 +83,6 @@ class JsonObjectField(serializers.DictField):
 
     def to_internal_value(self, data: Any) -> dict[str, Any]:
         value = super().to_internal_value(data)
-        if _holds_nul(value):
+        if holds_nul(value):
             self.fail("null_characters")
         return value
