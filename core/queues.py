@@ -7,6 +7,7 @@ channel and priority on one topic exchange, dead letters routed to `dead.<channe
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from dataclasses import dataclass
@@ -131,10 +132,16 @@ def own_queue(routing_key: str) -> str | None:
 
     A delayed message's routing key is its delay in bits before the queue's own ("0.0.….1.webhook.high").
     """
-    for queue in build_queues():
-        if routing_key == queue.name or routing_key.endswith(f".{queue.name}"):
-            return queue.name
+    for name in _queue_names():
+        if routing_key == name or routing_key.endswith(f".{name}"):
+            return name
     return None
+
+
+@functools.cache
+def _queue_names() -> tuple[str, ...]:
+    # Building the topology's kombu entities for each retry's routing was 6 % of a send worker's CPU.
+    return tuple(queue.name for queue in build_queues())
 
 
 class OwnQueueTask(Task[Any, Any]):
