@@ -25,6 +25,7 @@ from channels_app.outcomes import BatchReport, DbClock, Outcomes, backoff_second
 from channels_app.providers import registry
 from channels_app.providers.base import OutboundMessage, Outcome, RetriableError, SendResult
 from channels_app.sms_fit import sms_fit
+from core import config_cache
 from notifier.campaigns.models import Campaign
 from notifier.campaigns.selectors import attach_campaigns
 from notifier.deliveries import frequency
@@ -146,7 +147,10 @@ def deliver(delivery_ids: Sequence[int]) -> BatchReport:
     out = Outcomes(report, clock=DbClock(claimed.db_now))
     heartbeat.hold(claimed.ids)
     try:
-        _deliver_claimed(claimed, out)
+        # The batch's cached lookups (templates, event endpoints, clients) share one read of the generation, as
+        # a request's do: a change made meanwhile is seen by the next batch.
+        with config_cache.one_generation():
+            _deliver_claimed(claimed, out)
         out.flush()
     finally:
         heartbeat.release(claimed.ids)
