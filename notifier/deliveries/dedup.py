@@ -22,7 +22,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from core.db import json_rows
-from core.redis_guard import get_redis, rkey
+from core.redis_guard import get_redis, redis_script, rkey
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +62,13 @@ def release(*, client_id: int, dedup_key: str, notification_id: str) -> None:
         pass
 
 
+# One script call for a whole batch: a pipelined SET per key cost a batch item more than its validation.
+_REMEMBER = """
+for i, key in ipairs(KEYS) do redis.call('SET', key, ARGV[i + 1], 'NX', 'EX', ARGV[1]) end
+return #KEYS
+"""
+
+
 def remember(entries: list[tuple[int, str, str, str]]) -> None:
     """Record (client_id, dedup_key, notification_id, request_hash) of committed notifications in one round trip.
 
@@ -70,12 +77,10 @@ def remember(entries: list[tuple[int, str, str, str]]) -> None:
     if not entries:
         return
     try:
-        pipe = get_redis().pipeline(transaction=False)
-        for client_id, dedup_key, notification_id, request_hash in entries:
-            pipe.set(
-                _key(client_id, dedup_key), f"{notification_id}|{request_hash}", nx=True, ex=settings.DEDUP_TTL_SECONDS
-            )
-        pipe.execute()
+        redis_script(_REMEMBER)(
+            keys=[_key(client_id, dedup_key) for client_id, dedup_key, _, _ in entries],
+            args=[settings.DEDUP_TTL_SECONDS, *(f"{nid}|{request_hash}" for _, _, nid, request_hash in entries)],
+        )
     except redis.RedisError as exc:
         logger.warning("dedup fast path not updated for a batch: %s", type(exc).__name__)
 

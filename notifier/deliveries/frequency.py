@@ -35,7 +35,7 @@ from django.conf import settings
 from django.db import connection
 
 from core.db import bound_cursor, json_rows
-from core.redis_guard import get_redis, rkey
+from core.redis_guard import redis_script, rkey
 
 if TYPE_CHECKING:  # types only: the models import this module's callers
     from notifier.deliveries.models import Delivery, Notification
@@ -72,7 +72,6 @@ for i = 1, #KEYS do
 end
 return admitted
 """
-_scripts: dict[int, redis.commands.core.Script] = {}
 
 
 @dataclass(frozen=True)
@@ -116,12 +115,8 @@ def _redis_admit_counted(cap: Cap, category: str, pairs: Sequence[tuple[int, str
 
     Raises redis.RedisError if Redis is down.
     """
-    client = get_redis()
-    script = _scripts.get(id(client))
-    if script is None:
-        script = _scripts[id(client)] = client.register_script(_ADMIT)
     keys = [_key(category, rid) for rid, _ in pairs]
-    result = script(keys=keys, args=[cap.per_seconds, cap.max, *[nid for _, nid in pairs]])
+    result = redis_script(_ADMIT)(keys=keys, args=[cap.per_seconds, cap.max, *[nid for _, nid in pairs]])
     return [(bool(int(result[2 * i])), int(result[2 * i + 1])) for i in range(len(pairs))]
 
 
