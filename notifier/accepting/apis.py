@@ -18,7 +18,7 @@ from core.bodies import ItemsJSONParser, item_problems
 from core.errors import ApiError
 from core.openapi import error_response
 from core.pagination import CursorPage, invalid_cursor
-from core.serializers import represent_with, thread_serializer, validate_with
+from core.serializers import thread_serializer
 from notifier.accepting.backpressure import check_backpressure
 from notifier.accepting.send_kinds import send_kind_of_notification, send_kind_of_request
 from notifier.accepting.serializers import (
@@ -33,6 +33,9 @@ from notifier.accepting.serializers import (
     NotificationWorkflowOutput,
     StatsOutput,
     StatsQuerySerializer,
+    accept_answer,
+    send_input,
+    send_input_fast,
 )
 from notifier.accepting.services import notification_accept_grouped, notification_cancel, notifications_accept_batch
 from notifier.clients.auth import request_client, require_scope
@@ -99,14 +102,14 @@ class NotificationListCreateApi(APIView):
         ],
     )
     def post(self, request: Request) -> Response:
-        data = validate_with(NotificationInput, request.data)
+        data = send_input(request.data)
         _require_topics_scope(request, data)
         _shed_if_overloaded(data)
         kind = send_kind_of_request(data)
         accept = kind.accept if kind is not None else notification_accept_grouped
         result = accept(client=request_client(request), data=data, trace_id=trace_id_of(request))
         code = status.HTTP_200_OK if result.duplicate else status.HTTP_202_ACCEPTED
-        return Response({**represent_with(AcceptOutput, result), **_workflow_of(result.notification)}, status=code)
+        return Response({**accept_answer(result), **_workflow_of(result.notification)}, status=code)
 
     @extend_schema(
         operation_id="notifications_list",
@@ -245,7 +248,9 @@ class NotificationBatchApi(APIView):
         if refused is not None:
             return refused
         try:
-            data = validator.run_validation(item)
+            data = send_input_fast(item)
+            if data is None:
+                data = validator.run_validation(item)
             _require_topics_scope(request, data)  # a topic item without the scope fails alone
             _shed_if_overloaded(data)
         except (serializers.ValidationError, ApiError) as exc:

@@ -14,7 +14,7 @@ from rest_framework import serializers
 from core.errors import ApiError, exception_handler
 from core.openapi import ErrorDetailSerializer
 from core.pagination import CursorQuerySerializer, cursor_page_serializer
-from core.serializers import JsonObjectField
+from core.serializers import JsonObjectField, holds_nul, validate_with
 from notifier.accepting.services import AcceptResult
 from notifier.clients.models import ApiClient
 from notifier.deliveries.fallback import MAX_AFTER_SECONDS, STRATEGIES
@@ -135,6 +135,77 @@ class NotificationInput(StrictSerializer):
             if stray:
                 raise serializers.ValidationError({name: ["Only with strategy 'fallback'."] for name in stray})
         return attrs
+
+
+# The common send, validated without DRF: a field's DRF validation cost more than the rest of a batch item's accept.
+_FAST_STRINGS = {"template": 140, "dedup_key": 255, "category": 64, "locale": 35}
+_FAST_FIELDS = frozenset({"recipient", "channels", "payload", "priority", *_FAST_STRINGS})
+_PRIORITIES = frozenset(Notification.Priority.values)
+
+
+def _plain_text(value: Any, max_length: int) -> bool:
+    """Return True for a string DRF's CharField would return unchanged: not blank, not trimmed, short enough.
+
+    Only ASCII without NUL: anything else (surrogates, Unicode spaces that strip() removes) is left to DRF.
+    """
+    return (
+        type(value) is str and 0 < len(value) <= max_length and value.isascii() and value.strip() == value
+        and "\x00" not in value
+    )  # fmt: skip
+
+
+def send_input_fast(data: Any) -> dict[str, Any] | None:
+    """Return what NotificationInput would return for a plain send to one user, or None to let DRF decide.
+
+    A plain send gives `recipient` ({"user_id"}) and `template`, and of the rest only `channels`, `payload`,
+    `dedup_key`, `priority`, `category` and `locale`, each valid as it stands. Anything else (another field, a
+    value DRF would convert, trim or refuse) answers None, and NotificationInput validates it and words its
+    error; so this never refuses what DRF accepts nor accepts what it refuses, and returns the same values.
+    """
+    if type(data) is not dict or not data.keys() <= _FAST_FIELDS:
+        return None
+    recipient, template = data.get("recipient"), data.get("template")
+    if type(recipient) is not dict or recipient.keys() != {"user_id"} or not _plain_text(recipient["user_id"], 255):
+        return None
+    if template is None:
+        return None
+    for name, max_length in _FAST_STRINGS.items():
+        if name in data and not _plain_text(data[name], max_length):
+            return None
+    if not TEMPLATE_SPEC.match(template):
+        return None
+    # Each of these present is a string by now (a null is DRF's to refuse, as any value it would convert).
+    if ("category" in data and data["category"] not in settings.NOTIFIER_CATEGORIES) or (
+        "locale" in data and not LOCALE.match(data["locale"])
+    ):
+        return None
+    if "priority" in data and (type(data["priority"]) is not str or data["priority"] not in _PRIORITIES):
+        return None
+    channels = data.get("channels", ())
+    if "channels" in data and (
+        type(channels) is not list or not 0 < len(channels) <= 5
+        or not all(type(c) is str and c in settings.CHANNELS for c in channels) or len(set(channels)) != len(channels)
+    ):  # fmt: skip
+        return None
+    payload = data.get("payload", {})
+    if type(payload) is not dict or not all(type(k) is str for k in payload) or holds_nul(payload):
+        return None
+    # NotificationInput's field order and values: the nested recipient and the payload are new objects too.
+    found: dict[str, Any] = {"recipient": {"user_id": recipient["user_id"]}}
+    for name in ("category", "template", "channels"):
+        if name in data:
+            found[name] = list(data[name]) if name == "channels" else data[name]
+    found["payload"] = dict(payload)
+    for name in ("dedup_key", "priority", "locale"):
+        if name in data:
+            found[name] = data[name]
+    return found
+
+
+def send_input(data: Any) -> dict[str, Any]:
+    """Validate the body of a send as NotificationInput does (the same values, the same errors), faster."""
+    found = send_input_fast(data)
+    return found if found is not None else validate_with(NotificationInput, data)
 
 
 @extend_schema_field(NotificationInput(many=True))
@@ -291,6 +362,30 @@ class AcceptOutput(serializers.Serializer):
         return body
 
 
+def accept_answer(result: AcceptResult) -> dict[str, Any]:
+    """Return AcceptOutput's answer for `result`, built as a plain dict: the answer of every accepted send.
+
+    AcceptOutput stays the schema and the reference (a test holds the two equal); DRF's field-by-field
+    rendering of it cost as much as the rest of the view.
+    """
+    n = result.notification
+    body: dict[str, Any] = {
+        "id": str(n.pk),
+        "status": "accepted",
+        "duplicate": bool(result.duplicate),
+        "deliveries": [
+            {"id": int(d.pk), "channel": str(d.channel), "status": str(d.status), "reason": str(d.reason)}
+            for d in result.deliveries
+        ],
+    }
+    if n.topic_id:
+        body["topic"] = n.topic.key if n.topic is not None else None
+        if n.recipients_total is not None:
+            body["recipients_total"] = int(n.recipients_total)
+    body["mode"] = str(n.client.mode)
+    return body
+
+
 class BatchItemOutput(serializers.Serializer):
     """One batch result, in the item's place: an accepted send or the error that item alone would have had."""
 
@@ -303,19 +398,13 @@ class BatchItemOutput(serializers.Serializer):
     recipients_total = serializers.IntegerField(required=False)
     error = ErrorDetailSerializer(required=False)
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        # One instance renders every accepted item: a serializer deep-copies its fields when it is made, which
-        # made per item was ten times the cost of rendering.
-        self._accepted = AcceptOutput()
-
     def to_representation(self, instance: AcceptResult | Exception) -> dict[str, Any]:
         # An error goes through the API's one exception handler, so an item's error reads as a whole call's would.
         if isinstance(instance, Exception):
             response = exception_handler(instance, {})
             assert response is not None
             return {**response.data, "status": response.status_code}
-        return {**self._accepted.to_representation(instance), "status": 200 if instance.duplicate else 202}
+        return {**accept_answer(instance), "status": 200 if instance.duplicate else 202}
 
 
 class BatchOutput(serializers.Serializer):

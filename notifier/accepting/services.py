@@ -20,7 +20,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from core import metrics
-from core.db import insert_rows
+from core.db import InstanceBuilder, insert_rows
 from core.errors import ApiError
 from notifier.accepting.group_commit import GroupCommit
 from notifier.accepting.policy import send_policy
@@ -28,7 +28,7 @@ from notifier.clients.models import ApiClient
 from notifier.deliveries import dedup, fallback, frequency
 from notifier.deliveries.models import Delivery, Notification
 from notifier.deliveries.outbox import publish_soon
-from notifier.deliveries.partitions import new_notification_id, notification_range
+from notifier.deliveries.partitions import new_notification_id, notification_range, uuid7
 from notifier.deliveries.planning import channel_addresses, delivery_plan
 from notifier.deliveries.status import record_events, transition
 from notifier.dispatch import localtime
@@ -41,6 +41,10 @@ from templates_app.models import TemplateVersion
 from templates_app.selectors import TemplateNotFound, template_version_cached
 
 logger = logging.getLogger(__name__)
+
+# The accept's new rows, built without Model.__init__ (core.db.InstanceBuilder says why).
+_notifications = InstanceBuilder(Notification)
+_deliveries = InstanceBuilder(Delivery)
 
 CANCELLABLE = (Delivery.Status.SCHEDULED, Delivery.Status.DEFERRED, Delivery.Status.QUEUED, Delivery.Status.PENDING)
 
@@ -128,7 +132,7 @@ def notification_decide(
 def _new_notification(
     *, client: ApiClient, decision: AcceptDecision, data: dict[str, Any], notification_id: uuid.UUID, trace_id: str
 ) -> Notification:
-    return Notification(
+    return _notifications.new(
         id=notification_id,
         client=client,
         dedup_key=decision.dedup_key,
@@ -274,12 +278,17 @@ def notifications_accept_batch(
     # Keys used by earlier requests: the database is the truth.
     if first:
         entries = dedup.lookup(client_id=client.pk, dedup_keys=list(first))
-        existing = {
-            n.dedup_key: n
-            for n in Notification.objects.filter(
-                pk__in=[e[0] for e in entries.values()], **_days_of(entries)
-            ).order_by()
-        }
+        # Mostly none (fresh keys): then not even a queryset is built, which cost a group commit 4 % of the API.
+        existing = (
+            {
+                n.dedup_key: n
+                for n in Notification.objects.filter(
+                    pk__in=[e[0] for e in entries.values()], **_days_of(entries)
+                ).order_by()
+            }
+            if entries
+            else {}
+        )
         if existing:
             known = _deliveries_of(list(existing.values()))
             kept = []
@@ -472,7 +481,7 @@ def _write_batch(
     for index, item, decision in items:
         recipient = recipients[item["recipient"]["user_id"]]
         notification = _new_notification(
-            client=client, decision=decision, data=item, notification_id=new_notification_id(), trace_id=traces[index]
+            client=client, decision=decision, data=item, notification_id=uuid7(now), trace_id=traces[index]
         )
         notification.recipient = recipient
         notification.user_id = recipient.user_id
@@ -611,7 +620,7 @@ def _plan_delivery(
         now=now,
         suppressed=suppressed,
     )
-    return Delivery(
+    return _deliveries.new(
         notification=notification,
         recipient=recipient,
         channel=channel,
