@@ -158,11 +158,11 @@ class InstanceBuilder(Generic[M]):
             if attname not in values:
                 found[attname] = field.get_default()
         for name, value in values.items():
-            attname = self._related.get(name)
-            if attname is None:
+            column = self._related.get(name)
+            if column is None:
                 found[name] = value
             else:
-                found[attname] = None if value is None else value.pk
+                found[column] = None if value is None else value.pk
                 state.fields_cache[name] = value
                 if value is not None:  # as the descriptor routes both (the project sets no database router)
                     state.db = state.db or value._state.db or DEFAULT_DB_ALIAS

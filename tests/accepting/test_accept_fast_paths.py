@@ -26,14 +26,39 @@ PLAIN = {"recipient": {"user_id": "u-1"}, "template": "hello"}
 # Values each field of a plain send may take: valid ones, and ones DRF converts, trims or refuses.
 FIELD_VALUES: dict[str, list[Any]] = {
     "recipient": [
-        {"user_id": "u-1"}, {"user_id": " u-1"}, {"user_id": "u-1\n"}, {"user_id": ""}, {"user_id": "   "},
-        {"user_id": 42}, {"user_id": None}, {"user_id": "ü-1"}, {"user_id": "u\x00"}, {"user_id": "x" * 255},
-        {"user_id": "x" * 256}, {"user_id": "u-1", "email": "a@b"}, {}, "u-1", None, ["u-1"],
+        {"user_id": "u-1"},
+        {"user_id": " u-1"},
+        {"user_id": "u-1\n"},
+        {"user_id": ""},
+        {"user_id": "   "},
+        {"user_id": 42},
+        {"user_id": None},
+        {"user_id": "ü-1"},
+        {"user_id": "u\x00"},
+        {"user_id": "x" * 255},
+        {"user_id": "x" * 256},
+        {"user_id": "u-1", "email": "a@b"},
+        {},
+        "u-1",
+        None,
+        ["u-1"],
     ],
     "template": ["hello", "hello@2", "hello@0", "he llo", " hello", "", 7, None, "x" * 141, "hello\n", "héllo"],
     "channels": [
-        ["email"], ["email", "sms"], ["push", "email", "sms", "inapp", "webhook"], [], ["email", "email"],
-        ["fax"], "email", None, [1], ("email",), ["Email"], ["email", None], [["email"]], [{}],
+        ["email"],
+        ["email", "sms"],
+        ["push", "email", "sms", "inapp", "webhook"],
+        [],
+        ["email", "email"],
+        ["fax"],
+        "email",
+        None,
+        [1],
+        ("email",),
+        ["Email"],
+        ["email", None],
+        [["email"]],
+        [{}],
     ],
     "payload": [{}, {"n": 1}, {"a": {"b": [1, None, "x"]}}, {"s": "\x00"}, {"k\x00": 1}, None, [], "x", {"n": None}],
     "dedup_key": ["k-1", "", " k", "k" * 255, "k" * 256, 5, None, "k\t", "ключ"],
@@ -91,8 +116,8 @@ def test_random_bodies_are_validated_as_drf_validates_them_and_plain_ones_take_t
 
 def test_a_plain_body_is_taken_with_every_field_in_drf_order() -> None:
     body = {
-        "locale": "pt-BR", "priority": "low", "dedup_key": "k-1", "payload": {"n": [1, 2]}, "channels": ["sms", "email"],
-        "template": "hello@3", "category": "marketing", "recipient": {"user_id": "u-9"},
+        "locale": "pt-BR", "priority": "low", "dedup_key": "k-1", "payload": {"n": [1, 2]},
+        "channels": ["sms", "email"], "template": "hello@3", "category": "marketing", "recipient": {"user_id": "u-9"},
     }  # fmt: skip
     found = send_input_fast(body)
     assert found is not None and list(found) == list(_drf(body) or {})
