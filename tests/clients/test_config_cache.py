@@ -6,21 +6,24 @@ done here directly after changing rows behind the signals' back.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from channels_app.services import deliver
 from core import config_cache
 from core.redis_guard import get_redis, rkey
 from notifier.clients import lookup_cache
 from notifier.clients.auth import hash_key
 from notifier.clients.models import ApiClient
 from notifier.clients.services import api_client_rotate_key
-from notifier.deliveries.models import Notification
+from notifier.deliveries.models import Delivery, Notification
 from templates_app.selectors import template_version_cached
 from templates_app.services import template_put
+from tests.factories import make_recipient
 
 CONTENT = {"en": {"email": {"subject": "Hi {{ name }}", "text": "Hello {{ name }}"}}}
 
@@ -106,3 +109,47 @@ def test_a_template_resolution_is_cached(api: Any) -> None:
     template_put(key="welcome", category="transactional", default_locale="en", content=CONTENT)
     assert template_version_cached("welcome").version == 1
     assert _queries(lambda: template_version_cached("welcome")) == 0
+
+
+def _generation_reads(fn: Any) -> int:
+    """Run fn() and return how many times Redis was asked for the configuration generation meanwhile (MONITOR)."""
+    generation, stop = rkey("config", "generation"), rkey("test", "monitor-stop")
+    reads: list[str] = []
+    watching = threading.Event()
+
+    def watch() -> None:
+        with get_redis().monitor() as monitor:
+            watching.set()
+            for command in monitor.listen():
+                words = str(command["command"]).split()
+                if stop in words:
+                    return
+                if words[:2] == ["GET", generation]:
+                    reads.append(command["command"])
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    assert watching.wait(5)
+    fn()
+    get_redis().get(stop)
+    watcher.join(10)
+    assert not watcher.is_alive()
+    return len(reads)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_send_batch_reads_the_generation_once(api_client_factory: Any) -> None:
+    """A worker's batch is one unit as a request is: its cached lookups (templates, endpoints) share one read."""
+    template_put(key="welcome", category="transactional", default_locale="en", content=CONTENT)
+    template_put(key="other", category="transactional", default_locale="en", content=CONTENT)
+    make_recipient(user_id="u-1", email="u1@example.com")
+    for template in ("welcome", "other"):
+        _, api = api_client_factory()  # two clients: an event-endpoint lookup each, a template lookup each
+        answer = api.post("/api/v1/notifications", {**body(), "template": template, "channels": ["email"]},
+                          format="json")  # fmt: skip
+        assert answer.status_code == 202
+    ids = list(Delivery.objects.order_by("id").values_list("id", flat=True))
+    assert len(ids) == 2
+    report: list[Any] = []
+    assert _generation_reads(lambda: report.append(deliver(ids))) == 1
+    assert report[0].sent == 2
