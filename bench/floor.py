@@ -15,7 +15,9 @@ recorded), and the CPU seconds of every process group per request while it ran; 
 `--servers gunicorn,granian` repeats floor and send endpoint under each server (granian must be installed:
 it is not a dependency of the project, docs/decisions/0071-gunicorn-stays.md says why). Last, the batch endpoint
 (`POST /api/v1/notifications/batch`, --batch-size items a call from --batch-connections callers) for
---batch-seconds: notifications accepted per second (0 skips it).
+--batch-seconds: notifications accepted per second (0 skips it), first beside the send worker on the same
+cores, then (without --url) with no send worker running, as where the workers run on other machines, followed
+by one send worker draining what was accepted.
 
 Without --url the benchmark starts its own API and send worker with production settings (DEBUG off, WARNING
 logs) on the bench database (BENCH_NS); with --url it loads a running stack (the demo key in var/demo-api-key,
@@ -190,8 +192,11 @@ def run(args: Any, *, server: str, database: str, api_url: str, key: str, databa
     return {"floor": floor_figures["rps"], "send": api["rps"], "send_p99": api["p99"], "sent": rate}
 
 
-def run_batch(args: Any, *, database: str, api_url: str, key: str) -> None:
-    """Load the batch endpoint; print the notifications it accepted per second and the CPU per notification."""
+def run_batch(args: Any, *, database: str, api_url: str, key: str, beside: str = "the send worker") -> str:
+    """Load the batch endpoint; print the notifications it accepted per second and the CPU per notification.
+
+    `beside` says what else ran on the box; the prefix of the notifications written is returned.
+    """
     prefix = f"fb{uuid.uuid4().hex[:6]}-"
     add_recipients(database, prefix, args.recipients)
     load = {"connections": args.batch_connections, "recipients": args.recipients, "batch": args.batch_size}
@@ -202,11 +207,36 @@ def run_batch(args: Any, *, database: str, api_url: str, key: str) -> None:
     written = int(psql(database, f"SELECT count(*) FROM notifier_notification WHERE user_id LIKE '{prefix}%' "
                                  f"AND created_at >= '{started}'"))  # fmt: skip
     seconds = figures["requests"] / figures["rps"] if figures["rps"] else float("nan")
-    print(f"\n=== batch endpoint ({args.batch_size} items a call, {args.batch_connections} callers, {api_url}) ===")
+    print(f"\n=== batch endpoint ({args.batch_size} items a call, {args.batch_connections} callers, {api_url}; "
+          f"beside it: {beside}) ===")  # fmt: skip
     print(f"batch accept {written / seconds:9.0f} notifications/s ({written} written, {figures['requests']:.0f} calls,"
           f" p50 {figures['p50']:.0f} ms, p99 {figures['p99']:.0f} ms, errors {figures['errors']:.0f})")  # fmt: skip
     print("CPU while the batch endpoint was loaded:")
     print_cpu(cpu0, cpu1, written)
+    return prefix
+
+
+def drain(database: str, prefix: str) -> None:
+    """Start a send worker, wait until every delivery of `prefix` is sent, print the rate and the CPU per delivery."""
+    of_prefix = (
+        "FROM notifier_delivery d JOIN notifier_notification n ON n.id = d.notification_id "
+        f"WHERE n.user_id LIKE '{prefix}%'"
+    )
+    total = int(psql(database, f"SELECT count(*) {of_prefix}"))
+    with workers(Worker("floor-drain", ["email.high", "email.low"], concurrency=8, pool="threads")):
+        cpu0 = group_cpu()
+        started = float(psql(database, "SELECT extract(epoch FROM now())"))
+        wait_until(
+            lambda: int(psql(database, f"SELECT count(*) {of_prefix} AND d.status = 'sent'")) >= total,
+            timeout=900, interval=1, what="every batch delivery sent",
+        )  # fmt: skip
+        span = float(psql(database, f"SELECT extract(epoch FROM max(d.sent_at)) {of_prefix}")) - started
+        cpu1 = group_cpu()
+    print(f"then drained by one send worker alone: {total / span:.0f} deliveries/s ({total} in {span:.1f} s)")
+    # Only the worker's CPU: PostgreSQL's figure over this span came out above what two cores can give (its
+    # ended sessions' time is booked to the postmaster when reaped), so it would mislead.
+    worker = cpu1.get("worker high", 0.0) - cpu0.get("worker high", 0.0)
+    print(f"  worker high {worker:6.1f} s   {worker / total * 1000:5.2f} ms per delivery")
 
 
 def main() -> None:
@@ -272,6 +302,16 @@ def main() -> None:
                         run_batch(args, database=database, api_url=server.url, key=key)
                 finally:
                     server.stop()
+        if args.batch_seconds:
+            # The accept alone, as where the send workers run on other machines: the queues hold what it
+            # accepted, and one worker started afterwards drains them.
+            server = ApiServer(server=servers[-1])
+            try:
+                server.wait_ready()
+                prefix = run_batch(args, database=database, api_url=server.url, key=key, beside="no send worker")
+            finally:
+                server.stop()
+            drain(database, prefix)
         if len(results) > 1:
             print("\n=== servers side by side (requests/s; accept -> sent in deliveries/s) ===")
             for name, figures in results.items():
