@@ -217,7 +217,7 @@ def run_batch(args: Any, *, database: str, api_url: str, key: str, beside: str =
 
 
 def drain(database: str, prefix: str) -> None:
-    """Start a send worker, wait until every delivery of `prefix` is sent, print the rate and the CPU per delivery."""
+    """Start a send worker, wait until every delivery of `prefix` is sent, print the rate and its CPU per delivery."""
     of_prefix = (
         "FROM notifier_delivery d JOIN notifier_notification n ON n.id = d.notification_id "
         f"WHERE n.user_id LIKE '{prefix}%'"
@@ -233,10 +233,10 @@ def drain(database: str, prefix: str) -> None:
         span = float(psql(database, f"SELECT extract(epoch FROM max(d.sent_at)) {of_prefix}")) - started
         cpu1 = group_cpu()
     print(f"then drained by one send worker alone: {total / span:.0f} deliveries/s ({total} in {span:.1f} s)")
-    # Only the worker's CPU: PostgreSQL's figure over this span came out above what two cores can give (its
-    # ended sessions' time is booked to the postmaster when reaped), so it would mislead.
-    worker = cpu1.get("worker high", 0.0) - cpu0.get("worker high", 0.0)
-    print(f"  worker high {worker:6.1f} s   {worker / total * 1000:5.2f} ms per delivery")
+    # Only the worker's CPU: PostgreSQL's figure over this span came out above what two cores can give (probably
+    # the stopped API's sessions, booked to the postmaster when reaped), so it would mislead.
+    only = "worker high"
+    print_cpu({only: cpu0.get(only, 0.0)}, {only: cpu1.get(only, 0.0)}, total, per="delivery")
 
 
 def main() -> None:
