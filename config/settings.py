@@ -254,6 +254,9 @@ BROKER_DELAY_MAX_SECONDS = env.int("BROKER_DELAY_MAX_SECONDS", 900)
 # The API hands accepted deliveries to a per-process background publisher (no broker confirm in the request;
 # concurrent requests' ids share a message). Off: each request publishes after its own commit.
 PUBLISH_IN_BACKGROUND = env.bool("PUBLISH_IN_BACKGROUND", True)
+# How long that publisher lets accepted normal- and low-priority deliveries wait for others before it publishes
+# them (a burst then shares messages); a high-priority one leaves at once and takes the waiting ones along.
+PUBLISH_LINGER_MS = env.float("PUBLISH_LINGER_MS", 20.0)
 # Deliveries per broker message on the fan-out path (one for a single transactional notification).
 SEND_BATCH_SIZE = env.int("SEND_BATCH_SIZE", 500)
 # A send task with fewer ids takes the messages waiting on its queue into its batch, up to this many ids

@@ -131,13 +131,16 @@ class Coalescer:
     """Publishes accepted deliveries from a background thread, many requests' ids per broker message.
 
     The request thread only hands its (id, channel, priority) rows over and returns: it never waits for a
-    broker confirm. The thread publishes at once when idle, so a lone OTP leaves immediately; while a publish
-    is in flight the ids of the requests that arrive meanwhile gather and leave together, one message per
-    queue (up to SEND_BATCH_SIZE ids), consumed by the workers' bulk claim. `published_at` is set only after
-    the broker confirmed, and MARK_AFTER_SECONDS later, in one statement for everything published meanwhile and
-    only on rows still `queued`: a single is usually claimed by then, and its row is not written a second time
-    for nothing. Rows whose publish never happened, or whose mark was lost with the process, are the relay's, as
-    before (a second message is harmless: claims are idempotent).
+    broker confirm. A high-priority row (an OTP) is published at once, with whatever else is waiting; while a
+    publish is in flight the ids of the requests that arrive meanwhile gather and leave together, one message
+    per queue (up to SEND_BATCH_SIZE ids), consumed by the workers' bulk claim. Normal- and low-priority rows
+    also wait up to PUBLISH_LINGER_MS for company before they leave: under a burst of singles a message then
+    carries many ids, and the broker, this thread and the send worker pay their per-message costs once for
+    all of them. `published_at` is set only after the broker confirmed, and MARK_AFTER_SECONDS later, in one
+    statement for everything published meanwhile and only on rows still `queued`: a single is usually claimed
+    by then, and its row is not written a second time for nothing. Rows whose publish never happened, or whose
+    mark was lost with the process, are the relay's, as before (a second message is harmless: claims are
+    idempotent).
     """
 
     def __init__(self) -> None:
@@ -151,6 +154,9 @@ class Coalescer:
         # Published, not yet marked, and when the oldest of them is due to be marked.
         self._to_mark: list[int] = []
         self._mark_at = 0.0
+        # When the oldest row waiting arrived, and whether a high-priority one is among them (it ends the wait).
+        self._since = 0.0
+        self._urgent = False
 
     def submit(self, rows: Iterable[tuple[int, str, str]]) -> None:
         """Queue rows for publishing; return at once."""
@@ -158,8 +164,12 @@ class Coalescer:
         if not rows:
             return
         span_context = tracing.current_span_context()
+        urgent = any(priority == "high" for _, _, priority in rows)
         with self._cond:
+            if not self._rows:
+                self._since = time.monotonic()
             self._rows.extend(rows)
+            self._urgent = self._urgent or urgent
             if span_context is not None:
                 self._contexts.append(span_context)
             if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
@@ -179,17 +189,28 @@ class Coalescer:
                 self._cond.wait(remaining)
         return True
 
+    def _linger_left(self) -> float:
+        """Return how much longer the rows waiting may wait for company (0: publish now); hold the lock."""
+        linger = settings.PUBLISH_LINGER_MS / 1000
+        if linger <= 0 or self._urgent or len(self._rows) >= settings.SEND_BATCH_SIZE:
+            return 0.0
+        return max(0.0, self._since + linger - time.monotonic())
+
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._rows:
+                while not self._rows or (left := self._linger_left()) > 0:
                     if self._to_mark and time.monotonic() >= self._mark_at:
                         break
+                    if self._rows:
+                        self._cond.wait(left)
+                        continue
                     self._busy = False
                     self._cond.notify_all()
                     self._cond.wait(max(0.0, self._mark_at - time.monotonic()) if self._to_mark else None)
                 rows, self._rows = self._rows, []
                 contexts, self._contexts = self._contexts, []
+                self._urgent = False
                 self._busy = True
             try:
                 if rows and not broker_recently_down():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -57,6 +58,45 @@ def test_a_lone_accept_is_published_without_waiting_for_company() -> None:
     d.refresh_from_db()
     assert d.published_at is not None
     assert queue_depth("sms.high") == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_normal_priority_singles_wait_for_company_and_leave_in_one_message(settings: Any) -> None:
+    """With the publisher idle, singles a few milliseconds apart still share one message (the linger)."""
+    settings.PUBLISH_LINGER_MS = 2000
+    purge_all_queues()
+    rows = [make_delivery(channel="sms", status="queued", address=f"+1415556{i:04d}") for i in range(5)]
+    for d in rows:
+        coalescer.submit([(d.pk, "sms", "normal")])
+        time.sleep(0.01)  # each would have left alone before the publisher learnt to wait
+    assert coalescer.wait_idle(20)
+    assert _drain("sms.low") == [[d.pk for d in rows]]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_high_priority_single_ends_the_wait_and_takes_the_waiting_ones_along(settings: Any) -> None:
+    settings.PUBLISH_LINGER_MS = 60_000  # far beyond the wait below: only the OTP can end it
+    purge_all_queues()
+    normal = make_delivery(channel="sms", status="queued", address="+14155560100")
+    otp = make_delivery(channel="sms", status="queued", address="+14155560101")
+    coalescer.submit([(normal.pk, "sms", "normal")])
+    time.sleep(0.2)
+    assert queue_depth("sms.low") == 0  # still waiting for company
+    coalescer.submit([(otp.pk, "sms", "high")])
+    assert coalescer.wait_idle(10)
+    assert _drain("sms.high") == [[otp.pk]]
+    assert _drain("sms.low") == [[normal.pk]]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_full_message_of_waiting_singles_leaves_without_waiting_out_the_linger(settings: Any) -> None:
+    settings.PUBLISH_LINGER_MS = 60_000
+    settings.SEND_BATCH_SIZE = 3
+    purge_all_queues()
+    rows = [make_delivery(channel="sms", status="queued", address=f"+1415556{200 + i:04d}") for i in range(3)]
+    coalescer.submit([(d.pk, "sms", "low") for d in rows])
+    assert coalescer.wait_idle(10)
+    assert _drain("sms.low") == [[d.pk for d in rows]]
 
 
 @pytest.mark.django_db(transaction=True)
