@@ -14,7 +14,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from core.bodies import ItemsJSONParser, item_problems
+from core.bodies import ItemsJSONParser, item_problems, values_to_check
 from core.errors import ApiError
 from core.openapi import error_response
 from core.pagination import CursorPage, invalid_cursor
@@ -244,7 +244,7 @@ class NotificationBatchApi(APIView):
     def _validate(
         request: Request, validator: NotificationInput, item: Any
     ) -> dict[str, Any] | serializers.ValidationError | ApiError:
-        refused = item_problems(item)
+        refused = item_problems(item, check_values=values_to_check(request))
         if refused is not None:
             return refused
         try:

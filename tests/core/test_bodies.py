@@ -4,11 +4,13 @@ URLs, oversized bodies; in a batch each bad item fails alone and the good ones a
 from __future__ import annotations
 
 import json
+import random
 from typing import Any
 
 import pytest
 from rest_framework.test import APIClient
 
+from core.bodies import may_be_unstorable, value_problems
 from notifier.deliveries.models import Notification
 from preferences.models import Recipient
 from templates_app.services import template_put
@@ -37,19 +39,21 @@ def raw_post(http: APIClient, path: str, raw: str | bytes, **extra: Any) -> Any:
     return http.post(path, raw, content_type="application/json", **extra)
 
 
-@pytest.mark.parametrize(
-    ("raw", "field"),
-    [
-        # Written as JSON escapes: the text of the body is valid JSON, what it decodes to is not storable.
-        ('"payload": {"name": "\\ud800"}', "payload"),
-        ('"payload": {"\\udfff": 1}', "payload"),
-        ('"payload": {"list": ["ok", "a\\udc00b"]}', "payload"),
-        ('"dedup_key": "k\\ud800"', "dedup_key"),
-        ('"dedup_key": "k\\u0000"', "dedup_key"),
-        ('"payload": {"n": 1e999}', "payload"),
-        ('"payload": {"n": -1e400}', "payload"),
-    ],
-)
+UNSTORABLE = [
+    # Written as JSON escapes: the text of the body is valid JSON, what it decodes to is not storable.
+    ('"payload": {"name": "\\ud800"}', "payload"),
+    ('"payload": {"\\udfff": 1}', "payload"),
+    ('"payload": {"list": ["ok", "a\\udc00b"]}', "payload"),
+    ('"dedup_key": "k\\ud800"', "dedup_key"),
+    ('"dedup_key": "k\\u0000"', "dedup_key"),
+    ('"payload": {"n": 1e999}', "payload"),
+    ('"payload": {"n": -1e400}', "payload"),
+    ('"payload": {"n": [1, 1.8E+308]}', "payload"),
+    ('"payload": {"n":' + "9" * 309 + ".5}", "payload"),
+]
+
+
+@pytest.mark.parametrize(("raw", "field"), UNSTORABLE)
 def test_text_postgresql_cannot_store_is_a_400_naming_the_field(api: APIClient, raw: str, field: str) -> None:
     fields = item("u-1")
     del fields["payload"]
@@ -92,6 +96,41 @@ def test_a_batch_of_three_with_a_lone_surrogate_keeps_its_two_good_items(api: AP
     assert "dedup_key" in results[1]["error"]["fields"]
     assert Notification.objects.count() == 2
     assert set(Recipient.objects.values_list("user_id", flat=True)) >= {"u-1", "u-3"}
+
+
+@pytest.mark.parametrize(("raw", "field"), UNSTORABLE)
+def test_a_batch_item_postgresql_cannot_store_fails_alone_naming_the_field(
+    api: APIClient, raw: str, field: str
+) -> None:
+    fields = item("u-2")
+    del fields["payload"]
+    bad = json.dumps(fields)[:-1] + ", " + raw + "}"
+    body = f'{{"notifications": [{json.dumps(item("u-1"))}, {bad}, {json.dumps(item("u-3"))}]}}'
+    response = raw_post(api, BATCH, body)
+    assert response.status_code == 200, response.content
+    results = response.json()["results"]
+    assert [r["status"] for r in results] == [202, 400, 202]
+    assert results[1]["error"]["code"] == "invalid"
+    assert field in results[1]["error"]["fields"], results[1]
+    assert Notification.objects.count() == 2
+
+
+def test_the_text_search_finds_every_body_the_walk_refuses() -> None:
+    """A body whose text the search passes is never one the walk of its values would refuse."""
+    rng = random.Random(7)
+    pieces = [
+        '"ok"', '"\\u00e9"', '"\\ud83d\\ude00"', '"\\ud800"', '"a\\u0000"', '"e123"', '"1e999"', "0", "-12",
+        "1.5", "1e308", "1.8e308", "-1E+400", "1e-400", "9.99e307", "1" * 99, "1" * 309 + ".0", "9" * 309 + ".0", "2." + "0" * 400,
+        "1" * 120 + "e-200", "true", "null",
+    ]  # fmt: skip
+    for _ in range(3000):
+        values = [rng.choice(pieces) for _ in range(rng.randint(1, 4))]
+        space = rng.choice(["", " ", "\n  "])
+        text = "{" + ",".join(f'"k{i}":{space}{v}' for i, v in enumerate(values)) + "}"
+        refused = bool(value_problems(json.loads(text)))
+        if refused:
+            assert may_be_unstorable(text), text
+    assert not may_be_unstorable(json.dumps(item("3f2e1234-ab")))  # ordinary bodies skip the walk
 
 
 # Up to Python's recursion limit the batch parses and the item fails alone; past it the body is refused whole.
