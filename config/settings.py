@@ -136,6 +136,9 @@ DATABASES = {
         conn_health_checks=True,
     )
 }
+# Django's backend, with a health check that asks the server only when the connection's socket has something to
+# read (core/postgresql/base.py): no `SELECT 1` round trip per request while the connection is quiet.
+DATABASES["default"]["ENGINE"] = "core.postgresql"
 # Fail fast instead of hanging when PostgreSQL is unreachable, so the API can answer 503.
 DATABASES["default"].setdefault("OPTIONS", {})["connect_timeout"] = env.int("DATABASE_CONNECT_TIMEOUT", 3)
 # The hot-path statements (core.db.bound_cursor: fan-out pages, claims, outcomes) bind on the server; after
