@@ -354,7 +354,8 @@ def notifications_accept_group(requests: Sequence[AcceptRequest]) -> list[Accept
     """Write concurrent single requests in one transaction and one commit; return each one's result or error.
 
     The requests of one client are accepted as a batch (notifications_accept_batch: one statement per table,
-    the same dedup rules: a key repeated among them is the first one's duplicate or a 409), inside a savepoint.
+    the same dedup rules: a key repeated among them is the first one's duplicate or a 409), inside a savepoint
+    when the group holds other clients' requests too (one client alone: `_accept_one_client_group`, none).
     If that batch fails for a reason other than one request's own 4xx, the savepoint is rolled back and each
     of its requests is accepted alone, each inside its own savepoint, so the one that fails gets its own error
     and the others are written. A failing COMMIT fails every request of the group, as it would have alone
@@ -367,6 +368,8 @@ def notifications_accept_group(requests: Sequence[AcceptRequest]) -> list[Accept
             by_client.setdefault(request.client.pk, []).append(index)
         else:
             by_client.setdefault(-1 - index, []).append(index)  # a group of its own: written alone
+    if len(by_client) == 1 and next(iter(by_client)) >= 0:
+        return _accept_one_client_group(requests)
     try:
         with transaction.atomic():
             # Clients in id order, as keys are reserved in key order: concurrent groups lock in one order.
@@ -397,6 +400,39 @@ def notifications_accept_group(requests: Sequence[AcceptRequest]) -> list[Accept
     except Exception as exc:  # the commit (or the connection) failed: nothing of the group was written
         return [exc] * len(requests)
     return [r if r is not None else RuntimeError("not accepted") for r in results]
+
+
+def _accept_one_client_group(requests: Sequence[AcceptRequest]) -> list[AcceptResult | BaseException]:
+    """Write the requests of one client as one batch in one transaction, without a savepoint.
+
+    The common group (one calling service): the transaction holds nothing but this batch, so a batch that
+    fails for a reason other than one request's own 4xx rolls the whole transaction back, and each request is
+    then accepted alone, in a transaction of its own. A failing COMMIT fails every request of the group, as
+    it would have alone (none was written).
+    """
+    client = requests[0].client
+    failed_inside = False
+    try:
+        with transaction.atomic():
+            try:
+                batch = notifications_accept_batch(
+                    client=client, items=[r.data for r in requests], trace_ids=[r.trace_id for r in requests]
+                )
+            except Exception:
+                failed_inside = True
+                raise
+    except Exception as exc:
+        if not failed_inside:
+            return [exc] * len(requests)
+        logger.warning("group commit: a batch of %d failed, accepting each alone", len(requests))
+        alone: list[AcceptResult | BaseException] = []
+        for request in requests:
+            try:
+                alone.append(_accept_alone(request))
+            except Exception as error:  # this request's own error, answered to it alone
+                alone.append(error)
+        return alone
+    return list(batch)
 
 
 _group = GroupCommit(
@@ -508,18 +544,27 @@ def _write_batch(
         ]
         deliveries_by_index[index] = rows
         all_deliveries.extend(rows)
-    with transaction.atomic():
+    # No savepoint inside a caller's transaction (group commit): the keys of a lost race are given back by
+    # hand and the error raised once the block has ended cleanly, so the caller's transaction stays usable
+    # for the replay. Two statements a group fewer (SAVEPOINT, RELEASE), each a round trip.
+    taken = False
+    with transaction.atomic(savepoint=False):
         # In key order: two writers reserving overlapping keys then wait for each other, never deadlock.
         keyed = sorted((n.dedup_key, str(n.pk), n.request_hash) for _, n, _ in planned if n.dedup_key)
-        if keyed and len(dedup.reserve(client_id=client.pk, entries=keyed)) < len(keyed):
-            # A concurrent request holds one of the keys: the caller replays the items on the single path.
-            raise IntegrityError("dedup_key already taken")
-        insert_rows([n for _, n, _ in planned])
-        insert_rows(all_deliveries)
-        record_events(((d.pk, d.status, d.reason) for d in all_deliveries), at=now)
-        to_publish = [(d.pk, d.channel, d.priority) for d in all_deliveries if d.status == Delivery.Status.QUEUED]
-        if to_publish:
-            transaction.on_commit(lambda: publish_soon(to_publish))
+        won = dedup.reserve(client_id=client.pk, entries=keyed) if keyed else set()
+        if len(won) < len(keyed):
+            dedup.unreserve(client_id=client.pk, entries=[entry for entry in keyed if entry[0] in won])
+            taken = True
+        else:
+            insert_rows([n for _, n, _ in planned])
+            insert_rows(all_deliveries)
+            record_events(((d.pk, d.status, d.reason) for d in all_deliveries), at=now)
+            to_publish = [(d.pk, d.channel, d.priority) for d in all_deliveries if d.status == Delivery.Status.QUEUED]
+            if to_publish:
+                transaction.on_commit(lambda: publish_soon(to_publish))
+    if taken:
+        # A concurrent request holds one of the keys: the caller replays the items on the single path.
+        raise IntegrityError("dedup_key already taken")
     results = {}
     for index, notification, _ in planned:
         metrics.count_accepted(notification.category, client.name, client.mode)

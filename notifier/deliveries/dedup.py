@@ -119,6 +119,21 @@ def reserve(*, client_id: int, entries: list[tuple[str, str, str]]) -> set[str]:
         return {row[0] for row in cursor.fetchall()}
 
 
+def unreserve(*, client_id: int, entries: list[tuple[str, str, str]]) -> None:
+    """Give back keys this transaction reserved with `entries` and will not use (their notification ids are ours).
+
+    What a rollback to a savepoint would undo, without one: a key taken over from an expired entry is deleted
+    rather than restored, which is the same to every later request (an expired key is no key).
+    """
+    if entries:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "DELETE FROM notifier_dedupkey WHERE client_id = %s AND (dedup_key, notification_id) IN"
+                " (SELECT e->>0, (e->>1)::uuid FROM jsonb_array_elements(%s::jsonb) AS e)",
+                [client_id, json_rows(entries)],
+            )
+
+
 def lookup(*, client_id: int, dedup_keys: list[str]) -> dict[str, tuple[str, str]]:
     """Return {dedup_key: (notification_id, request_hash)} of the client's keys still within the window."""
     if not dedup_keys:

@@ -22,7 +22,14 @@ from django.db import DataError, connection
 
 from core.errors import ApiError
 from core.scopes import SCOPES
-from notifier.accepting.services import AcceptResult, accept_group, notification_accept_grouped
+from notifier.accepting.services import (
+    AcceptRequest,
+    AcceptResult,
+    accept_group,
+    notification_accept,
+    notification_accept_grouped,
+    notifications_accept_group,
+)
 from notifier.clients.models import ApiClient
 from notifier.clients.services import api_client_create
 from notifier.deliveries.models import Delivery, Notification
@@ -37,11 +44,7 @@ def body(user: str = "u-1", **extra: Any) -> dict[str, Any]:
 
 
 def _waiting_on_a_lock() -> bool:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
-        )
-        return bool(cursor.fetchone()[0])
+    return _waiting_on_locks() > 0
 
 
 @contextmanager
@@ -108,9 +111,10 @@ def test_fifty_concurrent_requests_with_one_key_in_one_shared_transaction_make_o
 
 
 @pytest.mark.usefixtures("welcome")
-def test_a_request_failing_in_the_shared_transaction_fails_alone() -> None:
+@pytest.mark.parametrize("clients", ["one client (no savepoint)", "two clients (a savepoint each)"])
+def test_a_request_failing_in_the_shared_transaction_fails_alone(clients: str) -> None:
     client, _ = api_client_create(name="mixed", scopes=list(SCOPES))
-    other, _ = api_client_create(name="other", scopes=list(SCOPES))
+    other = client if clients.startswith("one") else api_client_create(name="other", scopes=list(SCOPES))[0]
     groups_before = accept_group().groups
 
     def accept(who: ApiClient, data: dict[str, Any]) -> Callable[[], AcceptResult]:
@@ -122,7 +126,8 @@ def test_a_request_failing_in_the_shared_transaction_fails_alone() -> None:
         accept(client, body("u-bad", payload={"name": "A\u0000da"})),
         accept(client, body("u-good-2")),
         accept(client, body("u-bad-template", template="no_such_template")),
-        accept(other, body("u-good-3", dedup_key="g1")),  # the same key for another client is its own
+        # The same key for another client is its own; for the same client, another key.
+        accept(other, body("u-good-3", dedup_key="g1" if other != client else "g2")),
     ]
     with writer_held("notifier_notification") as release:
         first, first_outcome = run_threads([accept(client, body("u-blocker"))])
@@ -196,3 +201,52 @@ def test_a_published_template_and_changed_scopes_are_seen_by_the_next_request_of
     for url in (first, second):
         status, answer = _call(url, "POST", "/api/v1/notifications", key, {"topic": "news", "template": "welcome"})
         assert status == 400 and "topic" in answer["error"]["fields"], answer  # allowed now: the topic is unknown
+
+
+@pytest.mark.usefixtures("welcome")
+def test_a_group_losing_a_key_to_a_concurrent_request_gives_its_other_keys_back_and_writes_them_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The group's transaction has no savepoint: the keys it reserved before losing one are given back by hand.
+
+    The replay then writes the other keys within the group's own transaction (had the keys stayed reserved, the
+    replay would find them taken, and the whole group would fall back to accepting each alone).
+    """
+    client, _ = api_client_create(name="racer", scopes=list(SCOPES))
+    with writer_held("notifier_notification") as release:
+        # The first request reserves "k" and then waits on the table lock, its transaction open.
+        first, first_outcome = run_threads(
+            [lambda: notification_accept(client=client, data=body("u-first", dedup_key="k"), trace_id="")]
+        )
+        wait_for(_waiting_on_a_lock, timeout=30, interval=0.05)
+        requests = [
+            AcceptRequest(client=client, data=body("u-first", dedup_key="k"), trace_id=""),
+            AcceptRequest(client=client, data=body("u-second", dedup_key="k2"), trace_id=""),
+        ]
+        group, group_outcome = run_threads([lambda: notifications_accept_group(requests)])
+        wait_for(lambda: _waiting_on_locks() >= 2, timeout=30, interval=0.05)  # the group's reserve waits on "k"
+        release()
+    for t in first + group:
+        t.join(timeout=60)
+
+    winner = first_outcome[0]
+    assert isinstance(winner, AcceptResult) and not winner.duplicate, winner
+    duplicate, second = group_outcome[0]
+    assert isinstance(duplicate, AcceptResult) and duplicate.duplicate, duplicate
+    assert duplicate.notification.pk == winner.notification.pk
+    assert isinstance(second, AcceptResult) and not second.duplicate, second
+    assert Notification.objects.filter(client=client, dedup_key="k2").count() == 1
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT notification_id FROM notifier_dedupkey WHERE client_id = %s AND dedup_key = 'k2'", [client.pk]
+        )
+        assert [row[0] for row in cursor.fetchall()] == [second.notification.pk]
+    assert "accepting each alone" not in caplog.text
+
+
+def _waiting_on_locks() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        )
+        return int(cursor.fetchone()[0])
