@@ -8,6 +8,7 @@ Publishing twice is harmless: the worker's claim takes a delivery only once.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import math
 import os
@@ -157,6 +158,8 @@ class Coalescer:
         # When the oldest row waiting arrived, and whether a high-priority one is among them (it ends the wait).
         self._since = 0.0
         self._urgent = False
+        # Set while the process exits: publish and mark what is waiting now, without lingering.
+        self._flushing = False
 
     def submit(self, rows: Iterable[tuple[int, str, str]]) -> None:
         """Queue rows for publishing; return at once."""
@@ -189,10 +192,28 @@ class Coalescer:
                 self._cond.wait(remaining)
         return True
 
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Publish and mark everything submitted so far at once, as the process exits; return whether it was done.
+
+        Without it a server stopping gracefully would answer its last requests and leave their deliveries to
+        the relay, published only after the relay's grace period.
+        """
+        with self._cond:
+            if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
+                return not self._rows
+            self._flushing = True
+            self._mark_at = 0.0
+            self._cond.notify_all()
+        try:
+            return self.wait_idle(timeout)
+        finally:
+            with self._cond:
+                self._flushing = False
+
     def _linger_left(self) -> float:
         """Return how much longer the rows waiting may wait for company (0: publish now); hold the lock."""
         linger = settings.PUBLISH_LINGER_MS / 1000
-        if linger <= 0 or self._urgent or len(self._rows) >= settings.SEND_BATCH_SIZE:
+        if linger <= 0 or self._urgent or self._flushing or len(self._rows) >= settings.SEND_BATCH_SIZE:
             return 0.0
         return max(0.0, self._since + linger - time.monotonic())
 
@@ -216,7 +237,7 @@ class Coalescer:
                 if rows and not broker_recently_down():
                     with tracing.continue_from(contexts):
                         published = publish(group_by_queue(rows))
-                    if published and not self._to_mark:
+                    if published and not self._to_mark and not self._flushing:
                         self._mark_at = time.monotonic() + MARK_AFTER_SECONDS
                     self._to_mark.extend(published)
                 if self._to_mark and time.monotonic() >= self._mark_at:
@@ -228,6 +249,9 @@ class Coalescer:
 
 
 coalescer = Coalescer()
+# The publisher is a daemon thread, which dies with the interpreter: what it still holds then is published first
+# (a server stopping gracefully, a worker recycled after max_requests).
+atexit.register(coalescer.flush)
 
 
 def publish_soon(rows: Iterable[tuple[int, str, str]]) -> None:

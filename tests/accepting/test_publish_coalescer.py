@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import time
+import urllib.request
 from datetime import timedelta
 from typing import Any
 
@@ -11,10 +13,15 @@ from django.utils import timezone
 
 from channels_app.services import heartbeat
 from config.celery import app as celery_app
+from core.scopes import SCOPES
+from notifier.clients.services import api_client_create
 from notifier.deliveries.models import Delivery
 from notifier.deliveries.outbox import coalescer
-from tests.conftest import purge_all_queues, queue_depth
-from tests.factories import make_delivery
+from templates_app.services import template_put
+from tests.conftest import free_port, purge_all_queues, queue_depth
+from tests.factories import make_delivery, make_recipient
+
+CONTENT = {"en": {"email": {"subject": "Bye", "text": "Bye"}}}
 
 
 def _drain(queue: str) -> list[list[int]]:
@@ -97,6 +104,51 @@ def test_a_full_message_of_waiting_singles_leaves_without_waiting_out_the_linger
     coalescer.submit([(d.pk, "sms", "low") for d in rows])
     assert coalescer.wait_idle(10)
     assert _drain("sms.low") == [[d.pk for d in rows]]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_server_stopping_gracefully_publishes_what_its_publisher_still_holds(start_process: Any) -> None:
+    """SIGTERM to gunicorn: the last request's delivery leaves with the process, not with the relay later."""
+    purge_all_queues()
+    template_put(key="bye", category="transactional", default_locale="en", content=CONTENT)
+    make_recipient(user_id="u-last", email="last@example.com")
+    _, key = api_client_create(name="stopping", scopes=list(SCOPES))
+    port = free_port()
+    server = start_process(
+        "api",
+        ["gunicorn", "config.wsgi:application", "-b", f"127.0.0.1:{port}", "-w", "1"],
+        # A linger far beyond the test: only the exit can make the publisher let go.
+        {"PUBLISH_LINGER_MS": "600000", "OUTBOX_RELAY_INTERVAL_SECONDS": "3600"},
+    )
+    server.wait_ready(lambda: _answers(f"http://127.0.0.1:{port}/healthz"))
+    body = json.dumps(
+        {"recipient": {"user_id": "u-last"}, "template": "bye", "channels": ["email"], "priority": "normal"}
+    ).encode()
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/api/v1/notifications",
+        data=body,
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.status == 202
+    delivery = Delivery.objects.get(notification__user_id="u-last")
+    time.sleep(0.5)
+    assert queue_depth("email.low") == 0  # still waiting for company
+
+    server.stop()
+    assert server.proc.returncode == 0
+    assert queue_depth("email.low") == 1, server.log()[-3000:]
+    assert _drain("email.low") == [[delivery.pk]]
+    delivery.refresh_from_db()
+    assert delivery.published_at is not None  # marked at once: the relay leaves it alone
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
 
 
 @pytest.mark.django_db(transaction=True)
