@@ -195,6 +195,7 @@ class _InsertPlan:
     fields: list[Any]
     stamped: list[Any]
     sql: str
+    returning: str
 
 
 _insert_plans: dict[type[Model], _InsertPlan] = {}
@@ -215,26 +216,50 @@ def _insert_plan(model: type[Model]) -> _InsertPlan:
     values = ", ".join(_insert_expression(f, i) for i, f in enumerate(fields))
     table = connection.ops.quote_name(meta.db_table)
     sql = f"INSERT INTO {table} ({columns}) SELECT {values} FROM jsonb_array_elements(%s::jsonb) AS e"  # noqa: S608
-    if generated:
-        sql += f" RETURNING {connection.ops.quote_name(cast(str, pk.column))}"
-    plan = _insert_plans[model] = _InsertPlan(pk=pk, generated=generated, fields=fields, stamped=stamped, sql=sql)
+    returning = f" RETURNING {connection.ops.quote_name(cast(str, pk.column))}" if generated else ""
+    plan = _InsertPlan(pk=pk, generated=generated, fields=fields, stamped=stamped, sql=sql, returning=returning)
+    _insert_plans[model] = plan
     return plan
 
 
-def insert_rows(objs: Sequence[M]) -> None:
-    """INSERT model instances with one statement, their values as one JSON parameter; set generated ids.
+@dataclass(frozen=True)
+class InsertStatement(Generic[M]):
+    """One INSERT … SELECT of model instances: its SQL (no RETURNING), its one parameter, and what to finish.
 
-    What `bulk_create` does, at a fraction of its cost for a thousand rows: Django compiles one placeholder per
-    value (a thousand rows of twenty fields is twenty thousand), this sends one. Every concrete field is
-    written, so a field added to the model later is written too; `auto_now`/`auto_now_add` are applied (one
-    timestamp for all the rows).
-    A database-generated primary key comes back (RETURNING, in insert order, as bulk_create relies on too).
+    For a caller that writes it as part of a larger statement (a data-modifying CTE): `returning` is the
+    clause that gives back a database-generated primary key, to hand with the ids to `saved`.
+    """
+
+    objs: Sequence[M]
+    sql: str
+    rows: str
+    returning: str
+
+    def saved(self, ids: Sequence[Any] | None = None) -> None:
+        """Mark the instances saved, setting their generated primary keys from `ids` (insert order)."""
+        plan = _insert_plan(type(self.objs[0]))
+        if plan.generated:
+            if ids is None or len(ids) != len(self.objs):
+                raise ValueError("one generated id per inserted row is needed")
+            for obj, value in zip(self.objs, ids, strict=True):
+                setattr(obj, plan.pk.attname, value)
+        alias = connection.alias
+        for obj in self.objs:
+            obj._state.adding = False
+            obj._state.db = alias
+
+
+def insert_statement(objs: Sequence[M]) -> InsertStatement[M]:
+    """Return the INSERT of model instances, their values as one JSON parameter (see insert_rows).
+
+    Every concrete field is written, so a field added to the model later is written too; `auto_now` and
+    `auto_now_add` are applied (one timestamp for all the rows, written at one moment).
     """
     if not objs:
-        return
+        raise ValueError("nothing to insert")
     plan = _insert_plan(type(objs[0]))
     pairs = [(field, field.attname) for field in plan.fields]
-    # One stamp per statement, as the rows are written at one moment: pre_save on the first, copied to the rest.
+    # One stamp per statement: pre_save on the first row, copied to the rest.
     stamps = [(field.attname, field.pre_save(objs[0], True)) for field in plan.stamped]
     rows = []
     for obj in objs:
@@ -247,15 +272,22 @@ def insert_rows(objs: Sequence[M]) -> None:
             # skipping the call for them halves the cost of a row.
             row.append(value if value is None or type(value) in _PLAIN else field.get_prep_value(value))
         rows.append(row)
+    return InsertStatement(objs=objs, sql=plan.sql, rows=json_rows(rows), returning=plan.returning)
+
+
+def insert_rows(objs: Sequence[M]) -> None:
+    """INSERT model instances with one statement, their values as one JSON parameter; set generated ids.
+
+    What `bulk_create` does, at a fraction of its cost for a thousand rows: Django compiles one placeholder per
+    value (a thousand rows of twenty fields is twenty thousand), this sends one. A database-generated primary
+    key comes back (RETURNING, in insert order, as bulk_create relies on too).
+    """
+    if not objs:
+        return
+    statement = insert_statement(objs)
     with bound_cursor() as cursor:
-        cursor.execute(plan.sql, [json_rows(rows)])
-        if plan.generated:
-            for obj, (value,) in zip(objs, cursor.fetchall(), strict=True):
-                setattr(obj, plan.pk.attname, value)
-    alias = connection.alias
-    for obj in objs:
-        obj._state.adding = False
-        obj._state.db = alias
+        cursor.execute(statement.sql + statement.returning, [statement.rows])
+        statement.saved([value for (value,) in cursor.fetchall()] if statement.returning else None)
 
 
 def close_old_task_connections(sender: Any = None, **_kwargs: Any) -> None:
