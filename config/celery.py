@@ -12,11 +12,12 @@ import os
 
 from celery import Celery
 from celery.schedules import crontab
-from celery.signals import task_postrun, task_prerun
+from celery.signals import task_postrun, task_prerun, worker_process_init, worker_ready
 
 from core import task_names
 from core.db import close_old_task_connections
 from core.env import env
+from core.heap import freeze_loaded_heap
 from core.queues import EXCHANGE, build_queues
 from core.tracing import connect_signals
 
@@ -127,4 +128,7 @@ app.conf.imports = ("ops.retention", "ops.series", "notifier.deliveries.partitio
 # Trace context across the broker, task metrics and the worker metrics server.
 connect_signals()
 task_prerun.connect(close_old_task_connections, weak=False, dispatch_uid="core.db.prerun")
+# Each worker process, loaded, keeps its start-up heap out of the collector's full collections (core/heap.py).
+worker_process_init.connect(freeze_loaded_heap, weak=False, dispatch_uid="core.heap.process")
+worker_ready.connect(freeze_loaded_heap, weak=False, dispatch_uid="core.heap.ready")
 task_postrun.connect(close_old_task_connections, weak=False, dispatch_uid="core.db.postrun")
