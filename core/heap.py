@@ -17,8 +17,9 @@ from typing import Any
 def freeze_loaded_heap(**_signal: Any) -> None:
     """Collect once, then move every object alive now out of the collector's reach (its permanent generation).
 
-    Called when a server or worker process has loaded everything it will keep: after the WSGI/ASGI application
-    and its URLconf are built, and in each Celery worker process once it is initialised.
+    Called when a process has loaded everything it will keep: after the WSGI application and its URLconf are
+    built, in each Celery worker process once it is initialised, and by the inbox stream server at its first
+    stream (notifier.inbox.stream, which also takes the full passes over from Python).
     """
     gc.collect()
     gc.freeze()

@@ -32,6 +32,7 @@ from django.conf import settings
 
 from core.db import int_array
 from core.errors import error_body
+from core.heap import freeze_loaded_heap
 from notifier.deliveries.queries import INBOX_ITEMS_SQL, INBOX_SINCE_SQL, INBOX_UNREAD_SQL, INBOX_UNREADS_SQL
 from notifier.inbox import stream_limits
 from notifier.inbox.browser import token_from
@@ -254,8 +255,7 @@ class Hub:
         GC_LATEST_SECONDS. What the process loaded before its first stream (Django, the app) is frozen out of
         the passes: it lives as long as the process.
         """
-        gc.collect()
-        gc.freeze()
+        freeze_loaded_heap()
         young, middle, oldest = gc.get_threshold()
         gc.set_threshold(young, middle, _GC_NEVER)
         last = time.monotonic()
