@@ -15,15 +15,17 @@ LOG_LEVEL = env.str("LOG_LEVEL", "INFO").upper()
 LOG_FORMAT = env.str("LOG_FORMAT", "json").lower()
 # One access-log line per API request (method, route, status, duration; never the query string).
 LOG_REQUESTS = env.bool("LOG_REQUESTS", True)
-# Celery's two INFO lines per task ("received", "succeeded"): off unless asked for. A single's delivery is a task,
-# so they cost two log lines (and honcho relaying them under `make run`) per notification. Asked for, they are
-# written whatever LOG_LEVEL says: tests and benchmarks count them in workers that otherwise log warnings only.
+# Celery's two INFO lines per task ("received", "succeeded") and beat's line per scheduled send: off unless asked
+# for. A single's delivery is a task, so they cost two log lines (and honcho relaying them under `make run`) per
+# notification, and beat's workflow wake-up one a second. Asked for, they are written whatever LOG_LEVEL says:
+# tests and benchmarks count them in workers that otherwise log warnings only.
 CELERY_TASK_LOGS = env.bool("CELERY_TASK_LOGS", False)
 _TASK_LOG_LEVEL = "INFO" if CELERY_TASK_LOGS else "WARNING"
 
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
+    "filters": {"scheduled_sends": {"()": "core.logs.ScheduledSendsFilter"}},
     "formatters": {
         "json": {"()": "core.logs.json_formatter"},
         "console": {"()": "core.logs.console_formatter"},
@@ -48,6 +50,8 @@ LOGGING = {
         "gunicorn.access": {"level": "WARNING", "handlers": ["default"], "propagate": False},
         "celery.app.trace": {"level": _TASK_LOG_LEVEL},
         "celery.worker.strategy": {"level": _TASK_LOG_LEVEL},
+        # Beat's line per scheduled send goes with them.
+        "celery.beat": {"filters": [] if CELERY_TASK_LOGS else ["scheduled_sends"]},
     },
 }
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -168,3 +169,23 @@ def test_bulk_lines_come_out_one_json_object_each_with_context_and_masking(
         assert line["task_id"] == "task-7"
         assert line["level"] == "info" and line["logger"] == "channels_app.services"
         assert line["timestamp"].endswith("Z")
+
+
+BEAT = ["celery", "-A", "config", "beat", "--loglevel", "INFO", "-S", "django_celery_beat.schedulers:DatabaseScheduler",
+        "--max-interval", "1", "--pidfile", ""]  # fmt: skip
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("task_logs", ["false", "true"])
+def test_beat_logs_its_scheduled_sends_only_when_task_logs_are_asked_for(start_process: Any, task_logs: str) -> None:
+    """The workflow wake-up is due every second: unasked, beat writes no line for it; its other lines pass."""
+    beat = start_process("beat", BEAT, {"CELERY_TASK_LOGS": task_logs, "WORKFLOW_WAKE_INTERVAL_SECONDS": "0.5"})
+    beat.wait_ready(lambda: "beat: Starting" in beat.log() or "Sending due task" in beat.log(), timeout=60)
+    time.sleep(3)
+    beat.stop()
+    lines = [line for line in beat.log().splitlines() if "Sending due task" in line]
+    if task_logs == "true":
+        assert any("workflows" in line for line in lines), beat.log()[-2000:]
+    else:
+        assert lines == [], lines[:3]
+        assert "beat: Starting" in beat.log()  # its other lines pass
