@@ -1,13 +1,13 @@
 """Django's PostgreSQL backend whose health check costs no round trip while the connection is quiet.
 
 With CONN_HEALTH_CHECKS Django runs `SELECT 1` on a persistent connection before a request first uses it: a
-round trip per request (about a tenth of an accept's database wall time under load). Here the check first
-looks at the socket, without blocking: between statements the server sends nothing unasked, so a socket with
-nothing to read and a connection psycopg has not seen break is as usable as after its last statement. A
-socket with something to read (the server closed it, as when PostgreSQL restarts or a failover kills its
-sessions, or sent a notice) gets Django's `SELECT 1` as before, which closes a dead connection so the request
-opens a new one. What neither check catches is the same as before: a host gone silent without closing its
-sockets hangs `SELECT 1` as it hangs the request's first statement.
+round trip per request (about a tenth of the group writer's wall time under load, in a py-spy profile). Here
+the check first looks at the socket, without blocking: between statements the server sends nothing unasked,
+so a socket with nothing to read and a connection psycopg has not seen break is as usable as after its last
+statement. A socket with something to read (the server closed it, as when PostgreSQL restarts or a failover
+kills its sessions, or sent a notice) gets Django's `SELECT 1` as before, which closes a dead connection so
+the request opens a new one. What neither check catches is the same as before: a host gone silent without
+closing its sockets hangs `SELECT 1` as it hangs the request's first statement.
 """
 
 from __future__ import annotations
