@@ -17,9 +17,11 @@ STREAM_WORKERS ?= 2
 DEBUG ?= false
 DEV := DEVELOPMENT=true DEBUG=$(DEBUG)
 # `make run FLOWER=1` adds Flower (and with it the task events every worker then sends, a price per task);
-# `make run CELERY_TASK_LOGS=true` the two INFO lines per task of Celery's workers.
+# `make run CELERY_TASK_LOGS=true` the two INFO lines per task of Celery's workers; `make run DELIVERY_SENT_LOGS=true`
+# the send workers' audit line per delivery sent (other outcomes are logged either way).
 FLOWER ?=
 CELERY_TASK_LOGS ?= false
+DELIVERY_SENT_LOGS ?= false
 RUN_PROCESSES := web worker_high worker_low worker_fanout worker_maintenance worker_events stream beat $(if $(FLOWER),flower)
 
 # Lock files: requirements.txt (runtime, what the image installs) and requirements-dev.txt (everything for
@@ -62,8 +64,8 @@ demo: migrate
 ## rest keeps running.
 run: demo
 	@echo "Development mode ($(DEV)): built-in SECRET_KEY, plain-HTTP cookies, the inbox demo page. Not for production (docs/operations.md)."
-	@echo "Fast by default: DEBUG=$(DEBUG) (make run DEBUG=true for tracebacks and the query log), Celery task log lines $(if $(filter true,$(CELERY_TASK_LOGS)),on,off) (CELERY_TASK_LOGS=true), Flower and task events $(if $(FLOWER),on,off) (FLOWER=1)."
-	$(DEV) INBOX_DEMO_ENABLED=true CELERY_TASK_LOGS=$(CELERY_TASK_LOGS) PORT=$(PORT) FLOWER_PORT=$(FLOWER_PORT) STREAM_WORKERS=$(STREAM_WORKERS) \
+	@echo "Fast by default: DEBUG=$(DEBUG) (make run DEBUG=true for tracebacks and the query log), Celery task log lines $(if $(filter true,$(CELERY_TASK_LOGS)),on,off) (CELERY_TASK_LOGS=true), a line per delivery sent $(if $(filter true,$(DELIVERY_SENT_LOGS)),on,off) (DELIVERY_SENT_LOGS=true), Flower and task events $(if $(FLOWER),on,off) (FLOWER=1)."
+	$(DEV) INBOX_DEMO_ENABLED=true CELERY_TASK_LOGS=$(CELERY_TASK_LOGS) DELIVERY_SENT_LOGS=$(DELIVERY_SENT_LOGS) PORT=$(PORT) FLOWER_PORT=$(FLOWER_PORT) STREAM_WORKERS=$(STREAM_WORKERS) \
 		$(VENV)/bin/honcho start -f Procfile -p $(PORT) $(RUN_PROCESSES)
 
 ## Run the test suite against the real PostgreSQL, RabbitMQ and Redis, after the lint, the import contract and the

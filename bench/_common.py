@@ -631,6 +631,8 @@ class StatementCounter:
 # Workers match both as the Procfile names them (`-n high@%h`) and as Worker below does (`-n bench-high-<pid>@`).
 GROUPS = [
     ("floor (bare view)", "bench.floor_app"),
+    # Before the others: honcho's command line lists the Procfile's process names (... stream beat flower).
+    ("honcho (log lines)", "honcho"),
     ("api (gunicorn)", "gunicorn"),
     ("api (granian)", "granian"),
     ("worker high", "high"),
@@ -645,7 +647,6 @@ GROUPS = [
     # uvicorn's --workers children are spawned: their command line names multiprocessing, not uvicorn.
     ("streams (uvicorn)", "multiprocessing.spawn"),
     ("bench client", "bench/"),
-    ("honcho (log lines)", "honcho"),
     ("postgresql", "postgres"),
     ("rabbitmq", "beam"),
     ("redis", "redis-server"),

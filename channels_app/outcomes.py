@@ -242,12 +242,16 @@ class Outcomes:
     # --- writing ------------------------------------------------------------------------------------------
 
     def _log_outcomes(self, updates: list[tuple[Delivery, dict[str, Any]]]) -> None:
-        """Write one audit line per outcome: who (ids only), which channel and provider, what happened."""
+        """Write one audit line per outcome: who (ids only), which channel and provider, what happened.
+
+        Deliveries sent are left out when DELIVERY_SENT_LOGS is off: they are nearly every outcome of a topic.
+        """
         if not _audit_log.isEnabledFor(logging.INFO):
             return  # hundreds of lines per batch: not even built when nobody keeps them
+        skip_sent = not settings.DELIVERY_SENT_LOGS
         lines = []
         for delivery, fields in updates:
-            if "status" not in fields:
+            if "status" not in fields or (skip_sent and fields["status"] == S.SENT):
                 continue
             line = {
                 "event": "delivery " + fields["status"],

@@ -21,6 +21,11 @@ LOG_REQUESTS = env.bool("LOG_REQUESTS", True)
 # tests and benchmarks count them in workers that otherwise log warnings only.
 CELERY_TASK_LOGS = env.bool("CELERY_TASK_LOGS", False)
 _TASK_LOG_LEVEL = "INFO" if CELERY_TASK_LOGS else "WARNING"
+# The send workers' audit line per delivery sent ("delivery sent": ids, channel, provider, attempts). A topic of
+# a million recipients writes a million of them; every other outcome (failed, retried, dead-lettered, suppressed)
+# is logged whatever this says. `make run` turns them off: relayed through honcho they cost a topic about an
+# eighth of its CPU per delivery (docs/performance.md).
+DELIVERY_SENT_LOGS = env.bool("DELIVERY_SENT_LOGS", True)
 
 LOGGING = {
     "version": 1,

@@ -189,3 +189,41 @@ def test_beat_logs_its_scheduled_sends_only_when_task_logs_are_asked_for(start_p
     else:
         assert lines == [], lines[:3]
         assert "beat: Starting" in beat.log()  # its other lines pass
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("sent_logs", [True, False])
+def test_lines_per_delivery_sent_follow_the_setting_and_failures_are_logged_always(
+    settings: Any, log_lines: Callable[[], list[dict[str, Any]]], sent_logs: bool
+) -> None:
+    """DELIVERY_SENT_LOGS=false drops the audit line of each delivery sent, never that of a delivery failed."""
+    from channels_app.providers.registry import get_provider
+    from channels_app.services import deliver
+    from notifier.accepting.services import notification_accept
+    from notifier.deliveries.models import Delivery
+    from preferences.services import recipient_upsert
+    from templates_app.services import template_put
+    from tests.factories import make_api_client
+
+    content = {"en": {"email": {"subject": "Hi", "text": "Hello"}}}
+    template_put(key="receipt", category="transactional", default_locale="en", content=content)
+    settings.DELIVERY_SENT_LOGS = sent_logs
+    ids = {}
+    try:
+        for outcome, behaviour in (("sent", ""), ("failed", "email=permanent")):
+            recipient_upsert(user_id=f"log-{outcome}", email=f"log-{outcome}@example.com")
+            data = {"recipient": {"user_id": f"log-{outcome}"}, "template": "receipt", "channels": ["email"]}
+            notification = notification_accept(client=make_api_client(), data=data).notification
+            ids[outcome] = Delivery.objects.get(notification=notification).pk
+            settings.SANDBOX_BEHAVIOUR = behaviour
+            get_provider.cache_clear()  # the adapter reads its behaviour when built
+            deliver([ids[outcome]])
+    finally:
+        get_provider.cache_clear()
+
+    assert Delivery.objects.get(pk=ids["sent"]).status == Delivery.Status.SENT
+    assert Delivery.objects.get(pk=ids["failed"]).status == Delivery.Status.FAILED
+    lines = [line for line in log_lines() if line.get("logger") == "channels_app.services"]
+    audit = {line["delivery_id"]: line["event"] for line in lines}
+    assert audit.get(ids["failed"]) == "delivery failed"
+    assert (ids["sent"] in audit) is sent_logs
