@@ -1,7 +1,7 @@
 """The floor and the send endpoint, one after the other in one run, under the same server and the same load.
 
     BENCH_NS=me .venv/bin/python bench/floor.py [--seconds 20] [--connections 16] [--recipients 1000]
-        [--servers gunicorn,granian] [--batch-seconds 20]
+        [--servers gunicorn,granian] [--batch-seconds 20] [--priority normal]
     API_CLIENT_RATE_LIMIT=100000/s make run   # then, in another shell, the stack as `make run` ships it:
     .venv/bin/python bench/floor.py --url http://127.0.0.1:8000
 
@@ -9,7 +9,8 @@ The floor is bench/floor_app.py: a bare Django view behind the API's own server 
 WEB_WORKERS x WEB_THREADS; or granian with as many workers and threads) that parses the body, inserts one row
 into PostgreSQL and answers 202. Then the project's `POST /api/v1/notifications` takes the same load under the
 same server: wrk with --connections connections, every request its own `dedup_key`, one email single to one of
---recipients recipients, sandbox provider. Printed for each: requests/s and p50/p99/max latency (wrk's own),
+--recipients recipients, sandbox provider, at the template's category's priority (high: transactional) or at
+--priority (normal and low wait up to PUBLISH_LINGER_MS in the API's publisher for company). Printed for each: requests/s and p50/p99/max latency (wrk's own),
 non-2xx answers; for the send endpoint also accept -> sent (first accept to the last `sent_at` the database
 recorded), and the CPU seconds of every process group per request while it ran; last, the ratios to the floor.
 `--servers gunicorn,granian` repeats floor and send endpoint under each server (granian must be installed:
@@ -62,13 +63,13 @@ from bench._common import (
 WRK_SCRIPT = """
 local counter, threads = 0, {}
 function setup(thread) table.insert(threads, thread); thread:set("tid", #threads) end
-function init(args) prefix, recipients, run = args[1], tonumber(args[2]), args[3] end
+function init(args) prefix, recipients, run, extra = args[1], tonumber(args[2]), args[3], args[5] or "" end
 function request()
   counter = counter + 1
   local body = string.format(
     '{"recipient": {"user_id": "%s%d"}, "template": "floor_single", "channels": ["email"], ' ..
-    '"payload": {"n": %d}, "dedup_key": "%s%s-%d-%d"}',
-    prefix, counter % recipients, counter, prefix, run, tid, counter)
+    '"payload": {"n": %d}, "dedup_key": "%s%s-%d-%d"%s}',
+    prefix, counter % recipients, counter, prefix, run, tid, counter, extra)
   return wrk.format("POST", nil, nil, body)
 end
 function done(summary, latency, requests)
@@ -107,15 +108,27 @@ def floor_server(server: str, database_url: str) -> ApiServer:
 
 
 def wrk(
-    url: str, *, seconds: int, connections: int, prefix: str, recipients: int, key: str, batch: int = 0
+    url: str,
+    *,
+    seconds: int,
+    connections: int,
+    prefix: str,
+    recipients: int,
+    key: str,
+    batch: int = 0,
+    priority: str = "",
 ) -> dict[str, float]:
-    """Load `url` with wrk for `seconds`; return requests, requests/s, errors and latency in ms."""
+    """Load `url` with wrk for `seconds`; return requests, requests/s, errors and latency in ms.
+
+    `priority` (singles only) is sent as each body's `priority`; empty, the template's category decides (high).
+    """
+    extra = f', "priority": "{priority}"' if priority else ""
     script = ROOT / "var" / f"bench-floor-{os.getpid()}{'-batch' if batch else ''}.lua"
     script.write_text(WRK_BATCH_SCRIPT if batch else WRK_SCRIPT)
     command = [
         "wrk", "-t", "2", "-c", str(connections), "-d", f"{seconds}s", "--timeout", "10s", "-s", str(script),
         "-H", "Content-Type: application/json", "-H", f"Authorization: Bearer {key}",
-        url, "--", prefix, str(recipients), uuid.uuid4().hex[:8], str(batch),
+        url, "--", prefix, str(recipients), uuid.uuid4().hex[:8], str(batch), extra,
     ]  # fmt: skip
     out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
     found = re.search(r"WRK_RESULT (\d+) (\d+) (\d+) (\d+) (\d+) (\d+)", out)
@@ -168,10 +181,10 @@ def run(args: Any, *, server: str, database: str, api_url: str, key: str, databa
     prefix = f"fl{uuid.uuid4().hex[:6]}-"
     add_recipients(database, prefix, args.recipients)
     if args.warmup:
-        wrk(f"{api_url}/api/v1/notifications", **{**load, "seconds": 5}, prefix=prefix, key=key)
+        wrk(f"{api_url}/api/v1/notifications", **{**load, "seconds": 5}, prefix=prefix, key=key, priority=args.priority)
     started = psql(database, "SELECT now()")
     cpu0 = group_cpu()
-    api = wrk(f"{api_url}/api/v1/notifications", **load, prefix=prefix, key=key)
+    api = wrk(f"{api_url}/api/v1/notifications", **load, prefix=prefix, key=key, priority=args.priority)
     cpu1 = group_cpu()
     accepted = f"FROM notifier_delivery d JOIN notifier_notification n ON n.id = d.notification_id WHERE n.user_id LIKE '{prefix}%' AND n.created_at >= '{started}'"  # noqa: E501
     total = int(psql(database, f"SELECT count(*) {accepted}"))
@@ -180,7 +193,8 @@ def run(args: Any, *, server: str, database: str, api_url: str, key: str, databa
         timeout=600, interval=1, what="every accepted single sent",
     )  # fmt: skip
     span = float(psql(database, f"SELECT extract(epoch FROM max(d.sent_at) - min(n.created_at)) {accepted}"))
-    print(f"\n=== bench/floor.py ({server}; {args.connections} connections, {args.seconds} s each, {api_url}) ===")
+    print(f"\n=== bench/floor.py ({server}; {args.connections} connections, {args.seconds} s each, {api_url}; "
+          f"priority {args.priority or 'high (the category)'}) ===")  # fmt: skip
     report("floor (bare Django view)", floor_figures)
     report("POST /api/v1/notifications", api)
     rate = total / span
@@ -250,6 +264,9 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=1000)
     p.add_argument("--batch-connections", type=int, default=4)
     p.add_argument("--no-warmup", dest="warmup", action="store_false", help="skip the 5 s warm-up loads")
+    p.add_argument("--priority", choices=["", "high", "normal", "low"], default="",
+                   help="the singles' priority (default: their category's, high); normal and low wait up to "
+                   "PUBLISH_LINGER_MS in the API for company")  # fmt: skip
     args = p.parse_args()
     servers = [name.strip() for name in args.servers.split(",") if name.strip()]
     if unknown := set(servers) - set(SERVERS):
