@@ -23,8 +23,8 @@ CELERY_TASK_LOGS = env.bool("CELERY_TASK_LOGS", False)
 _TASK_LOG_LEVEL = "INFO" if CELERY_TASK_LOGS else "WARNING"
 # The send workers' audit line per delivery sent ("delivery sent": ids, channel, provider, attempts). A topic of
 # a million recipients writes a million of them; every other outcome (failed, retried, dead-lettered, suppressed)
-# is logged whatever this says. `make run` turns them off: relayed through honcho they cost a topic about an
-# eighth of its CPU per delivery (docs/performance.md).
+# is logged whatever this says. `make run` turns them off: honcho relaying them took a ninth of a topic's CPU,
+# and the send workers' own share dropped too (docs/decisions/0082-make-run-logs-no-line-per-delivery-sent.md).
 DELIVERY_SENT_LOGS = env.bool("DELIVERY_SENT_LOGS", True)
 
 LOGGING = {
