@@ -10,9 +10,10 @@ WEB_WORKERS x WEB_THREADS; or granian with as many workers and threads) that par
 into PostgreSQL and answers 202. Then the project's `POST /api/v1/notifications` takes the same load under the
 same server: wrk with --connections connections, every request its own `dedup_key`, one email single to one of
 --recipients recipients, sandbox provider, at the template's category's priority (high: transactional) or at
---priority (normal and low wait up to PUBLISH_LINGER_MS in the API's publisher for company). Printed for each: requests/s and p50/p99/max latency (wrk's own),
-non-2xx answers; for the send endpoint also accept -> sent (first accept to the last `sent_at` the database
-recorded), and the CPU seconds of every process group per request while it ran; last, the ratios to the floor.
+--priority (normal and low wait up to PUBLISH_LINGER_MS in the API's publisher for company). Printed for each:
+requests/s and p50/p99/max latency (wrk's own), non-2xx answers; for the send endpoint also accept -> sent (first
+accept to the last `sent_at` the database recorded), and the CPU seconds of every process group per request while
+it ran; last, the ratios to the floor.
 `--servers gunicorn,granian` repeats floor and send endpoint under each server (granian must be installed:
 it is not a dependency of the project, docs/decisions/0071-gunicorn-stays.md says why). Last, the batch endpoint
 (`POST /api/v1/notifications/batch`, --batch-size items a call from --batch-connections callers) for
