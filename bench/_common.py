@@ -450,6 +450,26 @@ def make_topic(key: str, n: int) -> int:
     return topic.pk
 
 
+def psql(database: str, sql: str) -> str:
+    """Run SQL (one statement or several) on `database` with the psql client; return its unaligned output."""
+    found = subprocess.run(
+        ["psql", "-h", "127.0.0.1", "-U", "postgres", "-d", database, "-Atc", sql],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return found.stdout.strip()
+
+
+def add_recipients(database: str, prefix: str, n: int) -> None:
+    """Insert n recipients with an email, user ids prefix0 .. prefix(n-1)."""
+    psql(
+        database,
+        "INSERT INTO preferences_recipient (user_id, email, phone, locale, timezone, webhook_url, opted_out, "
+        "channel_prefs, category_prefs, created_at, updated_at) "
+        f"SELECT '{prefix}' || g, '{prefix}' || g || '@example.com', '', '', '', '', false, '{{}}', '{{}}', now(), "
+        f"now() FROM generate_series(0, {n - 1}) g",
+    )  # the prefix is ours, not a caller's text
+
+
 def make_template(key: str, category: str) -> None:
     """Create a small template on email and sms."""
     from templates_app.services import template_put

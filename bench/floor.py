@@ -48,6 +48,7 @@ from bench._common import (
     SERVERS,
     ApiServer,
     Worker,
+    add_recipients,
     api_key,
     cleanup,
     free_port,
@@ -55,6 +56,7 @@ from bench._common import (
     parser,
     prepare,
     print_cpu,
+    psql,
     wait_until,
     workers,
 )
@@ -141,30 +143,10 @@ def wrk(
     }  # fmt: skip
 
 
-def psql(database: str, sql: str) -> str:
-    """Run one statement with the psql client and return its unaligned output."""
-    found = subprocess.run(
-        ["psql", "-h", "127.0.0.1", "-U", "postgres", "-d", database, "-Atc", sql],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    return found.stdout.strip()
-
-
 def report(name: str, figures: dict[str, float]) -> None:
     """Print one load's figures."""
     print(f"{name:<26} {figures['rps']:7.0f} req/s   p50 {figures['p50']:5.0f} ms   p99 {figures['p99']:5.0f} ms"
           f"   max {figures['max']:5.0f} ms   errors {figures['errors']:.0f}")  # fmt: skip
-
-
-def add_recipients(database: str, prefix: str, n: int) -> None:
-    """Insert n recipients with an email, user ids prefix0 .. prefix(n-1)."""
-    psql(
-        database,
-        "INSERT INTO preferences_recipient (user_id, email, phone, locale, timezone, webhook_url, opted_out, "
-        "channel_prefs, category_prefs, created_at, updated_at) "
-        f"SELECT '{prefix}' || g, '{prefix}' || g || '@example.com', '', '', '', '', false, '{{}}', '{{}}', now(), "
-        f"now() FROM generate_series(0, {n - 1}) g",
-    )  # the prefix is ours, not a caller's text
 
 
 def run(args: Any, *, server: str, database: str, api_url: str, key: str, database_url: str) -> dict[str, float]:

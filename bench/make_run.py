@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import subprocess
 import sys
 import threading
 import time
@@ -36,7 +35,10 @@ from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import ROOT, group_cpu, log, percentile, print_cpu
+from bench._common import ROOT, add_recipients, group_cpu, log, percentile, print_cpu, psql
+
+# The database `make run` serves from.
+DATABASE = "notifier"
 
 
 class Api:
@@ -75,23 +77,13 @@ class Api:
             time.sleep(float(response.getheader("Retry-After") or 1))
 
 
-def psql(sql: str) -> str:
-    """Run SQL on the stack's database with the psql client; return its unaligned output."""
-    found = subprocess.run(
-        ["psql", "-h", "127.0.0.1", "-U", "postgres", "-d", "notifier", "-Atc", sql],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return found.stdout.strip()
-
-
 def sent_count(prefix: str) -> int:
     """Return how many deliveries to this run's recipients the database records as sent."""
     return int(
         psql(
+            DATABASE,
             "SELECT count(*) FROM notifier_delivery d JOIN notifier_notification n ON n.id = d.notification_id"
-            f" WHERE n.user_id LIKE '{prefix}%' AND d.status = 'sent'"  # the prefix is ours, no caller's text
+            f" WHERE n.user_id LIKE '{prefix}%' AND d.status = 'sent'",  # the prefix is ours, no caller's text
         )
         or 0
     )
@@ -130,18 +122,21 @@ class OtpProbe:
         """Wait until every OTP is sent; print their accept -> sent latency from the database."""
         if not self.count:
             return
+        if not self.ids:
+            print(f"OTPs during {during}: none of {self.count} accepted")
+            return
         listed = ",".join(f"'{i}'" for i in self.ids)  # ids the API gave, uuids
         of_otps = (
             "FROM notifier_delivery d JOIN notifier_notification n ON n.id = d.notification_id "
             f"WHERE n.id IN ({listed})"
         )
         deadline = time.monotonic() + timeout
-        while int(psql(f"SELECT count(*) {of_otps} AND d.status = 'sent'") or 0) < len(self.ids):
+        while int(psql(DATABASE, f"SELECT count(*) {of_otps} AND d.status = 'sent'") or 0) < len(self.ids):
             if time.monotonic() > deadline:
                 print(f"OTPs during {during}: not all sent within {timeout:.0f} s")
                 return
             time.sleep(0.5)
-        rows = psql(f"SELECT extract(epoch FROM d.sent_at - n.created_at) * 1000 {of_otps}").split()
+        rows = psql(DATABASE, f"SELECT extract(epoch FROM d.sent_at - n.created_at) * 1000 {of_otps}").split()
         latencies = [float(r) for r in rows]
         print(
             f"OTPs during {during:<18} p50 {percentile(latencies, 50):.0f} ms, p99 {percentile(latencies, 99):.0f} ms,"
@@ -229,16 +224,14 @@ def topic(api: Api, args: argparse.Namespace) -> None:
     """Send one notification to a topic of --topic subscribers (OTPs beside it); print deliveries/s to `sent`."""
     n, key = args.topic, f"mrt{int(time.time())}"
     log(f"creating the topic {key} of {n} subscribers")
+    add_recipients(DATABASE, f"{key}-", n)
     psql(
-        "INSERT INTO preferences_recipient (user_id, email, phone, locale, timezone, webhook_url, opted_out, "
-        "channel_prefs, category_prefs, created_at, updated_at) "
-        f"SELECT '{key}-' || g, '{key}-' || g || '@example.com', '', '', '', '', false, '{{}}', '{{}}', now(), now() "
-        f"FROM generate_series(1, {n}) g;"
+        DATABASE,
         f"INSERT INTO preferences_topic (key, name, created_at) VALUES ('{key}', '{key}', now());"
         "INSERT INTO preferences_subscription (topic_id, recipient_id, created_at) "
         f"SELECT t.id, r.id, now() FROM preferences_topic t, preferences_recipient r WHERE t.key = '{key}' "
         f"AND r.user_id LIKE '{key}-%' ORDER BY r.id;"
-        "ANALYZE preferences_recipient; ANALYZE preferences_subscription"
+        "ANALYZE preferences_recipient; ANALYZE preferences_subscription",
     )  # the key is ours, no caller's text
     body = {"topic": key, "template": "bench_news", "channels": ["email"], "payload": {"n": 1}}
     log(f"sending to the topic {key}")
@@ -253,16 +246,17 @@ def topic(api: Api, args: argparse.Namespace) -> None:
     otp_count = min(args.otps, max(1, int(n / 3000 / args.otp_interval))) if args.otps else 0
     with OtpProbe(api, "bench-otp-user", otp_count, args.otp_interval) as otps:
         deadline = t0 + args.timeout
-        while int(psql(f"SELECT count(*) {of_topic} AND status = 'sent'") or 0) < n:
+        while int(psql(DATABASE, f"SELECT count(*) {of_topic} AND status = 'sent'") or 0) < n:
             if time.monotonic() > deadline:
                 sys.exit(f"the topic was not sent within {args.timeout:.0f} s")
             time.sleep(0.5)
     cpu1 = group_cpu()
     span = float(
         psql(
+            DATABASE,
             "SELECT extract(epoch FROM max(d.sent_at) - n.created_at) FROM notifier_delivery d "
             f"JOIN notifier_notification n ON n.id = d.notification_id WHERE n.id = '{answer['id']}' "
-            "GROUP BY n.created_at"
+            "GROUP BY n.created_at",
         )
     )
     print(f"topic accept -> sent      {n / span:.0f} deliveries/s ({n} subscribers, the last sent {span:.1f} s after "
