@@ -30,6 +30,7 @@ def main() -> None:
     p.add_argument("--cprofile", type=int, default=0, help="cProfile lines to print (0: none)")
     p.add_argument("--batch", type=int, default=0, help="items per call to the batch endpoint instead (0: singles)")
     p.add_argument("--profile-out", default="", help="also save the cProfile stats to this file (pstats format)")
+    p.add_argument("--dedup", action="store_true", help="every item its own dedup_key (as bench/floor.py sends)")
     args = p.parse_args()
     prepare(broker=False)
     try:
@@ -53,7 +54,8 @@ def run(args: Any) -> None:
     client = Client(HTTP_AUTHORIZATION=f"Bearer {key}")
 
     def item(i: int) -> dict[str, Any]:
-        return {"recipient": {"user_id": f"a-{i}"}, "category": "security", "template": "otp", "channels": ["email"]}
+        body = {"recipient": {"user_id": f"a-{i}"}, "category": "security", "template": "otp", "channels": ["email"]}
+        return body | {"dedup_key": f"k-{i}"} if args.dedup else body
 
     def accept(i: int) -> int:
         body: Any = item(i) | {"payload": {"n": i}}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -13,7 +13,7 @@ from typing import Any, Generic, TypeVar, cast
 
 import psycopg
 from django.db import DEFAULT_DB_ALIAS, close_old_connections, connection
-from django.db.models import Field, Model
+from django.db.models import BooleanField, DateTimeField, Field, JSONField, Model, UUIDField
 from django.db.models.base import ModelState
 
 M = TypeVar("M", bound=Model)
@@ -75,6 +75,19 @@ def int_array(values: Iterable[int]) -> str:
     Bound as a Python list, psycopg would dump the array element by element in Python.
     """
     return "{" + ",".join(map(str, map(int, values))) + "}"
+
+
+# The SQL that reads texts_param's parameter as a text[] (in place of `%s::text[]`).
+TEXTS = "ARRAY(SELECT jsonb_array_elements_text(%s::jsonb))"
+
+
+def texts_param(values: Iterable[str]) -> str:
+    """Return strings as one JSON parameter, read in SQL as a text[] with `TEXTS` (`col = ANY(` + TEXTS + `)`).
+
+    Django's cursor quotes each element of a list into the SQL text: for a batch's thousand dedup keys, about
+    11 ms of a 13 ms lookup, where this one parameter takes 2.5 ms in all.
+    """
+    return json.dumps(list(values))
 
 
 # Beyond this many ids between a batch's lowest and highest, reading the span costs more than planning.
@@ -186,6 +199,35 @@ def _insert_expression(field: Field[Any, Any], index: int) -> str:
 _PLAIN = (str, int)
 
 
+def _as_is(value: Any) -> Any:
+    return value
+
+
+def _aware_iso(value: datetime) -> Any:
+    # A naive datetime is get_prep_value's to warn about and make aware: None sends it there.
+    return value.isoformat() if value.tzinfo is not None else None
+
+
+def _prepared(field: Field[Any, Any]) -> tuple[type, Callable[[Any], Any]] | None:
+    """Return (type, encode) where a value of exactly that type needs no get_prep_value, only encoding.
+
+    What get_prep_value returns for such a value is the value itself, and `encode` gives what json_rows would
+    write of it (a datetime as isoformat, a UUID as its text): calling neither per value halves a row's cost
+    again. A field type not listed here (or a subclass of a listed one: it may prepare differently) goes
+    through get_prep_value for every value but None, str and int.
+    """
+    kind = type(field)
+    if kind is DateTimeField:
+        return datetime, _aware_iso
+    if kind is UUIDField:
+        return uuid.UUID, str
+    if kind is BooleanField:
+        return bool, _as_is
+    if kind is JSONField:
+        return dict, _as_is  # nested in the row, read back with e->index (see _insert_expression)
+    return None
+
+
 @dataclass(frozen=True)
 class _InsertPlan:
     """What insert_rows needs of a model, worked out once per model: its fields and the INSERT statement."""
@@ -196,6 +238,8 @@ class _InsertPlan:
     stamped: list[Any]
     sql: str
     returning: str
+    # Per field, in `fields` order: (field, attname, the type needing no preparation, its encoder) (_prepared).
+    columns: list[tuple[Any, str, type | None, Callable[[Any], Any] | None]]
 
 
 _insert_plans: dict[type[Model], _InsertPlan] = {}
@@ -217,7 +261,10 @@ def _insert_plan(model: type[Model]) -> _InsertPlan:
     table = connection.ops.quote_name(meta.db_table)
     sql = f"INSERT INTO {table} ({columns}) SELECT {values} FROM jsonb_array_elements(%s::jsonb) AS e"  # noqa: S608
     returning = f" RETURNING {connection.ops.quote_name(cast(str, pk.column))}" if generated else ""
-    plan = _InsertPlan(pk=pk, generated=generated, fields=fields, stamped=stamped, sql=sql, returning=returning)
+    encoded = [(f, f.attname, *(_prepared(f) or (None, None))) for f in fields]
+    plan = _InsertPlan(
+        pk=pk, generated=generated, fields=fields, stamped=stamped, sql=sql, returning=returning, columns=encoded
+    )
     _insert_plans[model] = plan
     return plan
 
@@ -258,7 +305,7 @@ def insert_statement(objs: Sequence[M]) -> InsertStatement[M]:
     if not objs:
         raise ValueError("nothing to insert")
     plan = _insert_plan(type(objs[0]))
-    pairs = [(field, field.attname) for field in plan.fields]
+    columns = plan.columns
     # One stamp per statement: pre_save on the first row, copied to the rest.
     stamps = [(field.attname, field.pre_save(objs[0], True)) for field in plan.stamped]
     rows = []
@@ -266,11 +313,20 @@ def insert_statement(objs: Sequence[M]) -> InsertStatement[M]:
         values = obj.__dict__
         values.update(stamps)
         row = []
-        for field, attname in pairs:
+        for field, attname, prepared, encode in columns:
             value = values[attname] if attname in values else field.value_from_object(obj)
+            kind = type(value)
             # A str, an int or None is what get_prep_value would return for it (and what the cast reads back);
             # skipping the call for them halves the cost of a row.
-            row.append(value if value is None or type(value) in _PLAIN else field.get_prep_value(value))
+            if value is None or kind in _PLAIN:
+                row.append(value)
+                continue
+            if kind is prepared:
+                encoded = encode(value)  # type: ignore[misc]  # set together with `prepared`
+                if encoded is not None:
+                    row.append(encoded)
+                    continue
+            row.append(field.get_prep_value(value))
         rows.append(row)
     return InsertStatement(objs=objs, sql=plan.sql, rows=json_rows(rows), returning=plan.returning)
 

@@ -21,7 +21,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from core.db import json_rows
+from core.db import TEXTS, bound_cursor, json_rows, texts_param
 from core.redis_guard import get_redis, redis_script, rkey
 
 logger = logging.getLogger(__name__)
@@ -138,11 +138,15 @@ def lookup(*, client_id: int, dedup_keys: list[str]) -> dict[str, tuple[str, str
     """Return {dedup_key: (notification_id, request_hash)} of the client's keys still within the window."""
     if not dedup_keys:
         return {}
-    with connection.cursor() as cursor:
+    # Bound on the server: Django's cursor would quote a thousand keys into the SQL text (core.db.texts_param).
+    with bound_cursor() as cursor:
         cursor.execute(
-            "SELECT dedup_key, notification_id, request_hash FROM notifier_dedupkey"
-            " WHERE client_id = %s AND dedup_key = ANY(%s) AND created_at >= %s",
-            [client_id, list(dedup_keys), _cutoff()],
+            "SELECT dedup_key, notification_id, request_hash FROM notifier_dedupkey"  # noqa: S608  # TEXTS is a constant
+            f" WHERE client_id = %s AND created_at >= %s AND dedup_key = ANY({TEXTS})",
+            [client_id, _cutoff(), texts_param(dedup_keys)],
+            # Planned with its values each time: a generic plan, made while the table was small, read the
+            # created_at index and filtered every live key by the thousand wanted (0.9 s a batch of 1,000).
+            prepare=False,
         )
         return {row[0]: (str(row[1]), row[2]) for row in cursor.fetchall()}
 
