@@ -316,6 +316,7 @@ class Worker:
         self.log_path = ROOT / "var" / f"bench-{name}-{os.getpid()}.log"
         self.log_path.parent.mkdir(exist_ok=True)
         self._log = self.log_path.open("w")
+        # At INFO, the production manifests' LOG_LEVEL, whatever ENV gives the API: "ready." is an INFO line.
         self.proc = subprocess.Popen(
             [
                 sys.executable, "-m", "celery", "-A", "config", "worker", "-Q", ",".join(queues), "--pool", pool,

@@ -3,13 +3,14 @@
     API_CLIENT_RATE_LIMIT=5000/s make run          # in one shell (the default 200/s per client caps one caller)
     .venv/bin/python bench/make_run.py [--singles 4000] [--clients 16] [--url http://127.0.0.1:8000]
 
-The other benchmarks start their own API and workers with DEBUG off and WARNING logs; this one measures what
-a newcomer runs: gunicorn, every worker, beat, Flower and the inbox streams under honcho, INFO logs, DEBUG
-on. With the demo API key (var/demo-api-key) it creates --singles recipients with an email address, sends
-each one email single from --clients concurrent HTTP clients, and prints the accepts per second with their
-latency, the time from the first accept to the last delivery recorded `sent` (polling the database), the CPU
-seconds of each process group on the box in that time, and then the time until every notification also reads
-`sent` over the API (GET /api/v1/notifications/{id}, which makes load of its own).
+The other benchmarks start their own API (DEBUG off, WARNING logs) and workers (INFO, as deployed); this one
+measures what a newcomer runs: gunicorn, every worker, beat and the inbox streams under honcho, with what
+`make run` sets (DEBUG off, INFO logs, Flower only with FLOWER=1). With the demo API key (var/demo-api-key) it
+creates --singles recipients with an email address, sends each one email single from --clients concurrent HTTP
+clients, and prints the accepts per second with their latency, the time from the first accept to the last
+delivery recorded `sent` (polling the database), the CPU seconds of each process group on the box in that
+time, and then the time until every notification also reads `sent` over the API (GET
+/api/v1/notifications/{id}, which makes load of its own).
 
     .venv/bin/python bench/make_run.py --singles 0 --topic 100000 [--otps 60]
 

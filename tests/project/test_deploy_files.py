@@ -180,3 +180,67 @@ def test_env_example_lists_every_variable_compose_reads() -> None:
     assert not missing, missing
     for required in set(re.findall(r"\$\{(\w+):\?", text)):
         assert example[required] == "", f"{required} must not have a default in .env.example"
+
+
+# --- LOG_LEVEL governs the Celery processes too --------------------------------------------------------------
+
+
+def _celery_log_levels(commands: dict[str, Any]) -> dict[str, str | None]:
+    """Return {name: the --loglevel argument} of every Celery worker and beat among `commands`."""
+    import shlex
+
+    found: dict[str, str | None] = {}
+    for name, command in commands.items():
+        args = shlex.split(command) if isinstance(command, str) else [str(a) for a in command or []]
+        if not any(a.endswith("celery") for a in args) or not ({"worker", "beat"} & set(args)):
+            continue
+        found[name] = args[args.index("--loglevel") + 1] if "--loglevel" in args else None
+    return found
+
+
+def test_celery_workers_and_beat_log_at_log_level_everywhere() -> None:
+    """A worker's --loglevel sets its root level over Django's LOGGING: each one passes LOG_LEVEL on.
+
+    Celery's own default is WARNING, and a fixed INFO had made LOG_LEVEL=WARNING leave every worker at INFO.
+    """
+    from tests.manifests import base_resources, compose, of_kind, pod_spec, procfile
+
+    sources = {
+        "Procfile": (_celery_log_levels(procfile()), "${LOG_LEVEL:-INFO}"),
+        "docker/compose.yml": (
+            _celery_log_levels({n: s.get("command") for n, s in compose()["services"].items()}),
+            "${LOG_LEVEL:-INFO}",
+        ),
+        "deploy/kubernetes": (
+            _celery_log_levels(
+                {n: pod_spec(d)["containers"][0]["command"] for n, d in of_kind(base_resources(), "Deployment").items()}
+            ),
+            "$(LOG_LEVEL)",  # expanded by the kubelet from the container's environment
+        ),
+    }
+    for source, (levels, expected) in sources.items():
+        assert len(levels) >= 6, (source, levels)  # five worker classes and beat
+        assert set(levels.values()) == {expected}, (source, levels)
+    # The kubelet leaves $(LOG_LEVEL) as it is unless the container's environment defines it.
+    config = of_kind(base_resources(), "ConfigMap")["notifier-config"]["data"]
+    assert config["LOG_LEVEL"]
+    for name, deployment in of_kind(base_resources(), "Deployment").items():
+        container = pod_spec(deployment)["containers"][0]
+        if name in sources["deploy/kubernetes"][0]:
+            refs = [e.get("configMapRef", {}).get("name") for e in container.get("envFrom", [])]
+            assert "notifier-config" in refs, name
+
+
+def test_the_procfiles_celery_lines_expand_log_level_in_the_shell() -> None:
+    """Honcho runs each line with sh: LOG_LEVEL=WARNING reaches --loglevel, and INFO is the default."""
+    import subprocess
+
+    from tests.manifests import procfile
+
+    line = procfile()["worker_high"]
+    for env, expected in (({"LOG_LEVEL": "WARNING"}, "WARNING"), ({}, "INFO")):
+        out = subprocess.run(
+            ["sh", "-c", f"set -- {line}; while [ \"$1\" != --loglevel ]; do shift; done; echo $2"],
+            capture_output=True, text=True, check=True, env={"PATH": "/usr/bin:/bin", **env},
+        ).stdout.strip()  # fmt: skip
+        assert out == expected, env
