@@ -129,10 +129,11 @@ def wrk(
     script = ROOT / "var" / f"bench-floor-{os.getpid()}{'-batch' if batch else ''}.lua"
     script.write_text(WRK_BATCH_SCRIPT if batch else WRK_SCRIPT)
     command = [
-        "wrk", "-t", "2", "-c", str(connections), "-d", f"{seconds}s", "--timeout", "10s", "-s", str(script),
+        "wrk", "-t", str(min(2, connections)), "-c", str(connections), "-d", f"{seconds}s", "--timeout", "10s",
+        "-s", str(script),
         "-H", "Content-Type: application/json", "-H", f"Authorization: Bearer {key}",
         url, "--", prefix, str(recipients), uuid.uuid4().hex[:8], str(batch), extra,
-    ]  # fmt: skip
+    ]  # fmt: skip  # wrk refuses more threads than connections
     out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
     found = re.search(r"WRK_RESULT (\d+) (\d+) (\d+) (\d+) (\d+) (\d+)", out)
     if not found:

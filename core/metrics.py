@@ -122,9 +122,10 @@ def _label(value: object, default: str = "unknown") -> str:
     return text[:64]
 
 
-def count_accepted(category: str, client: str, mode: str = "live") -> None:
-    """Count one accepted notification of `category` from API client `client` (its name) in `mode`."""
-    NOTIFICATIONS_ACCEPTED.labels(_label(category), _label(client), _label(mode, "live")).inc()
+def count_accepted(category: str, client: str, mode: str = "live", n: int = 1) -> None:
+    """Count `n` accepted notifications of `category` from API client `client` (its name) in `mode`."""
+    if n > 0:
+        NOTIFICATIONS_ACCEPTED.labels(_label(category), _label(client), _label(mode, "live")).inc(n)
 
 
 def count_deliveries(channel: str, provider: str, status: str, n: int = 1, mode: str = "live") -> None:
