@@ -113,7 +113,8 @@ def prepare(*, broker: bool = True, history_days: int = 0, history_per_day: int 
 
 
 def cleanup(keep: bool, *, broker: bool = True) -> None:
-    """Drop the bench database (unless keep) and empty the vhost (with `broker`, as in prepare); it stays."""
+    """Drop the bench database and its Redis keys (unless keep) and empty the vhost (with `broker`); it stays."""
+    from django.conf import settings
     from django.db import connections
 
     connections.close_all()
@@ -121,8 +122,24 @@ def cleanup(keep: bool, *, broker: bool = True) -> None:
         log(f"kept database {DB_NAME} and vhost {VHOST}")
         return
     _psql(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
+    # Dedup keys live for a day: a few runs of the batch leave hundreds of thousands in the shared Redis.
+    _delete_redis_keys(settings.REDIS_URL, ENV["REDIS_KEY_PREFIX"])
     if broker:
         _purge_vhost()
+
+
+def _delete_redis_keys(url: str, prefix: str) -> None:
+    import redis
+
+    client = redis.Redis.from_url(url)
+    batch = []
+    for key in client.scan_iter(f"{prefix}*", count=5000):
+        batch.append(key)
+        if len(batch) >= 5000:
+            client.unlink(*batch)
+            batch.clear()
+    if batch:
+        client.unlink(*batch)
 
 
 # ---- history: finished days written set-based into their day partitions --------------------------------------

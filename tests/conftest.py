@@ -84,11 +84,9 @@ def queue_depth(name: str) -> int:
 @pytest.fixture(autouse=True)
 def _clean_redis() -> Iterator[None]:
     """Remove this namespace's Redis keys before each test."""
-    import redis
+    from tests.redis_server import delete_namespace_keys
 
-    client = redis.Redis.from_url(settings.REDIS_URL)
-    for key in client.scan_iter(f"{REDIS_PREFIX}*", count=1000):
-        client.delete(key)
+    delete_namespace_keys(settings.REDIS_URL, REDIS_PREFIX)
     yield
 
 

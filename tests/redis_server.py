@@ -1,4 +1,4 @@
-"""A private redis-server on a free loopback port, which a test may kill and restart (never the shared one)."""
+"""A private redis-server on a free loopback port, which a test may kill and restart; and the shared one's cleanup."""
 
 from __future__ import annotations
 
@@ -10,6 +10,19 @@ import time
 from pathlib import Path
 
 import redis
+
+
+def delete_namespace_keys(url: str, prefix: str) -> int:
+    """Delete the keys under `prefix` in the Redis at `url`; return how many.
+
+    Never FLUSHDB on the shared server: it holds other namespaces' keys too (benchmarks, another checkout's
+    tests), and flushing a few hundred thousand of them outlasts a client's socket timeout.
+    """
+    client = redis.Redis.from_url(url)
+    deleted = 0
+    for key in client.scan_iter(f"{prefix}*", count=1000):
+        deleted += int(client.delete(key))
+    return deleted
 
 
 def free_port() -> int:
