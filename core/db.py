@@ -212,9 +212,9 @@ def _prepared(field: Field[Any, Any]) -> tuple[type, Callable[[Any], Any]] | Non
     """Return (type, encode) where a value of exactly that type needs no get_prep_value, only encoding.
 
     What get_prep_value returns for such a value is the value itself, and `encode` gives what json_rows would
-    write of it (a datetime as isoformat, a UUID as its text): calling neither per value halves a row's cost
-    again. A field type not listed here (or a subclass of a listed one: it may prepare differently) goes
-    through get_prep_value for every value but None, str and int.
+    write of it (a datetime as isoformat, a UUID as its text): calling neither per value saves about a sixth of
+    building a notification's and a delivery's rows. A field type not listed here (or a subclass of a listed
+    one: it may prepare differently) goes through get_prep_value for every value but None, str and int.
     """
     kind = type(field)
     if kind is DateTimeField:

@@ -100,5 +100,5 @@ def test_texts_param_reads_back_every_string_as_it_was() -> None:
     texts = ["plain", "with 'quote'", 'with "double"', "back\\slash", "{brace,comma}", "ünïcode", "", "NULL"]
     connection.ensure_connection()
     with bound_cursor() as cursor:
-        cursor.execute(f"SELECT unnest({TEXTS})", [texts_param(texts)])  # a constant
+        cursor.execute(f"SELECT unnest({TEXTS})", [texts_param(texts)])
         assert [row[0] for row in cursor.fetchall()] == texts
