@@ -21,7 +21,8 @@ it is not a dependency of the project, docs/decisions/0071-gunicorn-stays.md say
 cores, then (without --url) with no send worker running, as where the workers run on other machines, followed
 by one send worker draining what was accepted.
 
-Without --url the benchmark starts its own API and send worker with production settings (DEBUG off, WARNING
+Without --url the benchmark starts its own API and send worker (threads pool, HIGH_CONCURRENCY threads as the
+Procfile's high worker, 8 by default) with production settings (DEBUG off, WARNING
 logs) on the bench database (BENCH_NS); with --url it loads a running stack (the demo key in var/demo-api-key,
 the `notifier` database, or DATABASE_URL) and starts only the floor beside it. Compare only figures of one run:
 this box's speed moves about 2x between hours. wrk is Debian's package `wrk`.
@@ -60,6 +61,9 @@ from bench._common import (
     wait_until,
     workers,
 )
+
+# The send worker's threads, as the Procfile's high worker takes them.
+HIGH_CONCURRENCY = int(os.environ.get("HIGH_CONCURRENCY", "8"))
 
 # wrk's Lua: each request its own body and dedup key (threads told apart in setup, each wrk run by its own tag, so a
 # warm-up's keys never make the measured run's requests duplicates), results on one line.
@@ -221,7 +225,7 @@ def drain(database: str, prefix: str) -> None:
         f"WHERE n.user_id LIKE '{prefix}%'"
     )
     total = int(psql(database, f"SELECT count(*) {of_prefix}"))
-    with workers(Worker("floor-drain", ["email.high", "email.low"], concurrency=8, pool="threads")):
+    with workers(Worker("floor-drain", ["email.high", "email.low"], concurrency=HIGH_CONCURRENCY, pool="threads")):
         cpu0 = group_cpu()
         started = float(psql(database, "SELECT extract(epoch FROM now())"))
         wait_until(
@@ -290,7 +294,7 @@ def main() -> None:
         )
         key = api_key()
         database = ENV["DATABASE_URL"].rsplit("/", 1)[1]
-        send = Worker("floor-high", ["email.high", "email.low"], concurrency=8, pool="threads")
+        send = Worker("floor-high", ["email.high", "email.low"], concurrency=HIGH_CONCURRENCY, pool="threads")
         results: dict[str, dict[str, float]] = {}
         with workers(send):
             for name in servers:

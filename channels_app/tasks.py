@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import random
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from celery import Task, shared_task
+from celery.exceptions import Retry
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection
 
-from channels_app.gather import Gathered, gather
+from channels_app.gather import Gathered, gather, gather_limit
 from channels_app.services import deliver
 from channels_app.statusevents import status_events_send, status_events_sweep
-from core import task_names
+from core import metrics, task_names
+from core.group_commit import GroupCommit
 from core.queues import OwnQueueTask, own_queue
 
 __all__ = ["db_retry_countdown", "own_queue", "send_deliveries", "send_status_events", "sweep_status_events"]
@@ -40,14 +45,31 @@ def db_retry_countdown(retries: int) -> float:
 def send_deliveries(self: Task[Any, Any], delivery_ids: list[int]) -> dict[str, int]:
     """Deliver a batch of deliveries (one id for a transactional send, hundreds on the fan-out path).
 
-    Fewer ids than the provider sends at once take the messages waiting behind them on the same queue along
+    Fewer ids than the provider sends at once are sent together with the other small send tasks of the same
+    queue that this process is running (`_combiner`) and with the messages waiting behind them on the queue
     (channels_app.gather): a burst of singles is sent as batches, a lone one at once.
     """
     # Name the queue: a retry routed by exchange and routing key alone (Celery's default, taken from the
     # delivery info) goes through native delayed delivery and is never delivered back.
     queue = own_queue((self.request.delivery_info or {}).get("routing_key") or "")
     ids = [int(i) for i in delivery_ids]
-    batch = gather(queue, ids) if queue else Gathered(ids=ids)
+    if not queue or len(ids) >= gather_limit(queue):
+        return _send_batch(_Send(self, queue, ids))
+    return _combiner(queue).submit(_Send(self, queue, ids))
+
+
+@dataclass(frozen=True)
+class _Send:
+    """One send task's work: its task (for a retry), its queue and the ids its message carried."""
+
+    task: Task[Any, Any]
+    queue: str | None  # None: a routing key of no known queue (nothing to gather from)
+    ids: list[int]
+
+
+def _send_batch(work: _Send) -> dict[str, int]:
+    """Gather what waits on the queue behind `work`'s ids, deliver it as one batch, settle the taken messages."""
+    batch = gather(work.queue, work.ids) if work.queue else Gathered(ids=work.ids)
     try:
         report = deliver(batch.ids)
     except (OperationalError, InterfaceError) as exc:
@@ -57,11 +79,11 @@ def send_deliveries(self: Task[Any, Any], delivery_ids: list[int]) -> dict[str, 
         connection.close()
         try:
             # queue=None (a routing key of no known queue) routes as if none were named; the stubs want a name.
-            retry = self.retry(
+            retry = work.task.retry(
                 args=(batch.ids,),
                 exc=exc,
-                countdown=db_retry_countdown(self.request.retries),
-                queue=queue,  # type: ignore[arg-type]
+                countdown=db_retry_countdown(work.task.request.retries),
+                queue=work.queue,  # type: ignore[arg-type]
                 throw=False,
             )
         except BaseException:
@@ -74,6 +96,47 @@ def send_deliveries(self: Task[Any, Any], delivery_ids: list[int]) -> dict[str, 
         raise
     batch.ack()
     return {"claimed": report.claimed, "sent": report.sent, "failed": report.failed}
+
+
+def _send_together(works: Sequence[_Send]) -> list[dict[str, int] | BaseException]:
+    """Deliver the ids of several send tasks of one queue as one batch, on the first one's thread.
+
+    Each task gets the batch's report, and its message is acknowledged when its own thread returns, after the
+    outcomes are written (a worker killed before that has every message handed out again; the claim makes the
+    repeat harmless). If the database was away, the first task's retry carries every id, published before any
+    message is acknowledged: the others end as done, their ids travel with it. Any other failure is every
+    task's own, as if each had run alone (one delivery's failure never gets here: the pipeline fails it alone).
+    """
+    ids = list(dict.fromkeys(i for work in works for i in work.ids))
+    metrics.count_combined(works[0].queue or "", len(works) - 1)
+    try:
+        report = _send_batch(_Send(works[0].task, works[0].queue, ids))
+    except Retry as retry:
+        carried = {"claimed": 0, "sent": 0, "failed": 0, "retried_with": len(ids)}
+        return [retry, *([carried] * (len(works) - 1))]
+    return [report] * len(works)
+
+
+_combiners: dict[str, GroupCommit[_Send, dict[str, int]]] = {}
+_combiners_lock = threading.Lock()
+
+
+def _combiner(queue: str) -> GroupCommit[_Send, dict[str, int]]:
+    """Return this process's combiner of `queue`'s small send tasks.
+
+    A small send task (a single, or a few coalesced by the API) sends at once when no batch of its queue is in
+    flight in this process, so a lone OTP never waits. While one is, the tasks that start meanwhile (the
+    process's other threads, fed by its prefetched messages) wait, and the next of them sends all their ids as
+    one batch, bounded by the provider's calls at once: a burst of singles pays one claim, one load, one
+    outcome write per batch instead of per message. A prefork child runs one task at a time and never combines.
+    """
+    with _combiners_lock:
+        found = _combiners.get(queue)
+        if found is None:
+            found = _combiners[queue] = GroupCommit(
+                write_one=_send_batch, write_group=_send_together, max_size=gather_limit(queue)
+            )
+        return found
 
 
 @shared_task(

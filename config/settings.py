@@ -202,7 +202,7 @@ REDIS_SENTINEL_MASTER = env.str("REDIS_SENTINEL_MASTER", "notifier")
 REDIS_SENTINEL_PASSWORD = env.str("REDIS_SENTINEL_PASSWORD")
 # Prefix for every Redis key this service writes, so several deployments (or test runs) can share a server.
 REDIS_KEY_PREFIX = env.str("REDIS_KEY_PREFIX", "notifier:")
-# Group commit of single accepts (notifier/accepting/group_commit.py): requests that arrive while another accept of
+# Group commit of single accepts (core/group_commit.py): requests that arrive while another accept of
 # the same
 # process is writing are written together, in one transaction, at most ACCEPT_GROUP_MAX at a time.
 ACCEPT_GROUP_COMMIT = env.bool("ACCEPT_GROUP_COMMIT", True)
@@ -262,8 +262,9 @@ PUBLISH_IN_BACKGROUND = env.bool("PUBLISH_IN_BACKGROUND", True)
 PUBLISH_LINGER_MS = env.float("PUBLISH_LINGER_MS", 20.0)
 # Deliveries per broker message on the fan-out path (one for a single transactional notification).
 SEND_BATCH_SIZE = env.int("SEND_BATCH_SIZE", 500)
-# A send task with fewer ids takes the messages waiting on its queue into its batch, up to this many ids
-# (0: the channel's first provider's calls in flight; 1: every message is sent on its own).
+# A send task with fewer ids takes the messages waiting on its queue into its batch, and a worker's threads send
+# their small tasks of one queue together, up to this many ids (0: the channel's first provider's calls in
+# flight; 1: every message is sent on its own).
 SEND_GATHER_MAX = env.int("SEND_GATHER_MAX", 0)
 # Provider calls made at once by one worker process for a batch.
 PROVIDER_CONCURRENCY = env.int("PROVIDER_CONCURRENCY", 16)

@@ -61,6 +61,11 @@ SEND_GATHERED = Counter(
     "Send messages a worker took from their queue into the batch it was about to send (singles sent together).",
     ["queue"],
 )
+SEND_COMBINED = Counter(
+    "notifier_send_combined_messages",
+    "Send messages of a worker process sent in the batch of another of its threads (singles sent together).",
+    ["queue"],
+)
 THROTTLED = Counter(
     "notifier_provider_throttled",
     "Sends held back by the shared rate limiter or refused by a provider with 429.",
@@ -148,6 +153,12 @@ def observe_provider_call(provider: str, seconds: float, outcome: str) -> None:
 def count_gathered(queue: str, n: int) -> None:
     """Count send messages taken from `queue` into a running batch."""
     SEND_GATHERED.labels(_label(queue)).inc(n)
+
+
+def count_combined(queue: str, n: int) -> None:
+    """Count send messages of `queue` that joined another thread's batch in the same worker process."""
+    if n > 0:
+        SEND_COMBINED.labels(_label(queue)).inc(n)
 
 
 def count_throttled(provider: str, n: int = 1) -> None:

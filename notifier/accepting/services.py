@@ -23,7 +23,7 @@ from django.utils import timezone
 from core import metrics
 from core.db import InstanceBuilder
 from core.errors import ApiError
-from notifier.accepting.group_commit import GroupCommit
+from core.group_commit import GroupCommit
 from notifier.accepting.policy import send_policy
 from notifier.clients.models import ApiClient
 from notifier.deliveries import dedup, fallback, frequency

@@ -1,4 +1,4 @@
-"""Group commit of single accepts (notifier/accepting/group_commit.py), and the accept's caches
+"""Group commit of single accepts (core/group_commit.py), and the accept's caches
 seen by every API process.
 
 To make concurrent requests meet in one group for certain, a first request is held inside its write by a table

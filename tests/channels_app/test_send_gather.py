@@ -7,6 +7,8 @@ Real RabbitMQ (this namespace's vhost), PostgreSQL and workers; a webhook receiv
 from __future__ import annotations
 
 import re
+import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from functools import partial
@@ -23,6 +25,7 @@ from notifier.deliveries.models import Delivery, DeliveryEvent
 from notifier.deliveries.outbox import publish
 from tests.batches import make_batch, poison_client, statuses, webhook_template
 from tests.conftest import purge_all_queues, queue_depth, wait_for
+from tests.stubs.http import RecordedRequest, StubResponse
 from tests.stubs.tcp_relay import TcpRelay
 from tests.stubs.webhook import TimedReceiver
 
@@ -154,10 +157,65 @@ def test_singles_claimed_together_with_one_poisoned_it_fails_alone(
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_gathered_batch_that_cannot_reach_the_database_retries_every_id(
+def test_singles_started_while_a_batch_of_their_queue_is_in_flight_are_sent_as_one_with_one_poisoned(
     start_worker: Any, receiver: TimedReceiver, webhook_env: dict[str, str]
 ) -> None:
-    """The worker's database is cut while singles wait; once it is back every single is sent, once."""
+    """A worker's threads combine the small send tasks that start while a batch of their queue is in flight.
+
+    The first single's provider call is held open. The singles published meanwhile are taken by the worker's own
+    consumer (its prefetch), so no gather on the queue can see them: each starts on a thread of its own and
+    waits. Once the call is let go, the next of them sends all of them as one batch (one claim); the poisoned
+    one fails alone and every other is sent once.
+    """
+    webhook_template()
+    address = f"{receiver.url}/hooks"
+    [first] = _singles(1, address=address)
+    good = _singles(6, address=address)
+    [poison] = make_batch(n=1, address=address, client=poison_client())
+    held, release = threading.Event(), threading.Event()
+
+    def hold(request: RecordedRequest) -> StubResponse:
+        held.set()
+        release.wait(30)
+        return receiver.default_response(request)
+
+    receiver.add_rule(hold, match=lambda r: r.header("webhook-id") == f"dlv_{first}", times=1)
+    env = {**webhook_env, "WEBHOOK_PROVIDERS": "webhook", "SEND_GATHER_MAX": "16"}
+    start_worker(queues=[QUEUE], env=env, concurrency=8, pool="threads")
+    try:
+        _publish_each([first])
+        wait_for(held.is_set, timeout=30)
+        later = [*good[:3], poison, *good[3:]]
+        _publish_each(later)
+        wait_for(lambda: queue_depth(QUEUE) == 0)  # in the worker's prefetch, not on the queue
+        time.sleep(1.0)  # its threads start their tasks and wait behind the held batch
+    finally:
+        release.set()
+    wait_for(lambda: statuses([first, *good])["sent"] == 7 and statuses([poison])["failed"] == 1, timeout=60)
+
+    claims = _claims(later)
+    # Without combining, each of the seven would be claimed by its own thread, at its own time.
+    assert len(set(claims.values())) <= 2, Counter(claims.values())
+    together = [i for i in good if claims[i] == claims[poison]]
+    assert together, "the poisoned single was claimed alone"
+    assert statuses(together)["sent"] == len(together)
+    poisoned = Delivery.objects.get(pk=poison)
+    assert poisoned.reason.startswith("error:") and poisoned.attempts == 1
+    assert DeadLetter.objects.get(delivery_id=poison).reason == "poison"
+    assert receiver.ok_per_delivery() == {i: 1 for i in [first, *good]}
+    assert not DeadLetter.objects.filter(delivery_id__in=[first, *good]).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("threads", [1, 8], ids=["gathered", "combined"])
+def test_a_gathered_batch_that_cannot_reach_the_database_retries_every_id(
+    start_worker: Any, receiver: TimedReceiver, webhook_env: dict[str, str], threads: int
+) -> None:
+    """The worker's database is cut while singles wait; once it is back every single is sent, once.
+
+    With one thread the first task gathers the others from the queue; with eight the worker's consumer takes
+    them and its threads combine them: the retry of the batch carries the ids of every task that joined it.
+    """
     db = settings.DATABASES["default"]
     webhook_template()
     singles = _singles(12, address=f"{receiver.url}/hooks")
@@ -167,7 +225,7 @@ def test_a_gathered_batch_that_cannot_reach_the_database_retries_every_id(
         url = f"postgres://{db['USER']}@127.0.0.1:{tcp.port}/{db['TEST']['NAME']}"
         env = {**webhook_env, "WEBHOOK_PROVIDERS": "webhook", "SEND_GATHER_MAX": "16", "DATABASE_URL": url}
         tcp.cut()
-        worker = start_worker(queues=[QUEUE], env=env, concurrency=1, pool="threads")
+        worker = start_worker(queues=[QUEUE], env=env, concurrency=threads, pool="threads")
         wait_for(lambda: re.search(r"send_deliveries\[[0-9a-f-]+\] retry: Retry in", worker.log()), timeout=60)
         assert statuses(singles) == {"queued": 12}
         tcp.restore()

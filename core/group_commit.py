@@ -1,14 +1,17 @@
-"""Group commit: concurrent requests of one process share one writer, one transaction and one commit.
+"""Group commit: concurrent calls of one process share one writer and one write.
 
-A request thread hands its work to `GroupCommit.submit` and waits for its own outcome. When no write is in
-progress, it writes at once, alone (a lone request waits for nobody: no timer, no window). When one is in
-progress, it queues; the thread that finishes a write passes the turn to the first one waiting, which takes
-everything queued by then (up to `max_size`) and writes it with one call of `write_group`. Every request gets
-its own outcome (a result, or the exception it raised), set by whoever wrote it; `write_group` is what decides
-that one request's failure is not its neighbours' (notifier.accepting.services.notifications_accept_group).
+A thread hands its work to `GroupCommit.submit` and waits for its own outcome. When no write is in progress,
+it writes at once, alone (a lone call waits for nobody: no timer, no window). When one is in progress, it
+queues; the thread that finishes a write passes the turn to the first one waiting, which takes everything
+queued by then (up to `max_size`) and writes it with one call of `write_group`. Every call gets its own
+outcome (a result, or the exception it raised), set by whoever wrote it; `write_group` is what decides that
+one call's failure is not its neighbours'.
 
-The writer is always one of the waiting request threads, never a thread of its own: the work runs on a
-request thread's database connection, so group commit opens no connection beyond the server's threads.
+Two writers use it: the API's single accepts share a transaction and a commit
+(notifier.accepting.services.notifications_accept_group), and a send worker's small send tasks of one queue
+share a batch (channels_app.tasks). The writer is always one of the waiting threads, never a thread of its
+own: the work runs on that thread's database connection (and, for a send, its task's context), so grouping
+opens no connection beyond the threads that were already there.
 """
 
 from __future__ import annotations
@@ -17,8 +20,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
-W = TypeVar("W")  # one request's work
-R = TypeVar("R")  # one request's result
+W = TypeVar("W")  # one call's work
+R = TypeVar("R")  # one call's result
 
 
 class _Waiter(Generic[W, R]):
@@ -29,15 +32,16 @@ class _Waiter(Generic[W, R]):
         self.result: R | None = None
         self.error: BaseException | None = None
         self.done = False
-        # Set when this request's outcome is known or when it is this thread's turn to write.
+        # Set when this call's outcome is known or when it is this thread's turn to write.
         self.turn = threading.Event()
 
 
 class GroupCommit(Generic[W, R]):
-    """Run concurrent calls of one process as groups: one call of `write_group` per group of waiting requests.
+    """Run concurrent calls of one process as groups: one call of `write_group` per group of waiting calls.
 
-    `write_one(work)` writes a request that is alone (the common case at low load); `write_group(works)`
-    writes two or more and returns one outcome per work, in order: a result or an exception instance.
+    `write_one(work)` writes a call that is alone (the common case at low load); `write_group(works)` writes
+    two or more, the writing thread's own work first, and returns one outcome per work, in order: a result or
+    an exception instance.
     """
 
     def __init__(
@@ -58,7 +62,7 @@ class GroupCommit(Generic[W, R]):
         self.largest = 0
 
     def pending(self) -> int:
-        """Return how many requests wait for a writer right now."""
+        """Return how many calls wait for a writer right now."""
         with self._lock:
             return len(self._waiting)
 
@@ -78,7 +82,7 @@ class GroupCommit(Generic[W, R]):
         return me.result  # type: ignore[return-value]  # done without an error: the writer set a result
 
     def _write_turn(self) -> None:
-        """Take what waits (this thread's request first), write it, answer each, pass the turn on."""
+        """Take what waits (this thread's own work first), write it, answer each, pass the turn on."""
         with self._lock:
             group = self._waiting[: self.max_size]
             del self._waiting[: self.max_size]
@@ -88,7 +92,7 @@ class GroupCommit(Generic[W, R]):
             else:
                 outcomes = self._write_group([w.work for w in group])
                 if len(outcomes) != len(group):
-                    raise RuntimeError(f"group writer answered {len(outcomes)} of {len(group)} requests")
+                    raise RuntimeError(f"group writer answered {len(outcomes)} of {len(group)} calls")
                 self.groups += 1
                 self.largest = max(self.largest, len(group))
         except BaseException as exc:  # every waiter must be answered, whatever happened
@@ -111,5 +115,5 @@ class GroupCommit(Generic[W, R]):
     def _call_one(self, work: W) -> R | BaseException:
         try:
             return self._write_one(work)
-        except Exception as exc:  # the request's own error, raised in its own thread
+        except Exception as exc:  # the call's own error, raised in its own thread
             return exc
