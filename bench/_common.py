@@ -541,7 +541,7 @@ class ApiServer:
         self,
         port: int = 0,
         workers: int = 2,
-        threads: int = 4,
+        threads: int = 16,
         *,
         server: str = "gunicorn",
         app: str = "config.wsgi:application",

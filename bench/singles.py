@@ -2,7 +2,7 @@
 
     BENCH_NS=me .venv/bin/python bench/singles.py [--singles 3000] [--clients 16] [--batches 10] [--batch-callers 4]
 
-The API runs as the Procfile runs it (gunicorn, 2 workers x 4 threads), the send worker as `worker_high`
+The API runs as the Procfile runs it (gunicorn, 2 workers x 16 threads), the send worker as `worker_high`
 (threads x 8) with the sandbox provider. Prints: accepted requests/s with p50/p99 latency; accept -> `sent`
 deliveries/s (first accept to last sent_at, as the database recorded them); the empty-Celery-task rate beside
 it; CPU seconds per component during the run; and the batch endpoint's notifications/s (1,000 items a call),
