@@ -194,8 +194,9 @@ def test_singles_started_while_a_batch_of_their_queue_is_in_flight_are_sent_as_o
     wait_for(lambda: statuses([first, *good])["sent"] == 7 and statuses([poison])["failed"] == 1, timeout=60)
 
     claims = _claims(later)
-    # Without combining, each of the seven would be claimed by its own thread, at its own time.
-    assert len(set(claims.values())) <= 2, Counter(claims.values())
+    # Without combining, each of the seven is claimed by its own thread, at its own time (seven claims). One that
+    # a slow box started only after the release goes in a batch of its own: at most three.
+    assert len(set(claims.values())) <= 3, Counter(claims.values())
     together = [i for i in good if claims[i] == claims[poison]]
     assert together, "the poisoned single was claimed alone"
     assert statuses(together)["sent"] == len(together)
