@@ -145,6 +145,14 @@ class RabbitNode:
         _wait(lambda: self.ctl("await_startup", "--timeout", "20", timeout=30, check=False).returncode == 0,
               f"RabbitMQ node {self.node} started", timeout=timeout)  # fmt: skip
 
+    def log_tail(self, lines: int = 30) -> str:
+        """Return the last lines the node's server printed on its latest start."""
+        path = self.dir / f"server-{self._starts}.log"
+        try:
+            return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError as exc:
+            return f"(no log: {exc})"
+
     def beam_pid(self) -> int:
         """Return the node's Erlang VM process id (from its pid file)."""
         return int((self.dir / "beam.pid").read_text().strip())
@@ -191,7 +199,17 @@ class RabbitCluster:
         for node in self.nodes:
             node.start()
         for node in self.nodes:
-            node.wait_started()
+            try:
+                node.wait_started()
+            except TimeoutError:
+                # Three VMs booting at once beside the suite's own services: a node has missed 90 s on a busy
+                # 2-core box (seen in a few CI-like runs, never twice in a row). It is started again, once.
+                node.stop()
+                node.start()
+                try:
+                    node.wait_started(timeout=120)
+                except TimeoutError as exc:
+                    raise TimeoutError(f"{exc}, twice; its last lines:\n{node.log_tail()}") from None
         first = self.nodes[0]
         for node in self.nodes[1:]:
             node.ctl("stop_app")
