@@ -129,12 +129,17 @@ def _combiner(queue: str) -> GroupCommit[_Send, dict[str, int]]:
     process's other threads, fed by its prefetched messages) wait, and the next of them sends all their ids as
     one batch, bounded by the provider's calls at once: a burst of singles pays one claim, one load, one
     outcome write per batch instead of per message. A prefork child runs one task at a time and never combines.
+    A batch held open (a receiver that hangs or drips, up to the call deadline) holds the tasks behind it for
+    SEND_COMBINE_MAX_WAIT_SECONDS at most: then they send beside it, combined among themselves.
     """
     with _combiners_lock:
         found = _combiners.get(queue)
         if found is None:
             found = _combiners[queue] = GroupCommit(
-                write_one=_send_batch, write_group=_send_together, max_size=gather_limit(queue)
+                write_one=_send_batch,
+                write_group=_send_together,
+                max_size=gather_limit(queue),
+                max_wait=settings.SEND_COMBINE_MAX_WAIT_SECONDS,
             )
         return found
 

@@ -266,6 +266,9 @@ SEND_BATCH_SIZE = env.int("SEND_BATCH_SIZE", 500)
 # their small tasks of one queue together, up to this many ids (0: the channel's first provider's calls in
 # flight; 1: every message is sent on its own).
 SEND_GATHER_MAX = env.int("SEND_GATHER_MAX", 0)
+# A small send task that has waited this long behind its queue's batch in flight (one slow receiver can hold a
+# batch open up to PROVIDER_CALL_DEADLINE_SECONDS) starts a batch of its own beside it, with whatever waits.
+SEND_COMBINE_MAX_WAIT_SECONDS = env.float("SEND_COMBINE_MAX_WAIT_SECONDS", 0.5)
 # Provider calls made at once by one worker process for a batch.
 PROVIDER_CONCURRENCY = env.int("PROVIDER_CONCURRENCY", 16)
 # The total time one provider call may take (connect, send and the whole answer, however slowly it drips);

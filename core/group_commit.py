@@ -7,6 +7,10 @@ queued by then (up to `max_size`) and writes it with one call of `write_group`. 
 outcome (a result, or the exception it raised), set by whoever wrote it; `write_group` is what decides that
 one call's failure is not its neighbours'.
 
+With `max_wait`, a call that has waited that long without being taken into a write starts a write of its own
+beside the one in flight (taking what waits with it): a write that hangs (a send batch held open by one slow
+receiver) delays the calls behind it by `max_wait` at most, not by as long as it hangs.
+
 Two writers use it: the API's single accepts share a transaction and a commit
 (notifier.accepting.services.notifications_accept_group), and a send worker's small send tasks of one queue
 share a batch (channels_app.tasks). The writer is always one of the waiting threads, never a thread of its
@@ -25,13 +29,17 @@ R = TypeVar("R")  # one call's result
 
 
 class _Waiter(Generic[W, R]):
-    __slots__ = ("done", "error", "result", "turn", "work")
+    __slots__ = ("done", "error", "result", "taken", "turn", "work", "writes")
 
     def __init__(self, work: W) -> None:
         self.work = work
         self.result: R | None = None
         self.error: BaseException | None = None
         self.done = False
+        # Under the lock: `writes` once this thread is to write (it leads, is handed the turn, or waited too
+        # long), `taken` once its work is in a group being written. Neither: it is in the waiting list.
+        self.writes = False
+        self.taken = False
         # Set when this call's outcome is known or when it is this thread's turn to write.
         self.turn = threading.Event()
 
@@ -50,16 +58,20 @@ class GroupCommit(Generic[W, R]):
         write_one: Callable[[W], R],
         write_group: Callable[[Sequence[W]], Sequence[R | BaseException]],
         max_size: int = 64,
+        max_wait: float | None = None,
     ) -> None:
         self._write_one = write_one
         self._write_group = write_group
         self.max_size = max(1, max_size)
+        self.max_wait = max_wait
         self._lock = threading.Lock()
-        self._waiting: list[_Waiter[W, R]] = []
-        self._writing = False
-        # Observability and tests: how many groups of more than one were written, the largest one.
+        self._waiting: list[_Waiter[W, R]] = []  # neither writing nor taken, in arrival order
+        self._writers = 0
+        # Observability and tests: how many groups of more than one were written, the largest one, and how many
+        # writes started beside one in flight because a call had waited `max_wait`.
         self.groups = 0
         self.largest = 0
+        self.beside = 0
 
     def pending(self) -> int:
         """Return how many calls wait for a writer right now."""
@@ -70,22 +82,34 @@ class GroupCommit(Generic[W, R]):
         """Write `work` (alone or with the others waiting) and return its result, or raise its own error."""
         me: _Waiter[W, R] = _Waiter(work)
         with self._lock:
-            self._waiting.append(me)
-            lead = not self._writing
-            self._writing = True
-        if not lead:
-            me.turn.wait()
-        if not me.done:
-            self._write_turn()
+            if self._writers == 0:
+                self._writers = 1
+                me.writes = True
+            else:
+                self._waiting.append(me)
+        if not me.writes and not me.turn.wait(self.max_wait):
+            with self._lock:
+                if not me.writes and not me.taken:
+                    # The write in flight has held this call for max_wait: write beside it.
+                    self._waiting.remove(me)
+                    self._writers += 1
+                    self.beside += 1
+                    me.writes = True
+        if me.writes:
+            self._write_turn(me)
+        else:
+            me.turn.wait()  # taken into another thread's group: its outcome is coming
         if me.error is not None:
             raise me.error
         return me.result  # type: ignore[return-value]  # done without an error: the writer set a result
 
-    def _write_turn(self) -> None:
-        """Take what waits (this thread's own work first), write it, answer each, pass the turn on."""
+    def _write_turn(self, me: _Waiter[W, R]) -> None:
+        """Take what waits behind this thread's own work, write it, answer each, pass the turn on."""
         with self._lock:
-            group = self._waiting[: self.max_size]
-            del self._waiting[: self.max_size]
+            group = [me, *self._waiting[: self.max_size - 1]]
+            del self._waiting[: self.max_size - 1]
+            for waiter in group:
+                waiter.taken = True
         try:
             if len(group) == 1:
                 outcomes: Sequence[Any] = [self._call_one(group[0].work)]
@@ -104,9 +128,11 @@ class GroupCommit(Generic[W, R]):
                 waiter.result = outcome
             waiter.done = True
         with self._lock:
-            following = self._waiting[0] if self._waiting else None
+            following = self._waiting.pop(0) if self._waiting else None
             if following is None:
-                self._writing = False
+                self._writers -= 1
+            else:
+                following.writes = True  # the turn passes on: the number of writers stays the same
         for waiter in group:
             waiter.turn.set()
         if following is not None:

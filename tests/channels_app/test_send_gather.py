@@ -53,6 +53,23 @@ def _claims(ids: list[int]) -> dict[int, Any]:
     return dict(DeliveryEvent.objects.filter(delivery_id__in=ids, status="sending").values_list("delivery_id", "at"))
 
 
+def _hold_answer(receiver: TimedReceiver, delivery_id: int) -> tuple[threading.Event, threading.Event]:
+    """Make the receiver hold its answer to `delivery_id` open; return (held, release) events."""
+    held, release = threading.Event(), threading.Event()
+
+    def hold(request: RecordedRequest) -> StubResponse:
+        held.set()
+        release.wait(60)
+        return receiver.default_response(request)
+
+    receiver.add_rule(hold, match=lambda r: r.header("webhook-id") == f"dlv_{delivery_id}", times=1)
+    return held, release
+
+
+def _worker_env(webhook_env: dict[str, str], **extra: str) -> dict[str, str]:
+    return {**webhook_env, "WEBHOOK_PROVIDERS": "webhook", "SEND_GATHER_MAX": "16", **extra}
+
+
 @pytest.fixture
 def empty_queues() -> Iterator[None]:
     purge_all_queues()
@@ -135,8 +152,7 @@ def test_singles_claimed_together_with_one_poisoned_it_fails_alone(
     _publish_each(singles)
     wait_for(lambda: queue_depth(QUEUE) == len(singles))
 
-    env = {**webhook_env, "WEBHOOK_PROVIDERS": "webhook", "SEND_GATHER_MAX": "16"}
-    start_worker(queues=[QUEUE], env=env, concurrency=1, pool="threads")
+    start_worker(queues=[QUEUE], env=_worker_env(webhook_env), concurrency=1, pool="threads")
     wait_for(lambda: statuses(good)["sent"] == 15 and statuses([poison])["failed"] == 1, timeout=60)
 
     poisoned = Delivery.objects.get(pk=poison)
@@ -172,15 +188,9 @@ def test_singles_started_while_a_batch_of_their_queue_is_in_flight_are_sent_as_o
     [first] = _singles(1, address=address)
     good = _singles(6, address=address)
     [poison] = make_batch(n=1, address=address, client=poison_client())
-    held, release = threading.Event(), threading.Event()
-
-    def hold(request: RecordedRequest) -> StubResponse:
-        held.set()
-        release.wait(30)
-        return receiver.default_response(request)
-
-    receiver.add_rule(hold, match=lambda r: r.header("webhook-id") == f"dlv_{first}", times=1)
-    env = {**webhook_env, "WEBHOOK_PROVIDERS": "webhook", "SEND_GATHER_MAX": "16"}
+    held, release = _hold_answer(receiver, first)
+    # Combining alone: the tasks wait for the held batch however long it is held (the bound has a test below).
+    env = _worker_env(webhook_env, SEND_COMBINE_MAX_WAIT_SECONDS="60")
     start_worker(queues=[QUEUE], env=env, concurrency=8, pool="threads")
     try:
         _publish_each([first])
@@ -208,6 +218,44 @@ def test_singles_started_while_a_batch_of_their_queue_is_in_flight_are_sent_as_o
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_receiver_that_hangs_holds_back_only_its_own_delivery(
+    start_worker: Any, receiver: TimedReceiver, webhook_env: dict[str, str]
+) -> None:
+    """One receiver hangs on its delivery; the singles of the same queue started behind its batch are still sent.
+
+    They wait SEND_COMBINE_MAX_WAIT_SECONDS behind the held batch, then go beside it, combined among themselves:
+    every one is sent while the hung call is still open, each once.
+    """
+    webhook_template()
+    address = f"{receiver.url}/hooks"
+    [hung] = _singles(1, address=address)
+    behind = _singles(6, address=address)
+    held, release = _hold_answer(receiver, hung)
+    # The read timeout and the call deadline raised: the hung call stays open until the test lets it go.
+    env = _worker_env(
+        webhook_env,
+        SEND_COMBINE_MAX_WAIT_SECONDS="0.3",
+        PROVIDER_CALL_DEADLINE_SECONDS="120",
+        WEBHOOK_READ_TIMEOUT_SECONDS="120",
+    )
+    start_worker(queues=[QUEUE], env=env, concurrency=8, pool="threads")
+    try:
+        _publish_each([hung])
+        wait_for(held.is_set, timeout=30)
+        _publish_each(behind)
+        wait_for(lambda: statuses(behind)["sent"] == 6, timeout=30)
+        # Still hanging: no answer yet, nothing written for it but its claim.
+        assert not release.is_set() and hung not in receiver.ok_per_delivery()
+        assert statuses([hung]) == {"sending": 1} and list(_claims([hung])) == [hung]
+    finally:
+        release.set()
+    wait_for(lambda: statuses([hung])["sent"] == 1, timeout=60)
+    assert receiver.ok_per_delivery() == {i: 1 for i in [hung, *behind]}
+    # Beside the held batch they still travelled together, not each on its own.
+    assert len(set(_claims(behind).values())) < len(behind), Counter(_claims(behind).values())
+
+
+@pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("threads", [1, 8], ids=["gathered", "combined"])
 def test_a_gathered_batch_that_cannot_reach_the_database_retries_every_id(
     start_worker: Any, receiver: TimedReceiver, webhook_env: dict[str, str], threads: int
@@ -224,7 +272,7 @@ def test_a_gathered_batch_that_cannot_reach_the_database_retries_every_id(
     tcp = TcpRelay(db["HOST"] or "127.0.0.1", int(db["PORT"] or 5432)).start()
     try:
         url = f"postgres://{db['USER']}@127.0.0.1:{tcp.port}/{db['TEST']['NAME']}"
-        env = {**webhook_env, "WEBHOOK_PROVIDERS": "webhook", "SEND_GATHER_MAX": "16", "DATABASE_URL": url}
+        env = _worker_env(webhook_env, DATABASE_URL=url)
         tcp.cut()
         worker = start_worker(queues=[QUEUE], env=env, concurrency=threads, pool="threads")
         wait_for(lambda: re.search(r"send_deliveries\[[0-9a-f-]+\] retry: Retry in", worker.log()), timeout=60)

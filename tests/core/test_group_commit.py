@@ -92,3 +92,82 @@ def test_a_group_writer_that_raises_answers_every_call_of_its_group_with_the_err
     for thread in (first, *others):
         thread.join(10)
     assert errors == ["the group's commit failed"] * 2
+
+
+def test_calls_held_past_max_wait_by_a_hanging_write_are_written_beside_it_and_the_turns_add_up() -> None:
+    """A write that hangs holds the calls behind it for `max_wait` only: they write beside it, as a group.
+
+    Without `max_wait` they would wait for as long as the first write hangs (here until the test lets it go).
+    """
+    hanging = threading.Event()
+    release = threading.Event()
+    groups: list[list[int]] = []
+
+    def write_one(work: int) -> int:
+        groups.append([work])
+        if work == 0:
+            hanging.set()
+            release.wait(30)
+        return work
+
+    def write_group(works: Sequence[int]) -> list[int | BaseException]:
+        groups.append(list(works))
+        return list(works)
+
+    group = GroupCommit(write_one=write_one, write_group=write_group, max_wait=0.2)
+    answered: dict[int, int] = {}
+    arrived = threading.Barrier(4)
+
+    def call(work: int) -> None:
+        if work:
+            arrived.wait(10)
+        answered[work] = group.submit(work)
+
+    hung = threading.Thread(target=call, args=(0,))
+    hung.start()
+    assert hanging.wait(10)
+    others = [threading.Thread(target=call, args=(w,)) for w in (1, 2, 3, 4)]
+    try:
+        for thread in others:
+            thread.start()
+        for thread in others:
+            thread.join(10)
+        # Answered while the first write still hangs.
+        assert not release.is_set() and hung.is_alive()
+        assert answered == {1: 1, 2: 2, 3: 3, 4: 4}
+        assert group.beside >= 1
+        assert sorted(w for g in groups[1:] for w in g) == [1, 2, 3, 4]  # each written once
+        assert len(groups) - 1 < 4  # and not one by one: the late ones went together
+    finally:
+        release.set()
+        hung.join(10)
+    assert answered[0] == 0
+    # Every writer gave its turn back: a call alone writes at once again, by itself.
+    assert group.pending() == 0
+    assert group.submit(9) == 9 and groups[-1] == [9]
+
+
+def test_without_max_wait_calls_wait_for_the_write_in_flight() -> None:
+    """The API's group commit sets no `max_wait`: a call behind a write waits for it, however long."""
+    release = threading.Event()
+    holding = threading.Event()
+
+    def write_one(work: int) -> int:
+        if work == 0:
+            holding.set()
+            release.wait(10)
+        return work
+
+    group = GroupCommit(write_one=write_one, write_group=lambda works: list(works))
+    first = threading.Thread(target=group.submit, args=(0,))
+    first.start()
+    assert holding.wait(10)
+    answered: list[int] = []
+    second = threading.Thread(target=lambda: answered.append(group.submit(1)))
+    second.start()
+    second.join(0.5)
+    assert second.is_alive() and answered == [] and group.pending() == 1
+    release.set()
+    for thread in (first, second):
+        thread.join(10)
+    assert answered == [1] and group.beside == 0
