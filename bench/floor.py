@@ -243,7 +243,7 @@ def drain(database: str, prefix: str) -> None:
 
 def main() -> None:
     p = parser(__doc__ or "")
-    p.add_argument("--seconds", type=int, default=20, help="seconds of load on each endpoint")
+    p.add_argument("--seconds", type=int, default=20, help="seconds of load on each endpoint (0: the batch only)")
     p.add_argument("--connections", type=int, default=16)
     p.add_argument("--recipients", type=int, default=1000)
     p.add_argument("--url", help="the API of a running stack (make run); default: start one here")
@@ -301,8 +301,9 @@ def main() -> None:
                 server = ApiServer(server=name)
                 try:
                     server.wait_ready()
-                    results[name] = run(args, server=name, database=database, api_url=server.url, key=key,
-                                        database_url=ENV["DATABASE_URL"])  # fmt: skip
+                    if args.seconds:
+                        results[name] = run(args, server=name, database=database, api_url=server.url, key=key,
+                                            database_url=ENV["DATABASE_URL"])  # fmt: skip
                     if args.batch_seconds and name == servers[-1]:
                         run_batch(args, database=database, api_url=server.url, key=key)
                 finally:
