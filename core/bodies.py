@@ -38,13 +38,9 @@ MAX_JSON_DEPTH = 64
 _SURROGATE = re.compile("[\ud800-\udfff]")
 # Characters refused in a URL: C0 controls and DEL. They name no object and PostgreSQL stores no NUL.
 _CONTROL = re.compile("[\x00-\x1f\x7f]")
-# What in JSON text can parse to a value PostgreSQL cannot store: a NUL or a surrogate, literal or escaped (a
-# valid escaped pair is caught too, and cleared by the walk), or a number token that may overflow a double (an
-# exponent of three digits, or a hundred digits before the point). A body's text without any of them needs no
-# walk of its values: one search in C instead of a visit of every value in Python.
-_MAYBE_UNSTORABLE = re.compile(
-    r"[\x00\ud800-\udfff]|\\u0000|\\u[dD][89a-fA-F]|(?:^|[:,\[])\s*-?(?:\d{100}|\d+(?:\.\d*)?[eE][+-]?\d{3})"
-)
+# Escapes in JSON text that can parse to a string PostgreSQL cannot store: a NUL or a surrogate (a valid
+# escaped pair is caught too, and cleared by the walk). Searched only in a text that holds a `\u` at all.
+_UNSTORABLE_ESCAPE = re.compile(r"\\u0000|\\u[dD][89a-fA-F]")
 # The DRF request attribute the items parser sets: False when the body's text cannot hold such a value.
 _VALUES_TO_CHECK = "notifier_values_to_check"
 NUL_MESSAGE = "Null characters are not allowed."
@@ -163,13 +159,38 @@ def value_problems(value: Any, field: str = "") -> dict[str, list[str]]:
     return found
 
 
-def may_be_unstorable(text: str) -> bool:
-    """Return whether JSON `text` may hold a value PostgreSQL cannot store; False proves it holds none."""
-    return _MAYBE_UNSTORABLE.search(text) is not None
+def may_be_unstorable(text: str, *, overflowed: bool = False) -> bool:
+    """Return whether JSON `text` may hold a value PostgreSQL cannot store; False proves it holds none.
+
+    A text without a NUL, a surrogate or their escapes needs no walk of its values: a few searches in C
+    instead of a visit of every value in Python. Numbers are not in the text's search: `overflowed` says
+    whether its parse met one past a double's range (`json_loads_checked`).
+    """
+    if overflowed or "\x00" in text:
+        return True
+    # A str decoded from UTF-8 holds no surrogate; an ASCII one (a flag CPython keeps) no literal one at all.
+    if not text.isascii() and _SURROGATE.search(text) is not None:
+        return True
+    return "\\u" in text and _UNSTORABLE_ESCAPE.search(text) is not None
 
 
 def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
+
+
+class _FloatWatch:
+    """A JSON parser's float hook that notes a number past a double's range (it parses to an infinity)."""
+
+    __slots__ = ("overflowed",)
+
+    def __init__(self) -> None:
+        self.overflowed = False
+
+    def __call__(self, token: str) -> float:
+        value = float(token)
+        if math.isinf(value):
+            self.overflowed = True
+        return value
 
 
 def json_loads(raw: bytes | str, *, max_depth: int | None = MAX_JSON_DEPTH) -> Any:
@@ -177,8 +198,23 @@ def json_loads(raw: bytes | str, *, max_depth: int | None = MAX_JSON_DEPTH) -> A
 
     Raises ValueError (JsonTooDeep for the nesting; past Python's recursion limit too, with any `max_depth`).
     """
+    return _loads(raw, max_depth, float)
+
+
+def json_loads_checked(text: str, *, max_depth: int | None = MAX_JSON_DEPTH) -> tuple[Any, bool]:
+    """Parse JSON text as `json_loads` does; also return whether it may hold a value PostgreSQL cannot store.
+
+    False proves it holds none (see `may_be_unstorable`); True asks for a walk of its values.
+    """
+    watch = _FloatWatch()
+    value = _loads(text, max_depth, watch)
+    return value, may_be_unstorable(text, overflowed=watch.overflowed)
+
+
+def _loads(raw: bytes | str, max_depth: int | None, parse_float: Any) -> Any:
     try:
-        value = json.loads(raw, parse_constant=_refuse_constant)
+        # parse_float=float keeps the decoder's own C path; a hook is called once per float token (rare here).
+        value = json.loads(raw, parse_constant=_refuse_constant, parse_float=parse_float)
     except RecursionError:
         raise JsonTooDeep(max_depth or MAX_JSON_DEPTH) from None
     if max_depth is not None and json_depth(value) > max_depth:
@@ -217,12 +253,11 @@ class JSONParser(parsers.JSONParser):
         raw = read_bounded(stream)
         try:
             text = raw.decode(encoding)
-            value = json_loads(text, max_depth=MAX_JSON_DEPTH if self.check_values else None)
+            value, to_check = json_loads_checked(text, max_depth=MAX_JSON_DEPTH if self.check_values else None)
         except UnicodeDecodeError:
             raise ParseError(f"JSON parse error - the body is not valid {encoding}.") from None
         except ValueError as exc:
             raise ParseError(f"JSON parse error - {exc}") from None
-        to_check = may_be_unstorable(text)
         if self.check_values:
             problems = value_problems(value) if to_check else {}
             if problems:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from rest_framework.test import APIClient
 
-from core.bodies import may_be_unstorable, value_problems
+from core.bodies import json_loads_checked, value_problems
 from notifier.deliveries.models import Notification
 from preferences.models import Recipient
 from templates_app.services import template_put
@@ -115,8 +115,8 @@ def test_a_batch_item_postgresql_cannot_store_fails_alone_naming_the_field(
     assert Notification.objects.count() == 2
 
 
-def test_the_text_search_finds_every_body_the_walk_refuses() -> None:
-    """A body whose text the search passes is never one the walk of its values would refuse."""
+def test_the_parse_check_finds_every_body_the_walk_refuses() -> None:
+    """A body the parse's check passes (its text's search and its floats) is never one the walk would refuse."""
     rng = random.Random(7)
     pieces = [
         '"ok"', '"\\u00e9"', '"\\ud83d\\ude00"', '"\\ud800"', '"a\\u0000"', '"e123"', '"1e999"', "0", "-12",
@@ -127,10 +127,11 @@ def test_the_text_search_finds_every_body_the_walk_refuses() -> None:
         values = [rng.choice(pieces) for _ in range(rng.randint(1, 4))]
         space = rng.choice(["", " ", "\n  "])
         text = "{" + ",".join(f'"k{i}":{space}{v}' for i, v in enumerate(values)) + "}"
-        refused = bool(value_problems(json.loads(text)))
-        if refused:
-            assert may_be_unstorable(text), text
-    assert not may_be_unstorable(json.dumps(item("3f2e1234-ab")))  # ordinary bodies skip the walk
+        value, maybe = json_loads_checked(text)
+        if value_problems(value):
+            assert maybe, text
+    assert json_loads_checked(json.dumps(item("3f2e1234-ab")))[1] is False  # ordinary bodies skip the walk
+    assert json_loads_checked('{"k": "é \\u00e9 1e999", "n": 1e308}')[1] is False  # they only look like one
 
 
 # Up to Python's recursion limit the batch parses and the item fails alone; past it the body is refused whole.
