@@ -4,17 +4,21 @@ off, whether quiet hours hold it. Read by templates (who may edit which), prefer
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from django.conf import settings
 
+_UNKNOWN: Mapping[str, Any] = {"optional": True, "quiet_hours": True}
 
-def category_config(category: str) -> dict[str, Any]:
-    """Return the configured rules of a category; an unknown category is treated as optional."""
+
+def category_config(category: str) -> Mapping[str, Any]:
+    """Return the configured rules of a category (to read, not to change); an unknown one is treated as optional.
+
+    No copy: it is asked once per delivery a batch plans.
+    """
     config = settings.NOTIFIER_CATEGORIES.get(category)
-    if config is None:
-        return {"optional": True, "quiet_hours": True}
-    return dict(config)
+    return _UNKNOWN if config is None else config
 
 
 def is_optional(category: str) -> bool:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic, TypeVar, cast
 
+import orjson
 import psycopg
 from django.db import DEFAULT_DB_ALIAS, close_old_connections, connection
 from django.db.models import BooleanField, DateTimeField, Field, JSONField, Model, UUIDField
@@ -64,9 +65,18 @@ def json_rows(rows: Iterable[Sequence[Any]]) -> str:
 
     Each row is a JSON array (`e->>0`, `e->>1`, … cast to their types in SQL). For thousands of rows this is
     about three times cheaper than one bound array per column: psycopg dumps arrays element by element in
-    Python, json.dumps runs in C, and each row travels whole, so no two arrays have to be zipped in order.
+    Python, the encoder runs in C, and each row travels whole, so no two arrays have to be zipped in order.
+
+    orjson encodes what the standard encoder would, to the same JSON values (datetimes and UUIDs as their
+    isoformat and text, as `_encode` writes them), in a fraction of its time. What orjson refuses (an integer
+    past 64 bits, a lone surrogate, a key that is not a string) goes to the standard encoder, which writes it
+    as before, so PostgreSQL takes or refuses it as it always did.
     """
-    return json.dumps(list(rows), separators=(",", ":"), default=_encode)
+    listed = list(rows)
+    try:
+        return orjson.dumps(listed, default=_encode).decode()
+    except (orjson.JSONEncodeError, TypeError):
+        return json.dumps(listed, separators=(",", ":"), default=_encode)
 
 
 def int_array(values: Iterable[int]) -> str:
@@ -140,7 +150,9 @@ class RowLoader(Generic[M]):
         instance = self.model.__new__(self.model)
         instance.__dict__.update(zip(self.attnames, row, strict=True))
         state = instance._state = ModelState()
-        state.adding, state.db = False, connection.alias
+        # Its rows come through `connection`, the default alias's proxy (the project routes nothing elsewhere);
+        # asking the proxy for its alias per row took most of building a batch's recipients.
+        state.adding, state.db = False, DEFAULT_DB_ALIAS
         return instance
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from rest_framework.test import APIClient
 
-from core.bodies import json_loads_checked, value_problems
+from core.bodies import json_depth, json_loads_checked, value_problems
 from notifier.deliveries.models import Notification
 from preferences.models import Recipient
 from templates_app.services import template_put
@@ -227,3 +227,27 @@ def test_a_malformed_query_parameter_is_a_400_naming_it(api: APIClient, query: s
     response = api.get(f"/api/v1/notifications?{query}")
     assert response.status_code == 400, response.content
     assert query.split("=")[0] in response.json()["error"]["fields"]
+
+
+def test_json_depth_counts_the_levels_that_hold_a_container() -> None:
+    def reference(value: object) -> int:
+        if isinstance(value, dict):
+            return 1 + max((reference(v) for v in value.values()), default=0)
+        if isinstance(value, list):
+            return 1 + max((reference(v) for v in value), default=0)
+        return 0
+
+    rng = random.Random(11)
+
+    def make(levels: int) -> object:
+        if levels == 0 or rng.random() < 0.2:
+            return rng.choice([1, "x", None, {}, []])
+        if rng.random() < 0.5:
+            return {str(i): make(levels - 1) for i in range(rng.randint(0, 3))}
+        return [make(levels - 1) for _ in range(rng.randint(0, 3))]
+
+    known: list[object] = [7, "s", {}, [], {"a": {}}, [[[]]], {"a": 1, "b": [1, {"c": []}]}]
+    assert [json_depth(v) for v in known] == [0, 0, 1, 1, 2, 3, 4]
+    for _ in range(3000):
+        value = make(rng.randint(0, 9))
+        assert json_depth(value) == reference(value), value

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 import warnings
 from datetime import UTC, datetime
@@ -10,7 +11,7 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from core.db import TEXTS, InstanceBuilder, bound_cursor, insert_rows, texts_param
+from core.db import TEXTS, InstanceBuilder, bound_cursor, insert_rows, json_rows, texts_param
 from notifier.deliveries.models import Delivery, Notification
 from tests.factories import make_api_client, make_recipient
 
@@ -102,3 +103,26 @@ def test_texts_param_reads_back_every_string_as_it_was() -> None:
     with bound_cursor() as cursor:
         cursor.execute(f"SELECT unnest({TEXTS})", [texts_param(texts)])
         assert [row[0] for row in cursor.fetchall()] == texts
+
+
+def test_json_rows_writes_the_standard_encoders_values_and_leaves_what_orjson_refuses_to_it() -> None:
+    at = datetime(2026, 12, 4, 9, 30, 15, 123456, tzinfo=UTC)
+    whole = datetime(2026, 12, 4, 9, 30, tzinfo=UTC)  # no microseconds: isoformat writes none
+    naive = datetime(2026, 12, 4, 9, 30)
+    key = uuid.uuid4()
+    status = Notification.Status.SCHEDULED  # a str subclass
+    rows = [[1, -7, 'ü \\ "q"', None, True, False, at, whole, naive, key, {"k": [1, 2.5, "x"]}, ["a"], status]]
+    standard = json.dumps(
+        rows, separators=(",", ":"), default=lambda v: v.isoformat() if isinstance(v, datetime) else str(v)
+    )
+    assert json.loads(json_rows(rows)) == json.loads(standard)
+
+    # Past 64 bits orjson refuses an integer; the standard encoder writes it, and PostgreSQL reads it back whole.
+    big = [[10**30, "x"]]
+    assert json_rows(big) == json.dumps(big, separators=(",", ":"))
+    connection.ensure_connection()
+    with bound_cursor() as cursor:
+        cursor.execute("SELECT (e->>0)::numeric FROM jsonb_array_elements(%s::jsonb) AS e", [json_rows(big)])
+        assert cursor.fetchall() == [(10**30,)]
+    with pytest.raises(TypeError, match="cannot encode object"):
+        json_rows([[object()]])
