@@ -154,6 +154,27 @@ def report(name: str, figures: dict[str, float]) -> None:
           f"   max {figures['max']:5.0f} ms   errors {figures['errors']:.0f}")  # fmt: skip
 
 
+def checkpoints(database: str) -> tuple[int, float]:
+    """Return PostgreSQL's checkpoints so far and the seconds since the latest one began.
+
+    After a checkpoint begins, the first change of each page writes the whole page to the WAL, and on this box's
+    settings (max_wal_size 1 GB) the batch endpoint's writes bring one every minute or two. Printed beside each
+    load, so that a run whose PostgreSQL CPU per item stands out can be told apart from one a checkpoint hit.
+    """
+    found = psql(database, "SELECT checkpoints_timed + checkpoints_req, extract(epoch FROM now() - "
+                           "(SELECT checkpoint_time FROM pg_control_checkpoint())) FROM pg_stat_bgwriter")  # fmt: skip
+    count, age = found.split("|")
+    return int(count), float(age)
+
+
+def report_checkpoints(before: tuple[int, float], after: tuple[int, float]) -> None:
+    """Print how many checkpoints ran during a load and how long before it the one in effect began."""
+    print(
+        f"PostgreSQL checkpoints during it: {after[0] - before[0]} (the one before began {before[1]:.0f} s "
+        "before the load)"
+    )
+
+
 def run(args: Any, *, server: str, database: str, api_url: str, key: str, database_url: str) -> dict[str, float]:
     """Load the floor, then the send endpoint, under `server`; print both and their ratios; return the figures."""
     floor = floor_server(server, database_url)
@@ -171,9 +192,11 @@ def run(args: Any, *, server: str, database: str, api_url: str, key: str, databa
     if args.warmup:
         wrk(f"{api_url}/api/v1/notifications", **{**load, "seconds": 5}, prefix=prefix, key=key, priority=args.priority)
     started = psql(database, "SELECT now()")
+    checkpoints0 = checkpoints(database)
     cpu0 = group_cpu()
     api = wrk(f"{api_url}/api/v1/notifications", **load, prefix=prefix, key=key, priority=args.priority)
     cpu1 = group_cpu()
+    checkpoints1 = checkpoints(database)
     accepted = f"FROM notifier_delivery d JOIN notifier_notification n ON n.id = d.notification_id WHERE n.user_id LIKE '{prefix}%' AND n.created_at >= '{started}'"  # noqa: E501
     total = int(psql(database, f"SELECT count(*) {accepted}"))
     wait_until(
@@ -191,6 +214,7 @@ def run(args: Any, *, server: str, database: str, api_url: str, key: str, databa
           f"accept -> sent {rate / floor_figures['rps']:.2f}x")  # fmt: skip
     print(f"CPU while the send endpoint was loaded ({api['requests']} requests; every process on the box):")
     print_cpu(cpu0, cpu1, int(api["requests"]))
+    report_checkpoints(checkpoints0, checkpoints1)
     return {"floor": floor_figures["rps"], "send": api["rps"], "send_p99": api["p99"], "sent": rate}
 
 
@@ -203,9 +227,11 @@ def run_batch(args: Any, *, database: str, api_url: str, key: str, beside: str =
     add_recipients(database, prefix, args.recipients)
     load = {"connections": args.batch_connections, "recipients": args.recipients, "batch": args.batch_size}
     started = psql(database, "SELECT now()")
+    checkpoints0 = checkpoints(database)
     cpu0 = group_cpu()
     figures = wrk(f"{api_url}/api/v1/notifications/batch", **load, seconds=args.batch_seconds, prefix=prefix, key=key)
     cpu1 = group_cpu()
+    checkpoints1 = checkpoints(database)
     written = int(psql(database, f"SELECT count(*) FROM notifier_notification WHERE user_id LIKE '{prefix}%' "
                                  f"AND created_at >= '{started}'"))  # fmt: skip
     seconds = figures["requests"] / figures["rps"] if figures["rps"] else float("nan")
@@ -215,6 +241,7 @@ def run_batch(args: Any, *, database: str, api_url: str, key: str, beside: str =
           f" p50 {figures['p50']:.0f} ms, p99 {figures['p99']:.0f} ms, errors {figures['errors']:.0f})")  # fmt: skip
     print("CPU while the batch endpoint was loaded:")
     print_cpu(cpu0, cpu1, written)
+    report_checkpoints(checkpoints0, checkpoints1)
     return prefix
 
 
