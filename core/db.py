@@ -70,7 +70,9 @@ def json_rows(rows: Iterable[Sequence[Any]]) -> str:
     orjson encodes what the standard encoder would, to the same JSON values (datetimes and UUIDs as their
     isoformat and text, as `_encode` writes them), in a fraction of its time. What orjson refuses (an integer
     past 64 bits, a lone surrogate, a key that is not a string) goes to the standard encoder, which writes it
-    as before, so PostgreSQL takes or refuses it as it always did.
+    as before, so PostgreSQL takes or refuses it as it always did. One value differs: a non-finite float is
+    written as null, where the standard encoder wrote NaN for PostgreSQL to refuse; none reaches a row, since
+    every body holding one is refused at parse time (core.bodies; docs/decisions/0086).
     """
     listed = list(rows)
     try:
