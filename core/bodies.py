@@ -217,7 +217,7 @@ def json_loads_checked(text: str, *, max_depth: int | None = MAX_JSON_DEPTH) -> 
     return value, may_be_unstorable(text, overflowed=watch.overflowed)
 
 
-def _loads(raw: bytes | str, max_depth: int | None, parse_float: Any) -> Any:
+def _loads(raw: bytes | str, max_depth: int | None, parse_float: Callable[[str], float]) -> Any:
     try:
         # parse_float=float keeps the decoder's own C path; a hook is called once per float token (rare here).
         value = json.loads(raw, parse_constant=_refuse_constant, parse_float=parse_float)
