@@ -187,7 +187,7 @@ def after_fanout_page(notification: Notification, inserted: Sequence[tuple[Any, 
     # Deadlines differ per subscriber (local time, quiet hours): one timer message per distinct second.
     with bound_cursor() as cursor:
         cursor.execute(
-            "SELECT id, not_before FROM notifier_delivery WHERE id IN (SELECT unnest(%s::bigint[]))"
+            "SELECT id, not_before FROM notifier_delivery WHERE id = ANY(%s::bigint[])"
             " AND status = 'pending' AND not_before IS NOT NULL",
             [int_array(pending)],
         )
@@ -228,7 +228,7 @@ _CHAIN_SQL = """
            n.channels, n.fallback_until, n.fallback_after_seconds
     FROM notifier_delivery d JOIN notifier_notification n ON n.id = d.notification_id
     WHERE (d.notification_id, d.recipient_id) IN (
-        SELECT notification_id, recipient_id FROM notifier_delivery WHERE id IN (SELECT unnest(%s::bigint[]))
+        SELECT notification_id, recipient_id FROM notifier_delivery WHERE id = ANY(%s::bigint[])
     ) AND n.strategy = 'fallback'
     ORDER BY d.id
     FOR UPDATE OF d

@@ -91,16 +91,25 @@ def group_by_queue(rows: Iterable[tuple[int, str, str]]) -> dict[str, list[int]]
     return groups
 
 
-# The ids' span as constants prunes to their day's partition (notifier/deliveries/partitions.py); the semi-join probes
-# the primary key whatever the statistics (channels_app.services.claim says why not `= ANY`).
-MARK_PUBLISHED_SQL = (
-    "UPDATE notifier_delivery SET published_at = now()"
-    " WHERE id IN (SELECT unnest(%s::bigint[])) AND id BETWEEN %s AND %s"
+# The ids' span as constants prunes to their day's partition (notifier/deliveries/partitions.py). `= ANY` costs one
+# probe or one hashed test per row whatever the statistics say (core.db.int_array says why not a semi-join). The rows
+# are taken FOR UPDATE SKIP LOCKED in a sub-select, so the mark never waits: a row locked now is being claimed (it is
+# no longer waiting for its message) or marked by another publisher, and a mark waiting on a claim that waits on
+# another of its rows was a deadlock (the claim locks in id order, an UPDATE in whatever order its scan reads).
+# A row left unmarked that is still queued later is published again by the relay; the claim makes that harmless.
+_MARK_SQL = (
+    "UPDATE notifier_delivery SET published_at = now() WHERE id = ANY(ARRAY("
+    " SELECT id FROM notifier_delivery WHERE id = ANY(%s::bigint[]) AND id BETWEEN %s AND %s{also}"
+    " FOR UPDATE SKIP LOCKED)) AND id BETWEEN %s AND %s"
 )
+MARK_PUBLISHED_SQL = _MARK_SQL.format(also="")
 
 
-# The coalescer's mark, a second after the publish: what a worker claimed meanwhile no longer needs it.
-MARK_STILL_QUEUED_SQL = MARK_PUBLISHED_SQL + " AND status = 'queued'"
+# The coalescer's mark, a second after the publish: what a worker claimed meanwhile no longer needs it. The status
+# is tested as `status || ''` so that the outbox's partial index (`WHERE status = 'queued'`) cannot serve it: with
+# statistics from before a burst, the planner took that index for small and read every queued row of the day
+# (a campaign's million) to mark two; the primary key reads only the ids given.
+MARK_STILL_QUEUED_SQL = _MARK_SQL.format(also=" AND status || '' = 'queued'")
 # How long the coalescer waits before marking what it published. Most singles are claimed by then, so their rows
 # are not written again; the relay leaves an unmarked row alone for OUTBOX_REPUBLISH_AFTER_SECONDS / 4 (15 s by
 # default), far beyond this.
@@ -111,12 +120,14 @@ def mark_published(ids: Sequence[int], *, still_queued: bool = False) -> None:
     """Record that a message for these deliveries is in the broker (the relay leaves them alone).
 
     On the database's clock, like every time the relay compares it with. One raw statement: as a queryset
-    update, compiling it was 5 % of the API's CPU under single sends (the coalescer marks every publish).
+    update, compiling it was 5 % of the API's CPU under single sends (the coalescer marks every publish). A row
+    locked by someone else right now is skipped, never waited for (MARK_PUBLISHED_SQL says why).
     """
     if ids:
         sql = MARK_STILL_QUEUED_SQL if still_queued else MARK_PUBLISHED_SQL
         with bound_cursor() as cursor:
-            cursor.execute(sql, [int_array(ids), min(ids), max(ids)], prepare=span_prepare(ids))
+            low, high = min(ids), max(ids)
+            cursor.execute(sql, [int_array(ids), low, high, low, high], prepare=span_prepare(ids))
 
 
 def publish_now(rows: Iterable[tuple[int, str, str]], *, countdown: float | None = None) -> list[int]:

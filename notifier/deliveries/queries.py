@@ -152,7 +152,7 @@ _DELIVERIES = RowLoader(Delivery, skip=("created_at", "updated_at", "claimed_at"
 _RECIPIENTS = RowLoader(Recipient, skip=("created_at", "updated_at"))
 _LOAD_SQL = (
     f"SELECT {_DELIVERIES.columns('d')}, {_RECIPIENTS.columns('r')} FROM notifier_delivery d"  # noqa: S608
-    " JOIN preferences_recipient r ON r.id = d.recipient_id WHERE d.id IN (SELECT unnest(%s::bigint[]))"
+    " JOIN preferences_recipient r ON r.id = d.recipient_id WHERE d.id = ANY(%s::bigint[])"
     " AND d.id BETWEEN %s AND %s"
 )
 

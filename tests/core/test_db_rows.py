@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from core.db import TEXTS, InstanceBuilder, bound_cursor, insert_rows, json_rows, texts_param
+from core.db import InstanceBuilder, bound_cursor, insert_rows, json_rows, texts_param
 from notifier.deliveries.models import Delivery, Notification
 from tests.factories import make_api_client, make_recipient
 
@@ -101,7 +101,7 @@ def test_texts_param_reads_back_every_string_as_it_was() -> None:
     texts = ["plain", "with 'quote'", 'with "double"', "back\\slash", "{brace,comma}", "ünïcode", "", "NULL"]
     connection.ensure_connection()
     with bound_cursor() as cursor:
-        cursor.execute(f"SELECT unnest({TEXTS})", [texts_param(texts)])
+        cursor.execute("SELECT jsonb_array_elements_text(%s::jsonb)", [texts_param(texts)])
         assert [row[0] for row in cursor.fetchall()] == texts
 
 
