@@ -79,12 +79,13 @@ class Api:
 
 
 def sent_count(prefix: str) -> int:
-    """Return how many deliveries to this run's recipients the database records as sent."""
+    """Return how many deliveries to this run's recipients (their addresses start with `prefix`) are sent."""
     return int(
         psql(
             DATABASE,
-            "SELECT count(*) FROM notifier_delivery d JOIN notifier_notification n ON n.id = d.notification_id"
-            f" WHERE n.user_id LIKE '{prefix}%' AND d.status = 'sent'",  # the prefix is ours, no caller's text
+            # One table: a join with the notifications, planned on statistics from before the run, looped over
+            # both for minutes and took a core from what was measured. The prefix is ours, no caller's text.
+            f"SELECT count(*) FROM notifier_delivery WHERE address LIKE '{prefix}%' AND status = 'sent'",
         )
         or 0
     )
@@ -179,7 +180,9 @@ def singles(api: Api, args: argparse.Namespace) -> None:
     api.in_parallel(
         args.clients,
         n,
-        lambda conn, i: api.request(conn, "PUT", f"/api/v1/recipients/{prefix}{i}", {"email": f"r{i}@example.com"}),
+        lambda conn, i: api.request(
+            conn, "PUT", f"/api/v1/recipients/{prefix}{i}", {"email": f"{prefix}{i}@example.com"}
+        ),
     )
 
     def send(conn: http.client.HTTPConnection, i: int) -> tuple[int, float, str]:
