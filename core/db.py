@@ -89,8 +89,9 @@ def int_array(values: Iterable[int]) -> str:
     Match rows with `id = ANY(%s::bigint[])`, never with the semi-join `id IN (SELECT unnest(%s::bigint[]))`. The
     semi-join's plan depends on the statistics: where they predate the rows (a day partition filling in its first
     minute, a burst of queued rows into a table last analyzed when all were sent), the planner takes the table's
-    side for a row or two and loops over the whole array for every row it reads: 20,000 ids took 16 s. `= ANY`
-    has no join to get wrong: a primary-key probe per id, or a hashed test per row read, 0.4 s for the same.
+    side for a row or two and loops over the whole array for every row it reads: a mark of 20,000 ids took
+    20-26 s. `= ANY` has no join to get wrong: a primary-key probe per id, or a hashed test per row read, under
+    a second for the same (bench/stale_statistics.py).
     """
     return "{" + ",".join(map(str, map(int, values))) + "}"
 

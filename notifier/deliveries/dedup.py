@@ -151,7 +151,13 @@ def lookup(*, client_id: int, dedup_keys: list[str]) -> dict[str, tuple[str, str
         return {}
     # Bound on the server: Django's cursor would quote a thousand keys into the SQL text (core.db.texts_param).
     with bound_cursor() as cursor:
-        cursor.execute(_LOOKUP_SQL, [texts_param(dedup_keys), client_id, _cutoff()])
+        cursor.execute(
+            _LOOKUP_SQL,
+            [texts_param(dedup_keys), client_id, _cutoff()],
+            # Planned with its values each time, as before this form: a generic plan of the earlier one, made while
+            # the table was small, read the created_at index (0.9 s a batch of 1,000). Planning is per batch.
+            prepare=False,
+        )
         return {row[0]: (str(row[1]), row[2]) for row in cursor.fetchall()}
 
 
