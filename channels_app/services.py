@@ -200,7 +200,17 @@ def _deliver_claimed(claimed: Claim, out: Outcomes) -> None:
 
 def _recheck_compliance(deliveries: list[Delivery], out: Outcomes) -> list[Delivery]:
     """Apply preferences, opt-outs, quiet hours and the suppression list again: they may have changed."""
-    dead = suppressed_addresses([(d.channel, d.address) for d in deliveries if d.address])
+    # Each environment's suppression list (with the installation-wide entries): one query per environment in
+    # the batch, one in the common case.
+    pairs_of: dict[int, list[tuple[str, str]]] = {}
+    for d in deliveries:
+        if d.address:
+            pairs_of.setdefault(d.environment_id, []).append((d.channel, d.address))
+    dead = {
+        (environment_id, channel, address)
+        for environment_id, pairs in pairs_of.items()
+        for channel, address in suppressed_addresses(pairs, environment_id=environment_id)
+    }
     sendable = []
     now = out.now
     for d in deliveries:
@@ -221,7 +231,7 @@ def _recheck_compliance(deliveries: list[Delivery], out: Outcomes) -> list[Deliv
                 channel=d.channel,
                 address=d.address,
                 now=now,
-                suppressed=(d.channel, d.address) in dead,
+                suppressed=(d.environment_id, d.channel, d.address) in dead,
                 # A digest is never folded into another digest (quiet hours still hold it).
                 digestible=not is_digest(d.notification),
             )

@@ -87,6 +87,7 @@ INSTALLED_APPS = [
     "channels_app",
     "templates_app",
     "preferences",
+    "projects",
     "audit",
 ]
 

@@ -10,6 +10,7 @@ from django.http import HttpRequest
 from audit.admin import AuditedAdminMixin
 from preferences.models import Device, Recipient, Suppression, Topic
 from preferences.phones import InvalidPhoneNumber, phone_normalize
+from projects.admin import OwnedAdmin
 
 
 class DeviceInline(admin.TabularInline):
@@ -39,7 +40,7 @@ class RecipientForm(forms.ModelForm):
 
 
 @admin.register(Recipient)
-class RecipientAdmin(AuditedAdminMixin, admin.ModelAdmin):
+class RecipientAdmin(AuditedAdminMixin, OwnedAdmin):
     """Support staff look recipients up by user_id; contact data is shown only on the detail page."""
 
     form = RecipientForm
@@ -56,7 +57,7 @@ class RecipientAdmin(AuditedAdminMixin, admin.ModelAdmin):
 
 
 @admin.register(Topic)
-class TopicAdmin(admin.ModelAdmin):
+class TopicAdmin(OwnedAdmin):
     """Topics with their subscriber counts."""
 
     list_display = ("key", "name", "subscriber_count", "created_at")
@@ -72,7 +73,7 @@ class TopicAdmin(admin.ModelAdmin):
 
 
 @admin.register(Suppression)
-class SuppressionAdmin(AuditedAdminMixin, admin.ModelAdmin):
+class SuppressionAdmin(AuditedAdminMixin, OwnedAdmin):
     """The suppression list; an address is found by exact search, never listed in full."""
 
     list_display = ("id", "channel", "source", "reason", "created_at")

@@ -269,7 +269,8 @@ class SuppressionDetailApi(APIView):
 
     @extend_schema(operation_id="suppression_remove", summary="Remove a suppression", responses={204: None})
     def delete(self, request: Request, suppression_id: int) -> Response:
-        suppression = selectors.suppression_get(suppression_id=suppression_id)
+        # An installation-wide entry (a provider's bounce or complaint) is read-only to every project's keys.
+        suppression = selectors.suppression_get(suppression_id=suppression_id, own_only=True)
         if suppression is None:
             raise _not_found("Suppression")
         services.suppression_remove(suppression=suppression, audit_actor=request.user)

@@ -16,6 +16,7 @@ from django.utils import timezone
 from core.categories import category_config
 from core.db import bound_cursor, json_rows
 from preferences.models import Recipient, Suppression
+from projects.scoping import owner_default
 
 SEND = "send"
 SUPPRESS = "suppress"
@@ -136,10 +137,12 @@ def evaluate(
     return Verdict(SEND)
 
 
-def suppressed_addresses(pairs: list[tuple[str, str]]) -> set[tuple[str, str]]:
-    """Return which of the (channel, address) pairs are on the suppression list, in one query.
+def suppressed_addresses(pairs: list[tuple[str, str]], *, environment_id: int | None = None) -> set[tuple[str, str]]:
+    """Return which of the (channel, address) pairs are on an environment's suppression list, in one query.
 
-    The pairs travel as one JSON parameter (core.db.json_rows): one query and one plan for a page of 5,000.
+    The environment's own entries and the installation-wide ones (environment_id NULL: provider bounces and
+    complaints); of `environment_id`, else of the scope's owner (projects.scoping). The pairs travel as one JSON
+    parameter (core.db.json_rows): one query and one plan for a page of 5,000.
     """
     wanted = {(channel, address) for channel, address in pairs if address}
     if not wanted:
@@ -147,7 +150,8 @@ def suppressed_addresses(pairs: list[tuple[str, str]]) -> set[tuple[str, str]]:
     with bound_cursor() as cursor:
         cursor.execute(
             "SELECT s.channel, s.address FROM preferences_suppression s "
-            "JOIN jsonb_array_elements(%s::jsonb) AS e ON s.channel = e->>0 AND s.address = e->>1",
-            [json_rows(wanted)],
+            "JOIN jsonb_array_elements(%s::jsonb) AS e ON s.channel = e->>0 AND s.address = e->>1 "
+            "WHERE s.environment_id = %s OR s.environment_id IS NULL",
+            [json_rows(wanted), environment_id or owner_default()],
         )
         return {(channel, address) for channel, address in cursor.fetchall()}

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from django.db import models
 
+from projects.scoping import OwnedManager, owner_field
+
 
 class Recipient(models.Model):
     """A person notifications are addressed to, known to callers by their own `user_id`."""
 
-    user_id = models.CharField(max_length=255, unique=True)
+    environment = owner_field()
+    user_id = models.CharField(max_length=255)
     email = models.CharField(max_length=320, blank=True, default="")
     phone = models.CharField(max_length=20, blank=True, default="")
     locale = models.CharField(max_length=35, blank=True, default="")
@@ -28,7 +31,12 @@ class Recipient(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
+    objects = OwnedManager()
+
     class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["environment", "user_id"], name="recipient_environment_user_uniq")
+        ]
         # Support looks a customer up by email or phone (notifier.deliveries.selectors.delivery_search).
         indexes = [
             models.Index(fields=["email"], condition=~models.Q(email=""), name="recipient_email_idx"),
@@ -42,6 +50,9 @@ class Recipient(models.Model):
 class Device(models.Model):
     """A push token of one of a recipient's devices."""
 
+    # A device's own column too: its token is unique per environment, so the test and live apps of one project
+    # may register the same phone.
+    environment = owner_field()
     recipient = models.ForeignKey(Recipient, on_delete=models.CASCADE, related_name="devices")
     platform = models.CharField(max_length=16, default="fcm")
     token = models.CharField(max_length=4096)
@@ -49,8 +60,12 @@ class Device(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     deactivated_at = models.DateTimeField(null=True, blank=True)
 
+    objects = OwnedManager()
+
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["platform", "token"], name="device_platform_token_uniq")]
+        constraints = [
+            models.UniqueConstraint(fields=["environment", "platform", "token"], name="device_environment_token_uniq")
+        ]
         indexes = [models.Index(fields=["recipient", "active"], name="device_recipient_active_idx")]
 
     def __str__(self) -> str:
@@ -60,9 +75,15 @@ class Device(models.Model):
 class Topic(models.Model):
     """A named audience that notifications and campaigns can be sent to."""
 
-    key = models.SlugField(max_length=128, unique=True)
+    environment = owner_field()
+    key = models.SlugField(max_length=128)
     name = models.CharField(max_length=255, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = OwnedManager()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["environment", "key"], name="topic_environment_key_uniq")]
 
     def __str__(self) -> str:
         return self.key
@@ -74,6 +95,8 @@ class Subscription(models.Model):
     topic = models.ForeignKey(Topic, on_delete=models.CASCADE, related_name="subscriptions", db_index=False)
     recipient = models.ForeignKey(Recipient, on_delete=models.CASCADE, related_name="subscriptions")
     created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = OwnedManager("topic__environment_id")
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["topic", "recipient"], name="subscription_uniq")]
@@ -95,14 +118,23 @@ class Suppression(models.Model):
         INVALID = "invalid"
         MANUAL = "manual"
 
+    # Null: installation-wide, visible to every project and changed by none of them (what provider bounces and
+    # complaints create: they protect a sending account all projects may share).
+    environment = owner_field(null=True, blank=True)
     channel = models.CharField(max_length=16)
     address = models.CharField(max_length=4096)
     reason = models.CharField(max_length=255, blank=True, default="")
     source = models.CharField(max_length=16, choices=Source.choices, default=Source.MANUAL)
     created_at = models.DateTimeField(auto_now_add=True)
 
+    objects = OwnedManager(shared_null=True)
+
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["channel", "address"], name="suppression_uniq")]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["environment", "channel", "address"], name="suppression_uniq", nulls_distinct=False
+            )
+        ]
 
     def __str__(self) -> str:
         return f"{self.channel}:{self.source}"

@@ -9,10 +9,12 @@ from django.db.models import QuerySet
 
 from core.db import RowLoader, bound_cursor
 from preferences.models import Recipient, Subscription, Suppression, Topic
+from projects.scoping import owner_default
 
 _RECIPIENT = RowLoader(Recipient)
 _RECIPIENTS_BY_USER_ID = (
-    f"SELECT {_RECIPIENT.columns('r')} FROM preferences_recipient r WHERE r.user_id = ANY(%s::text[])"  # noqa: S608
+    f"SELECT {_RECIPIENT.columns('r')} FROM preferences_recipient r"  # noqa: S608
+    " WHERE r.environment_id = %s AND r.user_id = ANY(%s::text[])"
 )
 
 
@@ -33,12 +35,15 @@ def recipient_for_send(*, user_id: str) -> Recipient | None:
     return recipients_for_send(user_ids=[user_id]).get(user_id)
 
 
-def recipients_for_send(*, user_ids: Collection[str]) -> dict[str, Recipient]:
-    """Return the recipients among `user_ids` by user id, as recipient_for_send does for one (erased ones too)."""
+def recipients_for_send(*, user_ids: Collection[str], environment_id: int | None = None) -> dict[str, Recipient]:
+    """Return the recipients among `user_ids` by user id, as recipient_for_send does for one (erased ones too).
+
+    Of `environment_id`, else of the scope's owner (projects.scoping).
+    """
     if not user_ids:
         return {}
     with bound_cursor() as cursor:
-        cursor.execute(_RECIPIENTS_BY_USER_ID, [list(user_ids)])
+        cursor.execute(_RECIPIENTS_BY_USER_ID, [environment_id or owner_default(), list(user_ids)])
         rows = cursor.fetchall()
     found = [_RECIPIENT.build(row) for row in rows]
     return {r.user_id: r for r in found}
@@ -105,9 +110,12 @@ def suppression_list(
     return list(qs.order_by("pk")[:limit])
 
 
-def suppression_get(*, suppression_id: int) -> Suppression | None:
-    """Return one suppression-list entry, or None."""
-    return Suppression.objects.filter(pk=suppression_id).first()
+def suppression_get(*, suppression_id: int, own_only: bool = False) -> Suppression | None:
+    """Return one suppression-list entry, or None; `own_only`: not an installation-wide one (read-only to keys)."""
+    found = Suppression.objects.filter(pk=suppression_id)
+    if own_only:
+        found = found.filter(environment__isnull=False)
+    return found.first()
 
 
 def suppression_exists(*, channel: str, address: str) -> bool:

@@ -271,14 +271,16 @@ def topic_subscribe(*, topic: Topic, user_ids: list[str]) -> int:
     recipients = Recipient._meta.db_table
     with transaction.atomic():
         Recipient.objects.bulk_create(
-            [Recipient(user_id=uid) for uid in unique_ids], ignore_conflicts=True, batch_size=2000
+            [Recipient(user_id=uid, environment_id=topic.environment_id) for uid in unique_ids],
+            ignore_conflicts=True,
+            batch_size=2000,
         )
         with connection.cursor() as cursor:
             cursor.execute(
                 f"INSERT INTO {subscriptions} (topic_id, recipient_id, created_at) "  # noqa: S608 - table names only
-                f"SELECT %s, r.id, now() FROM {recipients} r WHERE r.user_id = ANY(%s) "
+                f"SELECT %s, r.id, now() FROM {recipients} r WHERE r.environment_id = %s AND r.user_id = ANY(%s) "
                 "ON CONFLICT (topic_id, recipient_id) DO NOTHING",
-                [topic.pk, unique_ids],
+                [topic.pk, topic.environment_id, unique_ids],
             )
             return cursor.rowcount
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import grimp
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("config", "ops", "channels_app", "notifier", "preferences", "templates_app", "audit", "core")
+PACKAGES = ("config", "ops", "channels_app", "notifier", "preferences", "templates_app", "projects", "audit", "core")
 
 
 def circles(graph: grimp.ImportGraph) -> list[list[str]]:

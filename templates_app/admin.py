@@ -27,6 +27,7 @@ from rest_framework.exceptions import ValidationError
 
 from audit.services import audit_record
 from core.categories import is_optional
+from projects.admin import OwnedAdmin
 from templates_app import admin_editor as editor
 from templates_app.layouts import render_all
 from templates_app.models import Layout, LayoutVersion, Template, TemplateVersion
@@ -327,7 +328,7 @@ def _version_links(version: TemplateVersion, *, can_publish: bool) -> str:
 
 
 @admin.register(Template)
-class TemplateAdmin(admin.ModelAdmin):
+class TemplateAdmin(OwnedAdmin):
     """Templates: saving new content creates a new version through template_put (published if asked and allowed)."""
 
     form = TemplateForm
@@ -545,7 +546,7 @@ class PreviewForm(forms.Form):
 
 
 @admin.register(TemplateVersion)
-class TemplateVersionAdmin(admin.ModelAdmin):
+class TemplateVersionAdmin(OwnedAdmin):
     """Versions are immutable: view, preview and publish (or roll back) only."""
 
     list_display = ("__str__", "template", "version", "status", "created_by", "created_at", "published_at", "links")
@@ -779,7 +780,7 @@ class LayoutVersionInline(admin.TabularInline):
 
 
 @admin.register(Layout)
-class LayoutAdmin(admin.ModelAdmin):
+class LayoutAdmin(OwnedAdmin):
     """Email layouts: saving creates a new version through layout_put (audited); versions are immutable."""
 
     form = LayoutForm

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from django.db import models
 
+from projects.scoping import OwnedManager, owner_field
+
 
 class Template(models.Model):
     """A message template addressed by `key`; its content lives in versions."""
 
-    key = models.SlugField(max_length=128, unique=True)
+    environment = owner_field()
+    key = models.SlugField(max_length=128)
     category = models.CharField(max_length=64)
     default_locale = models.CharField(max_length=35, default="en")
     description = models.TextField(blank=True, default="")
@@ -23,7 +26,10 @@ class Template(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
+    objects = OwnedManager()
+
     class Meta:
+        constraints = [models.UniqueConstraint(fields=["environment", "key"], name="template_environment_key_uniq")]
         permissions = [
             ("publish_template", "Can publish a template version (or roll back to an older one)"),
             ("edit_optional_templates_only", "Can see and edit only templates of optional categories"),
@@ -45,6 +51,8 @@ class TemplateVersion(models.Model):
     created_by = models.CharField(max_length=255, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
 
+    objects = OwnedManager("template__environment_id")
+
     class Meta:
         constraints = [models.UniqueConstraint(fields=["template", "version"], name="template_version_uniq")]
         ordering = ["template_id", "-version"]
@@ -61,9 +69,15 @@ class TemplateVersion(models.Model):
 class Layout(models.Model):
     """An email layout addressed by `key`: the frame (header, footer, styles) a template's HTML is placed in."""
 
-    key = models.SlugField(max_length=128, unique=True)
+    environment = owner_field()
+    key = models.SlugField(max_length=128)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+
+    objects = OwnedManager()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["environment", "key"], name="layout_environment_key_uniq")]
 
     def __str__(self) -> str:
         return self.key
@@ -78,6 +92,8 @@ class LayoutVersion(models.Model):
     text = models.TextField(blank=True, default="")
     created_by = models.CharField(max_length=255, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = OwnedManager("layout__environment_id")
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["layout", "version"], name="layout_version_uniq")]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.db.models import QuerySet
 
 from core import config_cache
+from projects.scoping import owner_scope
 from templates_app.models import Layout, LayoutVersion, Template, TemplateVersion
 
 
@@ -105,11 +106,17 @@ def layout_get(*, key: str) -> tuple[Layout, list[LayoutVersion]]:
     return layout, versions
 
 
-def template_version_cached(spec: str) -> TemplateVersion:
-    """Return the published (or pinned, "key@N") version a spec resolves to, cached per process (core.config_cache).
+def template_version_cached(spec: str, *, environment_id: int) -> TemplateVersion:
+    """Return the published (or pinned, "key@N") version a spec resolves to in an environment, cached per process.
 
-    Raises like template_version_resolve when there is none; not-found answers are never cached.
+    Cached by core.config_cache under the owner and the spec. Raises like template_version_resolve when there is
+    none; not-found answers are never cached.
     """
-    value = config_cache.cached("template", spec, lambda: template_version_resolve(spec))
+
+    def resolve() -> TemplateVersion:
+        with owner_scope(environment_id):
+            return template_version_resolve(spec)
+
+    value = config_cache.cached("template", f"{environment_id}:{spec}", resolve)
     assert value is not None  # template_version_resolve raises instead of returning None
     return value

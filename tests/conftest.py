@@ -264,7 +264,12 @@ def api_client_factory(db: None) -> Callable[..., tuple[Any, Any]]:
     counter = {"n": 0}
 
     def _make(
-        name: str | None = None, categories: list[str] | None = None, scopes: list[str] | None = None
+        name: str | None = None,
+        categories: list[str] | None = None,
+        scopes: list[str] | None = None,
+        *,
+        project: str = "default",
+        mode: str = "live",
     ) -> tuple[Any, Any]:
         counter["n"] += 1
         # Every scope unless a test narrows it: tests of an endpoint are not about scopes (test_scopes.py is).
@@ -272,6 +277,8 @@ def api_client_factory(db: None) -> Callable[..., tuple[Any, Any]]:
             name=name or f"svc-{counter['n']}",
             allowed_categories=categories or [],
             scopes=list(SCOPES) if scopes is None else scopes,
+            project=project,
+            mode=mode,
         )
         return client, bearer_client(raw_key)
 

@@ -25,6 +25,7 @@ from notifier.deliveries.models import Delivery, DeliveryEvent, Notification
 from notifier.dispatch.models import FanoutLane
 from notifier.statusevents.models import EventAttempt, EventEndpoint, StatusEvent
 from preferences.models import Device, Recipient, Subscription, Suppression, Topic
+from projects.models import DEFAULT_TEST_ENVIRONMENT_ID
 
 
 def _tag() -> str:
@@ -37,6 +38,9 @@ def make_api_client(**fields: Any) -> ApiClient:
     fields.setdefault("name", f"svc-{_tag()}")
     fields.setdefault("key_prefix", prefix)
     fields.setdefault("key_hash", hash_key(raw))
+    # A test client belongs to the default project's test environment, as api_client_create puts it.
+    if fields.get("mode") == ApiClient.Mode.TEST and "environment" not in fields and "environment_id" not in fields:
+        fields["environment_id"] = DEFAULT_TEST_ENVIRONMENT_ID
     client = ApiClient.objects.create(**fields)
     client.raw_key = raw  # type: ignore[attr-defined]
     return client

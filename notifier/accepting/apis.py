@@ -104,7 +104,7 @@ class NotificationListCreateApi(APIView):
     def post(self, request: Request) -> Response:
         data = send_input(request.data)
         _require_topics_scope(request, data)
-        _shed_if_overloaded(data)
+        _shed_if_overloaded(request, data)
         kind = send_kind_of_request(data)
         accept = kind.accept if kind is not None else notification_accept_grouped
         result = accept(client=request_client(request), data=data, trace_id=trace_id_of(request))
@@ -146,13 +146,14 @@ def _require_topics_scope(request: Request, data: dict[str, Any]) -> None:
         require_scope(request_client(request), "topics", field="topic", why="sending to a topic")
 
 
-def _shed_if_overloaded(data: dict[str, Any]) -> None:
+def _shed_if_overloaded(request: Request, data: dict[str, Any]) -> None:
     """Answer 429 to low-priority requests while the low-priority backlog is too deep (see backpressure)."""
     category = data.get("category")
     if not category and data.get("priority") != "high" and data.get("template"):
         try:
             # The per-process cache the accept reads too (notifier/lookup_cache.py): no query per request.
-            category = template_version_cached(data["template"]).template.category
+            version = template_version_cached(data["template"], environment_id=request_client(request).environment_id)
+            category = version.template.category
         except TemplateNotFound:
             return  # accepting answers the 400
     check_backpressure(category=category or "", priority=data.get("priority"))
@@ -252,7 +253,7 @@ class NotificationBatchApi(APIView):
             if data is None:
                 data = validator.run_validation(item)
             _require_topics_scope(request, data)  # a topic item without the scope fails alone
-            _shed_if_overloaded(data)
+            _shed_if_overloaded(request, data)
         except (serializers.ValidationError, ApiError) as exc:
             return exc
         except DjangoValidationError as exc:

@@ -38,6 +38,7 @@ from preferences.compliance import suppressed_addresses
 from preferences.models import Device, Recipient, Topic
 from preferences.selectors import recipients_for_send
 from preferences.services import recipient_ensure
+from projects.scoping import as_client_owner
 from templates_app.models import TemplateVersion
 from templates_app.selectors import TemplateNotFound, template_version_cached
 
@@ -97,11 +98,11 @@ def notification_decide(
     try:
         # Resolved once per process until a template changes (notifier/lookup_cache.py).
         if templates is None:
-            version = template_version_cached(spec)
+            version = template_version_cached(spec, environment_id=client.environment_id)
         else:
             if spec not in templates:
                 try:
-                    templates[spec] = template_version_cached(spec)
+                    templates[spec] = template_version_cached(spec, environment_id=client.environment_id)
                 except TemplateNotFound as exc:
                     templates[spec] = exc
             found = templates[spec]
@@ -136,6 +137,7 @@ def _new_notification(
     return _notifications.new(
         id=notification_id,
         client=client,
+        environment_id=client.environment_id,
         dedup_key=decision.dedup_key,
         request_hash=decision.request_hash,
         category=decision.category,
@@ -152,6 +154,7 @@ def _new_notification(
     )
 
 
+@as_client_owner
 def notification_accept(*, client: ApiClient, data: dict[str, Any], trace_id: str = "") -> AcceptResult:
     """Accept one validated request: deduplicate, resolve, write in one transaction, publish after commit.
 
@@ -172,6 +175,7 @@ def notification_accept(*, client: ApiClient, data: dict[str, Any], trace_id: st
     return notification_accept_prepared(client=client, notification=notification, prepare=prepare)
 
 
+@as_client_owner
 def notification_accept_prepared(
     *, client: ApiClient, notification: Notification, prepare: Callable[[Notification], list[Delivery]]
 ) -> AcceptResult:
@@ -220,6 +224,7 @@ def _conflict() -> ApiError:
     return ApiError(409, "idempotency_conflict", "This dedup_key was already used with a different request body.")
 
 
+@as_client_owner
 def notifications_accept_batch(
     *,
     client: ApiClient,
@@ -505,7 +510,10 @@ def _write_batch(
     missing = user_ids - set(recipients)
     if missing:
         # Users the service has not heard of get a bare recipient, as on the single path.
-        Recipient.objects.bulk_create([Recipient(user_id=u) for u in sorted(missing)], ignore_conflicts=True)
+        Recipient.objects.bulk_create(
+            [Recipient(user_id=u, environment_id=client.environment_id) for u in sorted(missing)],
+            ignore_conflicts=True,
+        )
         recipients.update(recipients_for_send(user_ids=missing))
     tokens: dict[int, list[str]] = {}
     if any("push" in decision.channels for _, _, decision in items):
@@ -668,6 +676,7 @@ def _plan_delivery(
     )
     return _deliveries.new(
         notification=notification,
+        environment_id=notification.environment_id,
         recipient=recipient,
         channel=channel,
         priority=notification.priority,

@@ -32,6 +32,7 @@ from notifier.campaigns.services import (
     pausable_from,
 )
 from notifier.campaigns.wizard import STEPS, CampaignWizardForm, campaign_rate, progress_charts, sample_preview
+from projects.admin import OwnedAdmin
 from templates_app.selectors import TemplateNotFound
 
 
@@ -98,7 +99,7 @@ def _staff(request: HttpRequest) -> User:
 
 
 @admin.register(Campaign)
-class CampaignAdmin(admin.ModelAdmin):
+class CampaignAdmin(OwnedAdmin):
     """Campaigns; saving schedules through django-celery-beat, actions pause, resume and cancel."""
 
     form = CampaignForm

@@ -6,6 +6,7 @@ from django.contrib.postgres.fields import ArrayField
 from django.db import models
 
 from notifier.clients.models import ApiClient
+from projects.scoping import OwnedManager
 
 
 class Campaign(models.Model):
@@ -41,6 +42,8 @@ class Campaign(models.Model):
     last_run_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+
+    objects = OwnedManager("client__environment_id")
 
     class Meta:
         db_table = "notifier_campaign"

@@ -16,6 +16,7 @@ from core.scopes import DEFAULT_SCOPES, SCOPES
 from notifier.clients.models import ApiClient
 from notifier.clients.rate_limit import parse_rate
 from notifier.clients.services import api_client_assign_key, api_client_rotate_key, webhook_secret_problem
+from projects.admin import OwnedAdmin
 
 
 def mode_badge(mode: str) -> str:
@@ -69,7 +70,7 @@ class ApiClientForm(forms.ModelForm):
 
 
 @admin.register(ApiClient)
-class ApiClientAdmin(AuditedAdminMixin, admin.ModelAdmin):
+class ApiClientAdmin(AuditedAdminMixin, OwnedAdmin):
     """Calling services. Adding one creates its key and shows it once; "Rotate key" replaces it, shown once."""
 
     form = ApiClientForm

@@ -15,6 +15,7 @@ from rest_framework.request import Request
 from core.scopes import view_scope
 from notifier.clients import lookup_cache
 from notifier.clients.models import ApiClient
+from projects.scoping import enter_request_owner
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +81,9 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         if client.last_used_at is None or (now - client.last_used_at).total_seconds() > 60:
             ApiClient.objects.filter(pk=client.pk).update(last_used_at=now)
             lookup_cache.touched(key_hash, now)
+        # Everything the request reads or writes through an owned model is the key's environment's from here on
+        # (projects.scoping); the request middleware leaves the scope when the request ends.
+        enter_request_owner(client.environment_id)
         return client, raw_key
 
     def authenticate_header(self, request: Request) -> str:

@@ -11,6 +11,7 @@ from django.http import HttpRequest, HttpResponse
 
 from core import config_cache, metrics, tracing
 from core.logs import bind_delivery_context, clear_log_context
+from projects.scoping import request_scope_begin, request_scope_end
 
 access_log = logging.getLogger("notifier.access")
 
@@ -46,6 +47,8 @@ class RequestContextMiddleware:
         request.trace_id = ctx.trace_id  # type: ignore[attr-defined]  # (notifier.accepting.apis: trace_id_of)
         started = time.monotonic()
         status = 500
+        # A request starts with no owner; its authentication enters its key's (projects.scoping).
+        owner_token = request_scope_begin()
         try:
             with config_cache.one_generation():  # the request's cached lookups share one Redis read
                 response = self.get_response(request)
@@ -53,6 +56,7 @@ class RequestContextMiddleware:
             response[tracing.TRACEPARENT] = ctx.traceparent
             return response
         finally:
+            request_scope_end(owner_token)
             elapsed = time.monotonic() - started
             route = _route(request)
             if settings.METRICS_ENABLED:

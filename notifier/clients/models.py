@@ -6,6 +6,7 @@ from django.contrib.postgres.fields import ArrayField
 from django.db import models
 
 from core.scopes import default_scopes
+from projects.models import DEFAULT_LIVE_ENVIRONMENT_ID
 
 
 class ApiClient(models.Model):
@@ -16,6 +17,14 @@ class ApiClient(models.Model):
         # Every delivery of a test client goes to the sandbox provider, whatever providers are configured.
         TEST = "test"
 
+    # The project environment the key belongs to: the owner of everything the key makes. Its name is the key's
+    # mode (ApiClient.mode, kept as a column because the hot path reads it with the client).
+    environment = models.ForeignKey(
+        "projects.Environment",
+        on_delete=models.PROTECT,
+        related_name="clients",
+        default=DEFAULT_LIVE_ENVIRONMENT_ID,
+    )
     name = models.CharField(max_length=128, unique=True)
     key_prefix = models.CharField(max_length=16, db_index=True)
     key_hash = models.CharField(max_length=64, unique=True)

@@ -11,6 +11,8 @@ from core.scopes import DEFAULT_SCOPES, SCOPES
 from core.webhook_secrets import SECRET_PREFIX, decode_secret
 from notifier.clients.auth import generate_key, hash_key
 from notifier.clients.models import ApiClient
+from projects.models import DEFAULT_PROJECT_SLUG
+from projects.selectors import ProjectNotFound, environment_of
 
 
 def api_client_create(
@@ -19,12 +21,14 @@ def api_client_create(
     allowed_categories: list[str] | None = None,
     scopes: list[str] | None = None,
     mode: str = ApiClient.Mode.LIVE,
+    project: str = DEFAULT_PROJECT_SLUG,
     audit_actor: Any = None,
 ) -> tuple[ApiClient, str]:
     """Create an API client and return it with its raw key (shown once, stored only hashed).
 
     `scopes` defaults to `send` only (core.scopes.DEFAULT_SCOPES). A `test` client's deliveries all go to the
-    sandbox provider (docs/api.md, "Test keys").
+    sandbox provider (docs/api.md, "Test keys"). The key belongs to the `mode` environment of `project` (a slug):
+    everything it makes is that environment's (docs/projects.md).
     """
     if mode not in ApiClient.Mode.values:
         raise ValueError(f"unknown mode: {mode} (known: {', '.join(ApiClient.Mode.values)})")
@@ -35,8 +39,13 @@ def api_client_create(
     unknown = sorted(set(scopes) - set(SCOPES))
     if unknown:
         raise ValueError(f"unknown scopes: {', '.join(unknown)}")
+    try:
+        environment = environment_of(project=project, mode=mode)
+    except ProjectNotFound as exc:
+        raise ValueError(str(exc)) from None
     raw_key, prefix = generate_key()
     client = ApiClient.objects.create(
+        environment=environment,
         name=name,
         key_prefix=prefix,
         key_hash=hash_key(raw_key),
@@ -49,6 +58,7 @@ def api_client_create(
             "scopes": [None, scopes],
             "allowed_categories": [None, client.allowed_categories],
             "mode": [None, mode],
+            "project": [None, project],
         }
         audit_record(actor=audit_actor, action="api_client.create", target_type="api_client", target_id=client.pk,
                      changes=changes)  # fmt: skip

@@ -10,10 +10,11 @@ from django.http import HttpRequest
 
 from notifier.deadletters.models import DeadLetter
 from notifier.deadletters.services import dead_letters_discard, dead_letters_replay
+from projects.admin import OwnedAdmin
 
 
 @admin.register(DeadLetter)
-class DeadLetterAdmin(admin.ModelAdmin):
+class DeadLetterAdmin(OwnedAdmin):
     """Deliveries that exhausted their attempts: the operator's work list."""
 
     list_display = ("id", "delivery", "channel", "queue", "reason", "attempts", "status", "created_at", "resolved_by")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.db import models
 
 from notifier.deliveries.models import Delivery
+from projects.scoping import OwnedManager
 
 
 class DeadLetter(models.Model):
@@ -25,6 +26,8 @@ class DeadLetter(models.Model):
     resolved_by = models.CharField(max_length=255, blank=True, default="")
     resolved_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = OwnedManager("delivery__environment_id")
 
     class Meta:
         db_table = "notifier_deadletter"

@@ -17,6 +17,7 @@ from notifier.deliveries.partitions import (
     notification_range,
     uuid7_time,
 )
+from projects.scoping import OwnedManager, OwnedQuerySet, owner_field
 
 
 def _id_bounds(value: Any, *, many: bool) -> tuple[datetime, datetime] | None:
@@ -35,7 +36,7 @@ def _id_bounds(value: Any, *, many: bool) -> tuple[datetime, datetime] | None:
     return min(r[0] for r in ranges), max(r[1] for r in ranges)
 
 
-class NotificationQuerySet(models.QuerySet):
+class NotificationQuerySet(OwnedQuerySet["Notification"]):
     """Notifications; a filter on one id adds the created_at range its UUIDv7 implies (one partition, not all)."""
 
     _any_day = False
@@ -62,7 +63,7 @@ class NotificationQuerySet(models.QuerySet):
         return super()._filter_or_exclude(negate, args, kwargs)  # type: ignore[misc]  # private API, as above
 
 
-NotificationManager = models.Manager.from_queryset(NotificationQuerySet)
+NotificationManager = OwnedManager.from_queryset(NotificationQuerySet)
 
 
 class BirthTimeField(models.DateTimeField):
@@ -96,6 +97,8 @@ class Notification(models.Model):
     # No database FK constraints to or from the partitioned hot tables
     # (docs/decisions/0009-no-foreign-keys-on-the-delivery-log.md).
     client = models.ForeignKey(ApiClient, on_delete=models.PROTECT, related_name="notifications", db_constraint=False)
+    # The client's environment, kept on the row so that owned reads need no join.
+    environment = owner_field(db_constraint=False)
     # NULL, not "", for "no key". Unique per client within DEDUP_WINDOW_HOURS through notifier_dedupkey
     # (notifier/deliveries/dedup.py): a unique index on a partitioned table would only see one day.
     dedup_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
@@ -231,6 +234,9 @@ class Delivery(models.Model):
     notification = models.ForeignKey(
         Notification, on_delete=models.CASCADE, related_name="deliveries", db_index=False, db_constraint=False
     )
+    # The notification's environment, kept on the row so that owned reads (the inbox, search, statistics) need no
+    # join with the notifications.
+    environment = owner_field(db_constraint=False)
     recipient = models.ForeignKey(
         "preferences.Recipient",
         on_delete=models.PROTECT,
@@ -288,6 +294,8 @@ class Delivery(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
+    objects = OwnedManager()
+
     class Meta:
         db_table = "notifier_delivery"
         verbose_name_plural = "deliveries"
@@ -342,6 +350,9 @@ class DeliveryEvent(models.Model):
     status = models.CharField(max_length=16)
     detail = models.CharField(max_length=1024, blank=True, default="")
     at = models.DateTimeField()
+
+    # Owned through its delivery: appended in the same statement as the delivery's transition, read only with it.
+    objects = OwnedManager("delivery__environment_id")
 
     class Meta:
         db_table = "notifier_deliveryevent"

@@ -35,10 +35,10 @@ _INSERT_SQL = (
     """
     WITH ins AS (
         INSERT INTO notifier_delivery (
-            id, notification_id, recipient_id, channel, priority, address, status, reason, not_before,
-            published_at, provider, provider_message_id, attempts, last_error, created_at, updated_at
+            id, notification_id, environment_id, recipient_id, channel, priority, address, status, reason,
+            not_before, published_at, provider, provider_message_id, attempts, last_error, created_at, updated_at
         )
-        SELECT notifier_delivery_id(%s::timestamptz), %s, (e->>0)::bigint, e->>1, %s, e->>2, e->>3, e->>4,
+        SELECT notifier_delivery_id(%s::timestamptz), %s, %s, (e->>0)::bigint, e->>1, %s, e->>2, e->>3, e->>4,
                (e->>5)::timestamptz, CASE WHEN e->>3 = 'queued' THEN %s::timestamptz END, '', '', 0, '', %s, %s
         FROM jsonb_array_elements(%s::jsonb) AS e"""  # noqa: S608 - fixed text, no input
     + _INSERTED
@@ -57,11 +57,11 @@ _INSERT_STORED_SQL = (
         SELECT notifier_delivery_id(%s::timestamptz) AS id, e FROM jsonb_array_elements(%s::jsonb) AS e
     ), ins AS (
         INSERT INTO notifier_delivery (
-            id, notification_id, recipient_id, channel, priority, address, status, reason, not_before,
-            published_at, provider, provider_message_id, attempts, last_error, created_at, updated_at,
+            id, notification_id, environment_id, recipient_id, channel, priority, address, status, reason,
+            not_before, published_at, provider, provider_message_id, attempts, last_error, created_at, updated_at,
             sent_at, content, template_version_id
         )
-        SELECT p.id, %s, (e->>0)::bigint, e->>1, %s, e->>2, e->>3, e->>4, (e->>5)::timestamptz,
+        SELECT p.id, %s, %s, (e->>0)::bigint, e->>1, %s, e->>2, e->>3, e->>4, (e->>5)::timestamptz,
                CASE WHEN e->>3 = 'queued' THEN %s::timestamptz END,
                CASE WHEN e->>3 = 'sent' THEN 'inapp' ELSE '' END,
                CASE WHEN e->>3 = 'sent' THEN 'inapp-' || p.id ELSE '' END,
@@ -103,10 +103,23 @@ def page_deliveries_insert(
     with bound_cursor() as cursor:
         if stored is not None:
             bodies, version_id, sent_detail = stored
-            params = [n.created_at, json_rows(rows), n.pk, n.priority, at, at, at, at, json.dumps(bodies)]
+            params = [
+                n.created_at,
+                json_rows(rows),
+                n.pk,
+                n.environment_id,
+                n.priority,
+                at,
+                at,
+                at,
+                at,
+                json.dumps(bodies),
+            ]
             cursor.execute(_INSERT_STORED_SQL, [*params, version_id, at, sent_detail, at])
         else:
-            cursor.execute(_INSERT_SQL, [n.created_at, n.pk, n.priority, at, at, at, json_rows(rows), at])
+            cursor.execute(
+                _INSERT_SQL, [n.created_at, n.pk, n.environment_id, n.priority, at, at, at, json_rows(rows), at]
+            )
         return list(cursor.fetchall())
 
 

@@ -112,6 +112,8 @@ def _flush_recipients(waiting: Any, recipient_ids: list[int], frequency: str) ->
             first, latest = items[0], items[-1]
             notification = Notification(
                 client_id=first.notification.client_id,
+                # The recipient's environment (a recipient belongs to one): test and live never fold together.
+                environment_id=first.environment_id,
                 category=category,
                 template_key=template_key,
                 channels=[channel],
@@ -133,6 +135,7 @@ def _flush_recipients(waiting: Any, recipient_ids: list[int], frequency: str) ->
             deliveries.append(
                 Delivery(
                     notification=notification,
+                    environment_id=first.environment_id,
                     recipient_id=first.recipient_id,
                     channel=channel,
                     priority=notification.priority,

@@ -517,7 +517,9 @@ def fanout_page(
             for channel in n.channels
             for address in channel_addresses(r, channel, webhook_default=webhook_default, tokens=devices.get(r.pk, []))
         ]
-        dead = suppressed_addresses(list({(channel, address) for _, channel, address in targets if address}))
+        dead = suppressed_addresses(
+            list({(channel, address) for _, channel, address in targets if address}), environment_id=n.environment_id
+        )
         rows: list[tuple[Any, ...]] = []
         for r, channel, address in targets:
             # send_at_local: that wall-clock time in this subscriber's time zone (notifier/dispatch/localtime.py).

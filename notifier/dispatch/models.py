@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.db import models
 
 from notifier.deliveries.models import Notification
+from projects.scoping import OwnedManager
 
 
 class FanoutLane(models.Model):
@@ -25,6 +26,8 @@ class FanoutLane(models.Model):
     processed = models.PositiveIntegerField(default=0)
     done = models.BooleanField(default=False)
     updated_at = models.DateTimeField(auto_now=True)
+
+    objects = OwnedManager("notification__environment_id")
 
     class Meta:
         db_table = "notifier_fanoutlane"

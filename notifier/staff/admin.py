@@ -38,6 +38,7 @@ from notifier.staff.support import (
     delivery_resend,
 )
 from preferences.models import Suppression
+from projects.admin import OwnedAdmin
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -68,7 +69,7 @@ class FanoutLaneInline(admin.TabularInline):
 
 
 @admin.register(Notification)
-class NotificationAdmin(ReadOnlyAdmin):
+class NotificationAdmin(OwnedAdmin, ReadOnlyAdmin):
     """Accepted notifications; a topic notification shows its fan-out lanes."""
 
     list_display = (
@@ -93,7 +94,7 @@ class NotificationAdmin(ReadOnlyAdmin):
 
 
 @admin.register(Delivery)
-class DeliveryAdmin(ReadOnlyAdmin):
+class DeliveryAdmin(OwnedAdmin, ReadOnlyAdmin):
     """Deliveries: find a customer's message, read its whole story, resend, cancel, suppress its address."""
 
     change_form_template = "admin/deliveries/delivery/change_form.html"

@@ -8,6 +8,7 @@ from django.contrib import admin
 from django.http import HttpRequest
 
 from notifier.statusevents.models import EventAttempt, EventEndpoint
+from projects.admin import OwnedAdmin
 
 
 class EventAttemptInline(admin.TabularInline):
@@ -38,7 +39,7 @@ class EventAttemptInline(admin.TabularInline):
 
 
 @admin.register(EventEndpoint)
-class EventEndpointAdmin(admin.ModelAdmin):
+class EventEndpointAdmin(OwnedAdmin):
     """Event endpoints; the secret is never shown (the client sees it once, over the API)."""
 
     list_display = ("client", "url", "max_batch", "is_active", "failures", "retry_at", "updated_at")
@@ -53,7 +54,7 @@ class EventEndpointAdmin(admin.ModelAdmin):
 
 
 @admin.register(EventAttempt)
-class EventAttemptAdmin(admin.ModelAdmin):
+class EventAttemptAdmin(OwnedAdmin):
     """Every POST to an event endpoint and every give-up, searchable by client."""
 
     list_display = ("id", "endpoint", "at", "ok", "status_code", "events", "given_up", "error", "duration_ms")

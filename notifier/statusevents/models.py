@@ -8,6 +8,7 @@ from django.db import models
 from django.db.models import Q
 
 from notifier.clients.models import ApiClient
+from projects.scoping import OwnedManager
 
 
 class EventEndpoint(models.Model):
@@ -29,6 +30,8 @@ class EventEndpoint(models.Model):
     retry_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+
+    objects = OwnedManager("client__environment_id")
 
     class Meta:
         db_table = "notifier_eventendpoint"
@@ -59,6 +62,8 @@ class StatusEvent(models.Model):
     attempts = models.PositiveIntegerField(default=0)
     delivered_at = models.DateTimeField(null=True, blank=True)
 
+    objects = OwnedManager("endpoint__client__environment_id")
+
     class Meta:
         db_table = "notifier_statusevent"
         indexes = [
@@ -84,6 +89,8 @@ class EventAttempt(models.Model):
     error = models.CharField(max_length=512, blank=True, default="")
     duration_ms = models.PositiveIntegerField(default=0)
     at = models.DateTimeField()
+
+    objects = OwnedManager("endpoint__client__environment_id")
 
     class Meta:
         db_table = "notifier_eventattempt"

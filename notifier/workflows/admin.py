@@ -11,6 +11,7 @@ from django.utils.html import format_html, format_html_join
 
 from notifier.workflows.models import Workflow, WorkflowRun, WorkflowStep, WorkflowVersion
 from notifier.workflows.selectors import run_steps
+from projects.admin import OwnedAdmin
 
 
 class WorkflowVersionInline(admin.TabularInline):
@@ -31,7 +32,7 @@ class WorkflowVersionInline(admin.TabularInline):
 
 
 @admin.register(Workflow)
-class WorkflowAdmin(admin.ModelAdmin):
+class WorkflowAdmin(OwnedAdmin):
     """Workflows with their versions; their runs are one click away."""
 
     list_display = ["key", "latest_version", "updated_at", "runs"]
@@ -58,7 +59,7 @@ class WorkflowStepInline(admin.TabularInline):
 
 
 @admin.register(WorkflowRun)
-class WorkflowRunAdmin(admin.ModelAdmin):
+class WorkflowRunAdmin(OwnedAdmin):
     """Runs per recipient: support answers "why did this user get two emails" from one page."""
 
     list_display = ["id", "user_id", "workflow", "status", "step_index", "wake_at", "created_at"]

@@ -5,14 +5,22 @@ from __future__ import annotations
 from django.db import models
 from django.db.models import Q
 
+from projects.scoping import OwnedManager, owner_field
+
 
 class Workflow(models.Model):
     """A named workflow; what it does is in its versions (every PUT adds one)."""
 
-    key = models.SlugField(max_length=128, unique=True)
+    environment = owner_field()
+    key = models.SlugField(max_length=128)
     latest_version = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+
+    objects = OwnedManager()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["environment", "key"], name="workflow_environment_key_uniq")]
 
     def __str__(self) -> str:
         return self.key
@@ -28,6 +36,8 @@ class WorkflowVersion(models.Model):
     created_by = models.CharField(max_length=128, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
 
+    objects = OwnedManager("workflow__environment_id")
+
     class Meta:
         constraints = [models.UniqueConstraint(fields=["workflow", "version"], name="workflow_version_unique")]
         ordering = ["workflow", "-version"]
@@ -42,6 +52,8 @@ class WorkflowTrigger(models.Model):
     notification_id = models.UUIDField(unique=True)
     version = models.ForeignKey(WorkflowVersion, on_delete=models.PROTECT, related_name="triggers")
     created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = OwnedManager("version__workflow__environment_id")
 
     def __str__(self) -> str:
         return f"trigger {self.notification_id}"
@@ -75,6 +87,8 @@ class WorkflowRun(models.Model):
     digest = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+
+    objects = OwnedManager("version__workflow__environment_id")
 
     class Meta:
         constraints = [
@@ -114,6 +128,8 @@ class WorkflowStep(models.Model):
     notification_id = models.UUIDField(null=True, blank=True)
     at = models.DateTimeField()
 
+    objects = OwnedManager("run__version__workflow__environment_id")
+
     class Meta:
         constraints = [models.UniqueConstraint(fields=["run", "index"], name="workflow_step_unique")]
         ordering = ["run", "index"]
@@ -139,6 +155,8 @@ class WorkflowDigest(models.Model):
     closes_at = models.DateTimeField()
     closed = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = OwnedManager("workflow__environment_id")
 
     class Meta:
         constraints = [

@@ -56,6 +56,7 @@ from notifier.workflows.models import Workflow, WorkflowRun, WorkflowStep, Workf
 from notifier.workflows.selectors import WorkflowNotFound, workflow_version_resolve
 from preferences.models import Recipient
 from preferences.services import recipient_ensure
+from projects.scoping import as_client_owner
 from templates_app.selectors import TemplateNotFound, template_version_resolve
 
 logger = logging.getLogger(__name__)
@@ -97,6 +98,7 @@ def workflow_put(*, key: str, category: str, steps: Any, actor: str = "") -> Wor
 # --- triggering ----------------------------------------------------------------------------------------------
 
 
+@as_client_owner
 def workflow_trigger(*, client: ApiClient, data: dict[str, Any], trace_id: str = "") -> AcceptResult:
     """Accept a send with `workflow`: the notification, its trigger record and, for a user, the run.
 
@@ -114,6 +116,7 @@ def workflow_trigger(*, client: ApiClient, data: dict[str, Any], trace_id: str =
     notification = Notification(
         id=new_notification_id(),
         client=client,
+        environment_id=client.environment_id,
         dedup_key=data.get("dedup_key") or None,
         request_hash=request_fingerprint(data),
         category=category,

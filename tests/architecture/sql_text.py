@@ -17,7 +17,7 @@ from django.apps import apps
 
 ROOT = Path(__file__).resolve().parents[2]
 # The application's packages: everything that ships (tests, benchmarks and scripts are left out).
-PACKAGES = ("notifier", "channels_app", "templates_app", "preferences", "audit", "ops", "core", "config")
+PACKAGES = ("notifier", "channels_app", "templates_app", "preferences", "projects", "audit", "ops", "core", "config")
 # Tables created by migrations' SQL, not by a model, and their sequences: owned by the app whose migration made them.
 SQL_ONLY_TABLES = {
     "notifier_dedupkey": "notifier.deliveries",

@@ -107,8 +107,8 @@ def test_a_published_template_version_is_used_by_the_next_accept(api: Any) -> No
 def test_a_template_resolution_is_cached(api: Any) -> None:
 
     template_put(key="welcome", category="transactional", default_locale="en", content=CONTENT)
-    assert template_version_cached("welcome").version == 1
-    assert _queries(lambda: template_version_cached("welcome")) == 0
+    assert template_version_cached("welcome", environment_id=1).version == 1
+    assert _queries(lambda: template_version_cached("welcome", environment_id=1)) == 0
 
 
 def _generation_reads(fn: Any) -> int:

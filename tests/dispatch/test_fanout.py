@@ -50,7 +50,7 @@ def make_topic(key: str, n: int, *, prefix: str = "t") -> Topic:
             "INSERT INTO preferences_recipient (user_id, email, phone, locale, timezone, webhook_url, opted_out, "
             "channel_prefs, category_prefs, created_at, updated_at) "
             "SELECT %s || g, %s || g || '@example.com', '+1555' || lpad(g::text, 7, '0'), '', '', '', false, "
-            "'{}', '{}', now(), now() FROM generate_series(1, %s) g ON CONFLICT (user_id) DO NOTHING",
+            "'{}', '{}', now(), now() FROM generate_series(1, %s) g ON CONFLICT (environment_id, user_id) DO NOTHING",
             [f"{prefix}-", f"{prefix}-", n],
         )
         cursor.execute(

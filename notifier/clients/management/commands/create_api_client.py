@@ -1,6 +1,7 @@
 """Create a calling service and print its key.
 
-`python manage.py create_api_client NAME [--categories a,b] [--scopes s1,s2|all] [--rate-limit 200/s] [--test]`
+`python manage.py create_api_client NAME [--project SLUG] [--categories a,b] [--scopes s1,s2|all] [--rate-limit 200/s]
+[--test]`
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("name")
+        parser.add_argument(
+            "--project", default="default", help="The project the key belongs to (default: default; create_project)."
+        )
         parser.add_argument("--categories", default="", help="Comma-separated allowed categories (default: all).")
         parser.add_argument(
             "--scopes", default="send", help="Comma-separated scopes, or 'all' (default: send). See docs/security.md."
@@ -51,6 +55,7 @@ class Command(BaseCommand):
                 allowed_categories=categories,
                 scopes=scopes,
                 mode=ApiClient.Mode.TEST if options["test"] else ApiClient.Mode.LIVE,
+                project=options["project"],
             )
         except ValueError as exc:
             raise CommandError(str(exc)) from None
