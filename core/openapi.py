@@ -5,6 +5,10 @@ error status it can answer (AutoSchema.error_statuses: the common ones, 404 for 
 for a body, the HTTP server's own 414 and 431, and what the view declares in `error_statuses`), all in the
 one error body of core/errors.py; one post-processing hook describes the tags. Views annotate only what is
 theirs: request body, success answer, examples and a unique operation id (`extend_schema`).
+
+What an answer's schema promises is what the answer holds (tests/project/test_schema_answers.py checks every
+operation's real answers against it): a field that some answers leave out is declared `required=False`, and is
+then not `required` in the schema, read-only or not; a field that can be null is declared `allow_null=True`.
 """
 
 from __future__ import annotations
@@ -182,6 +186,28 @@ class AutoSchema(SpectacularAutoSchema):
             elif key.lower() == self.method.lower():
                 codes.update(value)
         return codes
+
+    def _map_basic_serializer(self, serializer: Any, direction: Direction) -> dict[str, Any]:
+        """Leave out of `required` the read-only fields declared `required=False`: answers may leave them out.
+
+        drf-spectacular lists every read-only field as required (it is in every answer, unless the serializer
+        drops it), and DRF makes every read-only field `required=False`; so only a field that says
+        `required=False` itself (kept in DRF's `_kwargs`, the arguments it was made with) is optional: the
+        fields a workflow send adds, a preview's `sms` (the SMS channel's only).
+        """
+        schema: dict[str, Any] = super()._map_basic_serializer(serializer, direction)  # type: ignore[no-untyped-call]
+        instance = serializer() if isinstance(serializer, type) else serializer
+        optional = {
+            name
+            for name, field in instance.fields.items()
+            if field.read_only and getattr(field, "_kwargs", {}).get("required") is False
+        }
+        required = [name for name in schema.get("required", []) if name not in optional]
+        if required:
+            schema["required"] = required
+        else:
+            schema.pop("required", None)
+        return schema
 
     def _get_response_bodies(self, direction: Direction = "response") -> dict[str, Any]:
         """Add the error answers an operation can give to the success answers it declares."""

@@ -138,7 +138,7 @@ class PreviewChannelSerializer(serializers.Serializer):
 
     locale = serializers.CharField()
     parts = serializers.DictField()
-    sms = serializers.SerializerMethodField(help_text="SMS only: encoding, segments and length.")
+    sms = serializers.SerializerMethodField(required=False, help_text="SMS only: encoding, segments and length.")
 
     def get_sms(self, rendered: Any) -> dict[str, Any]:
         return sms_preview(str(rendered.parts.get("text") or ""))

@@ -322,16 +322,22 @@ class WorkflowStepOutput(serializers.Serializer):
 
 
 class NotificationWorkflowOutput(serializers.Serializer):
-    """What a notification sent with `workflow` adds to its answers."""
+    """What a notification sent with `workflow` adds to its answers (the send's and the read's).
 
-    workflow = serializers.CharField()
-    workflow_version = serializers.IntegerField()
-    run_status = serializers.CharField(required=False)
-    steps = WorkflowStepOutput(many=True, required=False)
-    runs = serializers.DictField(child=serializers.IntegerField(), required=False, help_text="Topic: runs per status.")
+    Answers of any other send leave every one of these fields out (`required=False`, so the schema does not
+    require them either); a user's run has `run_status` and `steps`, a topic's `runs`.
+    """
+
+    workflow = serializers.CharField(required=False, read_only=True, help_text="Sent with `workflow`: its key.")
+    workflow_version = serializers.IntegerField(required=False, read_only=True)
+    run_status = serializers.CharField(required=False, read_only=True, help_text="A user's run: its status.")
+    steps = WorkflowStepOutput(many=True, required=False, read_only=True, help_text="A user's run: every step.")
+    runs = serializers.DictField(
+        child=serializers.IntegerField(), required=False, read_only=True, help_text="A topic's runs per status."
+    )
 
 
-class AcceptOutput(serializers.Serializer):
+class AcceptOutput(NotificationWorkflowOutput):
     """The answer to an accepted (or duplicate) send; for a topic, `topic` and, once fanned out, its total."""
 
     id = serializers.CharField(source="notification.pk")
@@ -343,11 +349,6 @@ class AcceptOutput(serializers.Serializer):
     mode = serializers.ChoiceField(
         choices=ApiClient.Mode.choices, source="notification.client.mode", read_only=True, help_text=MODE_HELP
     )
-    # Sent with `workflow` (the view adds them): NotificationWorkflowOutput above.
-    workflow = serializers.CharField(required=False, read_only=True, help_text="Sent with `workflow`: its key.")
-    workflow_version = serializers.IntegerField(required=False, read_only=True)
-    run_status = serializers.CharField(required=False, read_only=True)
-    steps = WorkflowStepOutput(many=True, required=False, read_only=True, help_text="A user's run: every step.")
 
     def get_status(self, result: AcceptResult) -> str:
         return "accepted"
@@ -467,19 +468,14 @@ class NotificationOutput(serializers.Serializer):
         return body
 
 
-class NotificationDetailOutput(NotificationOutput):
-    """A notification with its first deliveries (and their history) and the count of deliveries per status."""
+class NotificationDetailOutput(NotificationOutput, NotificationWorkflowOutput):
+    """A notification with its first deliveries (and their history) and the count of deliveries per status.
+
+    Sent with `workflow`, the view adds NotificationWorkflowOutput's fields.
+    """
 
     deliveries = DeliveryDetailSerializer(many=True, source="first_deliveries")
     delivery_counts = serializers.SerializerMethodField(help_text="Deliveries per status.")
-    # Sent with `workflow` (the view adds them): NotificationWorkflowOutput above.
-    workflow = serializers.CharField(required=False, read_only=True, help_text="Sent with `workflow`: its key.")
-    workflow_version = serializers.IntegerField(required=False, read_only=True)
-    run_status = serializers.CharField(required=False, read_only=True)
-    steps = WorkflowStepOutput(many=True, required=False, read_only=True, help_text="A user's run: every step.")
-    runs = serializers.DictField(
-        child=serializers.IntegerField(), required=False, read_only=True, help_text="A topic's runs per status."
-    )
 
     def get_delivery_counts(self, n: Notification) -> dict[str, int]:
         return self.context["delivery_counts"]

@@ -86,6 +86,7 @@ class EventAttemptsApi(APIView):
     """Recent delivery attempts to the endpoint, newest first (keyset-paginated)."""
 
     required_scope = "send"
+    error_statuses = {404: NO_ENDPOINT}
 
     @extend_schema(
         operation_id="event_endpoint_attempts",
