@@ -31,7 +31,7 @@ from notifier.callbacks.verify import (
 )
 from notifier.deliveries.models import Delivery, DeliveryEvent
 from notifier.deliveries.partitions import recent_delivery_ids
-from notifier.deliveries.status import record_events, transition
+from notifier.deliveries.status import CLICKED, record_events, transition
 from preferences.services import suppression_add
 
 logger = logging.getLogger(__name__)
@@ -223,7 +223,7 @@ def ses_event_apply(*, event: Mapping[str, Any], sns_message_id: str) -> Callbac
             # Counted as our own redirect counts a click: a `clicked` event (notifier/tracking).
             body = _section(event, "click")
             link = str(body.get("link") or "")[:900]
-            result.events = _record_once(deliveries, f"ses:click {tag} {link}".strip(), status="clicked")
+            result.events = _record_once(deliveries, f"ses:click {tag} {link}".strip(), status=CLICKED)
         elif kind == "Bounce":
             _apply_ses_bounce(event, deliveries, tag, result)
         elif kind == "Complaint":

@@ -23,8 +23,10 @@ analytics) still add up.
 
 A recipient erased after the export is anonymised in the files too: `archive_forget_recipient` rewrites each
 archived day's notification and delivery files that hold their rows the same way (ids null, `recipient_erased`
-true), under the day's export lock, with the manifest removed while the files change and rewritten with
-their new sizes and checksums; a restored copy of such a day is restored again from the rewritten files.
+true), and the day's event files where they hold clicks on those deliveries (the URL cut, the source kept, as
+in the live rows), under the day's export lock, with the manifest removed while the files change and
+rewritten with their new sizes and checksums; a restored copy of such a day is restored again from the
+rewritten files.
 
 `restore_day` reads a manifest, verifies each file's sha256 before loading it and loads the day into
 read-only tables `archive.<table>_YYYYMMDD` for an investigation; `restore_drop` removes them.
@@ -59,6 +61,7 @@ from core.db import estimated_rows
 from core.logs import get_logger, mask_text
 from notifier.deliveries import partitions
 from notifier.deliveries.models import Delivery, DeliveryEvent, Notification
+from notifier.deliveries.status import CLICKED
 from preferences.models import Recipient
 
 logger = get_logger(__name__)
@@ -576,17 +579,42 @@ def restore_drop(day: dt.date) -> list[str]:
 _RECIPIENT_COLUMNS = {"notification": ("recipient_id", "user_id"), "delivery": ("recipient_id",)}
 
 
-def _anonymise_file(path: Path, recipient_id: int, columns: tuple[str, ...]) -> bool:
-    """Rewrite one Parquet file with the recipient's rows anonymised; return False if it holds none."""
+def _anonymise_file(path: Path, recipient_id: int, columns: tuple[str, ...]) -> list[Any] | None:
+    """Rewrite one Parquet file with the recipient's rows anonymised; return their `id`s, or None if it holds none.
+
+    The ids are the deliveries' for a delivery file (their clicks are forgotten next), not needed otherwise.
+    """
     data = pq.read_table(path)
     hits = pc.fill_null(pc.equal(data["recipient_id"], recipient_id), False)
     if not pc.any(hits).as_py():
-        return False
+        return None
+    ids = data["id"].filter(hits).to_pylist()
     for name in (*columns, "recipient_erased"):
         index = data.schema.get_field_index(name)
         field = data.schema.field(index)
         value = pa.scalar(True, field.type) if name == "recipient_erased" else pa.scalar(None, field.type)
         data = data.set_column(index, field, pc.if_else(hits, value, data[name]))
+    pq.write_table(data, path, compression=COMPRESSION)
+    return ids
+
+
+def _forget_clicks_file(path: Path, delivery_ids: list[int]) -> bool:
+    """Rewrite one delivery_event file with the clicks on `delivery_ids` cut to their source; False if none.
+
+    The same as an erasure does to the live rows (notifier/deliveries/erasure.py): a click's detail is "<source>
+    <url>", and the URL may carry the recipient's data (masking only catches what looks like contact data).
+    """
+    data = pq.read_table(path)
+    hits = pc.and_(
+        pc.equal(data["status"], CLICKED),
+        pc.is_in(data["delivery_id"], value_set=pa.array(delivery_ids, pa.int64())),
+    )
+    hits = pc.fill_null(hits, False)
+    if not pc.any(hits).as_py():
+        return False
+    index = data.schema.get_field_index("detail")
+    source = pc.replace_substring_regex(data["detail"], pattern="(?s) .*", replacement="")
+    data = data.set_column(index, data.schema.field(index), pc.if_else(hits, source, data["detail"]))
     pq.write_table(data, path, compression=COMPRESSION)
     return True
 
@@ -608,8 +636,9 @@ def archive_forget_recipient(
 ) -> list[dt.date]:
     """Anonymise an erased recipient's rows in every archived day from `since`; return the days rewritten.
 
-    Only the recipient's columns change (`recipient_id`, `user_id` null, `recipient_erased` true): the archive
-    never held their contact data or content. Raises ArchiveDisabled when no bucket is configured.
+    Only the recipient's columns change (`recipient_id`, `user_id` null, `recipient_erased` true), and the URLs
+    of the clicks on their deliveries (the detail keeps the click's source): the archive never held their
+    contact data or content. Raises ArchiveDisabled when no bucket is configured.
     """
     storage = storage or Storage.from_settings()
     rewritten = []
@@ -621,15 +650,28 @@ def archive_forget_recipient(
             if manifest is None or manifest.get("schema_version") != SCHEMA_VERSION:
                 continue
             changed: list[tuple[dict[str, Any], Path]] = []
+            delivery_ids: list[int] = []
             for table_name, columns in _RECIPIENT_COLUMNS.items():
                 entry = manifest["tables"].get(table_name) or {"files": []}
                 for file in entry["files"]:
                     path = Path(tmp) / f"{table_name}-{Path(file['key']).name}"
                     storage.download(file["key"], path)
-                    if _anonymise_file(path, recipient_id, columns):
-                        changed.append((file, path))
-                    else:
+                    ids = _anonymise_file(path, recipient_id, columns)
+                    if ids is None:
                         path.unlink()
+                        continue
+                    changed.append((file, path))
+                    if table_name == DELIVERY.name:
+                        delivery_ids.extend(ids)
+            # A delivery's events are archived with its day (their partition key is the delivery id).
+            events = manifest["tables"].get(DELIVERY_EVENT.name) or {"files": []}
+            for file in events["files"] if delivery_ids else []:
+                path = Path(tmp) / f"{DELIVERY_EVENT.name}-{Path(file['key']).name}"
+                storage.download(file["key"], path)
+                if _forget_clicks_file(path, delivery_ids):
+                    changed.append((file, path))
+                else:
+                    path.unlink()
             if not changed:
                 continue
             # As an export does: without a manifest the day is incomplete while its files are replaced.

@@ -26,6 +26,11 @@ _transition_listeners: list[TransitionListener] = []
 EventsListener = Callable[[list[tuple[int, str, str]], datetime | None], object]
 _events_listeners: list[EventsListener] = []
 
+# An event that changes no status: a click on one of a delivery's links (notifier.tracking's redirect and the
+# inbox, SES through notifier.callbacks), its detail "<source> <url>". The URL is the message's own, so it may
+# carry the recipient's data: an erasure keeps only the source (notifier/deliveries/erasure.py, archive.py).
+CLICKED = "clicked"
+
 
 def on_transition(listener: TransitionListener) -> TransitionListener:
     """Register `listener(moved_ids, to_status)`, called after every `transition` that moved rows."""

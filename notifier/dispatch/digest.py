@@ -4,9 +4,12 @@ The recipient's choice (hourly, daily) is a preference (preferences.compliance);
 notification with deliveries, so it is made here, by the app that owns them.
 
 The pipeline parks such deliveries as `deferred` with reason "digest:<frequency>" and no `not_before` (so the
-outbox relay leaves them alone). `digest_flush()` runs from beat; per (recipient, channel, category) it
-creates one digest notification and delivery, moves the originals to `digested`, and publishes the digest
-after commit (the delivery row is the outbox: if that publish is missed, the relay sends it).
+outbox relay leaves them alone). `digest_flush()` runs from beat; per group (`digest_group`: recipient, channel,
+category) it creates one digest notification, pinned to the digest template's published version as any send
+is, and one delivery, moves the originals to `digested`, and publishes the digest after commit (the delivery
+row is the outbox: if that publish is missed, the relay sends it). While the digest template has no published
+version, or no content for a channel, nothing of that is folded: the originals wait for a later flush rather
+than becoming a digest that cannot be rendered.
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ from notifier.deliveries.outbox import publish_delivery_ids
 from notifier.deliveries.status import deliveries_digest
 from preferences.compliance import DIGEST_FREQUENCIES
 from preferences.queries import recipients_at_local_hour
+from projects.scoping import owner_scope
+from templates_app.models import TemplateVersion
+from templates_app.selectors import TemplateNotFound, template_version_resolve
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +56,14 @@ def normalise_frequency(frequency: str) -> str:
     return canonical
 
 
+def digest_group(delivery: Delivery) -> tuple[int, str, str]:
+    """Return the digest a waiting delivery is folded into: one per (recipient, channel, category).
+
+    The one place the grouping is decided; the digest belongs to its first item's client (`_digest_of`).
+    """
+    return (delivery.recipient_id, delivery.channel, delivery.notification.category)
+
+
 def daily_digest_hour() -> int:
     """Return the local hour at which each recipient's daily digest is sent (DIGEST_DAILY_LOCAL_HOUR, 8)."""
     return int(getattr(settings, "DIGEST_DAILY_LOCAL_HOUR", 8))
@@ -73,6 +87,32 @@ def digest_flush(*, frequency: str, now: dt.datetime | None = None, local_hour: 
     if frequency == "daily_digest" and local_hour is not None:
         waiting = waiting.filter(recipient_id__in=recipients_at_local_hour(cutoff, local_hour))
     created = 0
+    # Each environment folds with its own digest template (a recipient belongs to one environment, so its
+    # digests never mix test and live, or two projects).
+    for environment_id in sorted(set(waiting.values_list("environment_id", flat=True).distinct())):
+        with owner_scope(environment_id):
+            created += _flush_environment(waiting.filter(environment_id=environment_id), frequency)
+    if created:
+        logger.info("digest flush %s: %d digests", frequency, created)
+    return created
+
+
+def _flush_environment(waiting: Any, frequency: str) -> int:
+    """Fold the waiting deliveries of the scope's environment with its digest template; return how many digests."""
+    try:
+        # Resolved once per flush, as an accept resolves a send's template: the version is pinned on the
+        # digest notification, which is what the send worker renders (an unpinned one matches no version).
+        version = template_version_resolve(digest_template_key())
+    except TemplateNotFound as exc:
+        if waiting.exists():
+            logger.error("digest flush %s: nothing folded, the digest template cannot be sent: %s", frequency, exc)
+        return 0
+    # A channel the template has no content for would only fail to render: its originals wait instead.
+    unserved = sorted(set(waiting.exclude(channel__in=version.channels).values_list("channel", flat=True)))
+    if unserved:
+        logger.error("digest flush %s: template %s has no content for %s; those wait", frequency, version, unserved)
+    waiting = waiting.filter(channel__in=version.channels)
+    created = 0
     last_recipient = 0
     while True:
         recipient_ids = list(
@@ -84,15 +124,12 @@ def digest_flush(*, frequency: str, now: dt.datetime | None = None, local_hour: 
         if not recipient_ids:
             break
         last_recipient = recipient_ids[-1]
-        created += _flush_recipients(waiting, recipient_ids, frequency)
-    if created:
-        logger.info("digest flush %s: %d digests", frequency, created)
+        created += _flush_recipients(waiting, recipient_ids, frequency, version)
     return created
 
 
-def _flush_recipients(waiting: Any, recipient_ids: list[int], frequency: str) -> int:
+def _flush_recipients(waiting: Any, recipient_ids: list[int], frequency: str, version: TemplateVersion) -> int:
     """Create the digests of some recipients and retire their originals, in one transaction."""
-    template_key = digest_template_key()
     with transaction.atomic():
         originals = list(
             waiting.filter(recipient_id__in=recipient_ids)
@@ -102,48 +139,16 @@ def _flush_recipients(waiting: Any, recipient_ids: list[int], frequency: str) ->
         )
         groups: dict[tuple[int, str, str], list[Delivery]] = defaultdict(list)
         for delivery in originals:
-            groups[(delivery.recipient_id, delivery.channel, delivery.notification.category)].append(delivery)
+            groups[digest_group(delivery)].append(delivery)
         if not groups:
             return 0
 
         notifications: list[Notification] = []
         deliveries: list[Delivery] = []
-        for (_, channel, category), items in groups.items():
-            first, latest = items[0], items[-1]
-            notification = Notification(
-                client_id=first.notification.client_id,
-                # The recipient's environment (a recipient belongs to one): test and live never fold together.
-                environment_id=first.environment_id,
-                category=category,
-                template_key=template_key,
-                channels=[channel],
-                payload={
-                    "items": [
-                        {"template": d.notification.template_key, "payload": d.notification.payload} for d in items
-                    ],
-                    "count": len(items),
-                    "frequency": frequency,
-                },
-                recipient_id=first.recipient_id,
-                user_id=first.recipient.user_id,
-                priority=first.priority or Notification.Priority.LOW,
-                locale=first.notification.locale,
-                trace_id=first.notification.trace_id,
-            )
+        for items in groups.values():
+            notification, delivery = _digest_of(items, frequency, version)
             notifications.append(notification)
-            # The newest original's address is the most current one the pipeline resolved.
-            deliveries.append(
-                Delivery(
-                    notification=notification,
-                    environment_id=first.environment_id,
-                    recipient_id=first.recipient_id,
-                    channel=channel,
-                    priority=notification.priority,
-                    address=latest.address,
-                    status=Delivery.Status.QUEUED,
-                    reason="",
-                )
-            )
+            deliveries.append(delivery)
         Notification.objects.bulk_create(notifications, batch_size=1000)
         Delivery.objects.bulk_create(deliveries, batch_size=1000)
 
@@ -154,3 +159,39 @@ def _flush_recipients(waiting: Any, recipient_ids: list[int], frequency: str) ->
         new_ids = [d.pk for d in deliveries]
         transaction.on_commit(lambda: publish_delivery_ids(new_ids))
     return len(deliveries)
+
+
+def _digest_of(items: list[Delivery], frequency: str, version: TemplateVersion) -> tuple[Notification, Delivery]:
+    """Return the (unsaved) digest notification and delivery of one group's originals, oldest first."""
+    first, latest = items[0], items[-1]
+    notification = Notification(
+        client_id=first.notification.client_id,
+        # The recipient's environment: test and live, and two projects, never fold together.
+        environment_id=first.environment_id,
+        category=first.notification.category,
+        template_key=version.template.key,
+        template_version=version.version,
+        channels=[first.channel],
+        payload={
+            "items": [{"template": d.notification.template_key, "payload": d.notification.payload} for d in items],
+            "count": len(items),
+            "frequency": frequency,
+        },
+        recipient_id=first.recipient_id,
+        user_id=first.recipient.user_id,
+        priority=first.priority or Notification.Priority.LOW,
+        locale=first.notification.locale,
+        trace_id=first.notification.trace_id,
+    )
+    # The newest original's address is the most current one the pipeline resolved.
+    delivery = Delivery(
+        notification=notification,
+        environment_id=first.environment_id,
+        recipient_id=first.recipient_id,
+        channel=first.channel,
+        priority=notification.priority,
+        address=latest.address,
+        status=Delivery.Status.QUEUED,
+        reason="",
+    )
+    return notification, delivery

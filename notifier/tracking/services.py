@@ -22,10 +22,9 @@ from django.conf import settings
 from django.core import signing
 from django.db import connection, transaction
 
-from notifier.deliveries.status import record_events, transition
+from notifier.deliveries.status import CLICKED, record_events, transition
 
 SALT = "notifier.tracking"
-CLICKED = "clicked"
 OPENED_FROM = ("sent", "delivered")
 # <a ... href="…"> (either quote); the URL is HTML-escaped inside the attribute.
 _HREF = re.compile(r"""(<a\b[^>]*?\bhref\s*=\s*)(["'])(.*?)\2""", re.IGNORECASE | re.DOTALL)

@@ -18,10 +18,13 @@ class WorkflowsConfig(AppConfig):
         # call what registers here.
         from notifier.accepting.send_kinds import SendKind, send_kind_register
         from notifier.dispatch import fanout
+        from notifier.workflows.erasure import workflows_forget_recipient
         from notifier.workflows.selectors import notification_workflow
         from notifier.workflows.services import STRATEGY, runs_cancel, runs_create_for_page, workflow_trigger
+        from preferences.signals import recipient_erased
 
         fanout.register_page_writer(STRATEGY, runs_create_for_page)
+        recipient_erased.connect(workflows_forget_recipient, dispatch_uid="notifier.workflows.erasure")
         send_kind_register(
             SendKind(
                 field="workflow",

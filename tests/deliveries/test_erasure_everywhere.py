@@ -5,31 +5,41 @@ file is searched as well, and the restored tables are part of the catalog walk.
 
 Notifications on every channel go through the real send path in process (channels_app.services.deliver, the
 sandbox providers), with a status-event endpoint so status events are written too, and audited changes over
-the API; then the recipient is erased over the API and every text, character and JSON column of every table
-in the database (partitions included: the catalog lists them) is searched for their email, phone, user_id,
-device token and a marker from their payloads. A bystander's data is searched the same way and must still
-be found, so the search itself is shown to work.
+the API. Each person also clicks a tracked link of an email (the link carries their user_id and marker), and
+runs a workflow whose digest merges two triggers before its send step, with a third trigger left waiting in
+an open digest. Then the recipient is erased over the API and every text, character and JSON column of every
+table in the database (partitions included: the catalog lists them) is searched for their email, phone,
+user_id, device token and a marker from their payloads, and so is what the API answers for each of their
+notifications. A bystander's data is searched the same way and must still be found, so the search itself is
+shown to work.
 """
 
 from __future__ import annotations
 
 import io
+import re
 import uuid
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
+from urllib.parse import urlsplit
 
 import pyarrow.parquet as pq
 import pytest
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.contenttypes.models import ContentType
 from django.db import connection
+from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
+from channels_app.models import SandboxMessage
 from channels_app.services import deliver
 from notifier.deliveries import archive, tasks
-from notifier.deliveries.models import Delivery
+from notifier.deliveries.models import Delivery, DeliveryEvent, Notification
 from notifier.statusevents.models import EventEndpoint
+from notifier.workflows.models import WorkflowDigest, WorkflowRun
+from notifier.workflows.services import runs_advance
 from preferences.models import Recipient
 from tests.factories import make_staff_user
 from tests.stubs import aws
@@ -41,13 +51,27 @@ TEXT_TYPES = ("text", "character varying", "character", "json", "jsonb", "ARRAY"
 CHANNELS = ["email", "sms", "push", "inapp", "webhook"]
 CONTENT = {
     "en": {
-        "email": {"subject": "Hi {{ name }}", "text": "{{ marker }} for {{ contact }}", "html": "<p>{{ marker }}</p>"},
+        "email": {
+            "subject": "Hi {{ name }}",
+            "text": "{{ marker }} for {{ contact }}",
+            # A tracked link: the click's URL carries the person's user_id and marker.
+            "html": '<p>{{ marker }}</p><a href="https://shop.example.com/u/{{ name }}?m={{ marker }}">open</a>',
+        },
         "sms": {"text": "{{ marker }} {{ contact }}"},
         "push": {"title": "{{ marker }}", "body": "{{ contact }}", "data": {"m": "{{ marker }}"}},
         "inapp": {"title": "{{ marker }}", "body": "{{ contact }}"},
         "webhook": {"body": {"marker": "{{ marker }}", "contact": "{{ contact }}"}},
     }
 }
+
+
+# A digest keyed by the person's contact (the key and the step reasons quote it), then a send whose condition
+# reads their marker (its reason quotes the value).
+WORKFLOW = [
+    {"id": "batch", "type": "digest", "window_seconds": 3600, "key": "{{ contact }}"},
+    {"id": "mail", "type": "send", "channel": "email", "template": "erase-t", "if": {"payload": "marker",
+     "exists": True}},
+]  # fmt: skip
 
 
 class Person:
@@ -117,14 +141,55 @@ def _send_all(api: Any, person: Person) -> list[int]:
     return ids
 
 
-def _setup(api: Any, service: Any, people: list[Person]) -> dict[str, list[int]]:
+def _trigger(api: Any, person: Person, contact: str, n: int) -> str:
+    payload = {"marker": person.marker, "contact": contact, "name": person.user_id, "n": n}
+    body = {"recipient": {"user_id": person.user_id}, "workflow": "erase-wf", "payload": payload}
+    resp = api.post("/api/v1/notifications", body, format="json")
+    assert resp.status_code == 202, resp.content
+    return str(resp.json()["id"])
+
+
+def _run_workflow(api: Any, person: Person) -> list[str]:
+    """Run the digest workflow to its sent email, and leave one more run waiting; return the notification ids."""
+    merged = [_trigger(api, person, person.email, n) for n in (10, 11)]
+    waiting = _trigger(api, person, person.phone, 12)
+    runs = {str(r.notification_id): r.pk for r in WorkflowRun.objects.filter(user_id=person.user_id)}
+    runs_advance(run_ids=list(runs.values()))
+    leader = runs[merged[0]]
+    # The window closes by the database's clock, which stands still in this test's transaction: move it back.
+    past = timezone.now() - timedelta(days=1)
+    WorkflowDigest.objects.filter(leader_id=leader).update(closes_at=past)
+    WorkflowRun.objects.filter(pk=leader).update(wake_at=past)
+    runs_advance(run_ids=[leader])
+    statuses = dict(WorkflowRun.objects.filter(user_id=person.user_id).values_list("notification_id", "status"))
+    assert [statuses[uuid.UUID(i)] for i in [*merged, waiting]] == ["done", "merged", "waiting"]
+    steps = api.get(f"/api/v1/notifications/{merged[0]}").json()["steps"]
+    child = steps[1]["notification_id"]
+    sent = list(Delivery.objects.filter(notification_id=child).values_list("pk", flat=True))
+    assert len(sent) == 1 and deliver(sent).sent == 1
+    return [*merged, waiting, child]
+
+
+def _click(person: Person, delivery_ids: list[int]) -> None:
+    """Click the tracked link of the person's first email (the redirect records the URL)."""
+    email = SandboxMessage.objects.filter(delivery_id__in=delivery_ids, channel="email").order_by("id").first()
+    link = re.search(r'href="([^"]*/t/c/[^"]+)"', email.content["html"]).group(1)
+    answer = Client().get(urlsplit(link).path)
+    assert answer.status_code == 302 and person.marker in answer["Location"]
+
+
+def _setup(api: Any, service: Any, people: list[Person]) -> tuple[dict[str, list[int]], dict[str, list[str]]]:
+    """Send, click and run the workflow for each person; return their deliveries and workflow notifications."""
     from templates_app.services import template_put
 
     template_put(key="erase-t", category="transactional", default_locale="en", content=CONTENT)
+    answer = api.put("/api/v1/workflows/erase-wf", {"category": "transactional", "steps": WORKFLOW}, format="json")
+    assert answer.status_code == 201, answer.content
     EventEndpoint.objects.create(
         client=service, url="https://events.example.com/hook", secret="s" * 32, statuses=["queued", "sent"]
     )
     sent: dict[str, list[int]] = {}
+    flows: dict[str, list[str]] = {}
     for person in people:
         body = {"email": person.email, "phone": person.phone, "webhook_url": "https://hooks.example.com/in"}
         assert api.put(f"/api/v1/recipients/{person.user_id}", body, format="json").status_code in (200, 201)
@@ -136,8 +201,10 @@ def _setup(api: Any, service: Any, people: list[Person]) -> dict[str, list[int]]
             deliver([pk])
         states = set(Delivery.objects.filter(pk__in=ids).values_list("status", flat=True))
         assert states == {"sent"}, states
+        _click(person, ids)
         sent[person.user_id] = ids
-    return sent
+        flows[person.user_id] = _run_workflow(api, person)
+    return sent, flows
 
 
 @pytest.fixture
@@ -168,12 +235,29 @@ def archive_strings(client: Any, bucket_name: str) -> tuple[list[str], list[int]
     return strings, recipient_ids
 
 
+def api_answers(api: Any, notification_ids: list[str]) -> str:
+    """Return what the API answers for each notification (its deliveries' events and workflow steps too), as text."""
+    texts = []
+    for pk in notification_ids:
+        answer = api.get(f"/api/v1/notifications/{pk}")
+        assert answer.status_code == 200, answer.content
+        texts.append(answer.content.decode())
+    return "\n".join(texts)
+
+
 def test_erasure_leaves_no_trace_in_any_table_or_the_archive(
     api: Any, service: Any, client: Any, bucket: Any, settings: Any
 ) -> None:
+    categories = {name: dict(rules) for name, rules in settings.NOTIFIER_CATEGORIES.items()}
+    categories["transactional"]["track"] = {"clicks": True}
+    settings.NOTIFIER_CATEGORIES = categories
     victim, bystander = Person("victim", 1), Person("bystander", 2)
-    sent = _setup(api, service, [victim, bystander])
+    sent, flows = _setup(api, service, [victim, bystander])
     victim_pk = Recipient.objects.get(user_id=victim.user_id).pk
+    victim_notifications = [
+        str(pk) for pk in Notification.objects.filter(user_id=victim.user_id).values_list("pk", flat=True)
+    ]
+    assert set(flows[victim.user_id]) <= set(victim_notifications)
     # Staff changed the recipient in the admin: its history names the object by the user_id.
     staff_user = make_staff_user("eraser", superuser=True)
     for person in (victim, bystander):
@@ -187,16 +271,30 @@ def test_erasure_leaves_no_trace_in_any_table_or_the_archive(
     archive.restore_day(today)
     before = find_everywhere(victim.values())
     # Sanity: before the erasure the values are found where they live, the restored archive included.
-    for where in ("notifier_notification.payload", "channels_app_sandboxmessage", "archive.notification_"):
+    for where in (
+        "notifier_notification.payload",
+        "channels_app_sandboxmessage",
+        "archive.notification_",
+        "notifier_deliveryevent.detail",
+        "archive.delivery_event_",
+        "workflows_workflowrun.user_id",
+        "workflows_workflowrun.digest",
+        "workflows_workflowdigest.events",
+        "workflows_workflowdigest.key",
+        "workflows_workflowstep.reason",
+    ):
         assert any(where in hit for hit in before), (where, before)
     strings, ids = archive_strings(bucket, settings.ARCHIVE_BUCKET)
     assert victim.user_id in strings and victim_pk in ids
+    answers = api_answers(api, victim_notifications)
+    assert victim.marker in answers and victim.email in answers and victim.phone in answers
 
     assert api.delete(f"/api/v1/recipients/{victim.user_id}").status_code == 204
     # The archive's part runs after commit as a task; here its body runs in place of the worker.
     assert tasks.archive_forget_recipient(victim_pk, today.isoformat()) == [today.isoformat()]
 
     assert find_everywhere(victim.values()) == []
+    assert not [v for v in victim.values().values() if v in api_answers(api, victim_notifications)]
     strings, ids = archive_strings(bucket, settings.ARCHIVE_BUCKET)
     assert victim_pk not in ids
     assert not [s for s in strings if any(v in s for v in victim.values().values())]
@@ -211,10 +309,20 @@ def test_erasure_leaves_no_trace_in_any_table_or_the_archive(
         "notifier_statusevent.data",
         "preferences_recipient.user_id",
         "channels_app_sandboxmessage",
+        "notifier_deliveryevent.detail",
+        "workflows_workflowrun.user_id",
+        "workflows_workflowdigest.events",
+        "workflows_workflowstep.reason",
     ):
         assert any(where in hit for hit in kept), (where, kept)  # fmt: skip
     # The rows themselves stay: history and counts still add up.
     assert Delivery.objects.filter(pk__in=sent[victim.user_id], status="sent").count() == 2 * len(CHANNELS)
+    clicks = DeliveryEvent.objects.filter(delivery_id__in=sent[victim.user_id], status="clicked")
+    assert list(clicks.values_list("detail", flat=True)) == ["redirect"]  # the click counts, its URL is gone
+    # The run still waiting for its digest ends there: what it would render is gone.
+    runs = [api.get(f"/api/v1/notifications/{pk}").json() for pk in flows[victim.user_id][:3]]
+    assert [r["run_status"] for r in runs] == ["done", "merged", "cancelled"]
+    assert [s["status"] for s in runs[2]["steps"]] == ["cancelled", "cancelled"]
 
     # The admin shows "erased" instead of rendering the message again from what is left.
     assert client.login(username="eraser", password="pw-123456")

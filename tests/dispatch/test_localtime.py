@@ -121,6 +121,7 @@ def test_daily_digest_goes_at_each_recipients_local_hour(django_capture_on_commi
     from notifier.clients.services import api_client_create
 
     client, _ = api_client_create(name="digest-svc")
+    template_put(key="digest", category="social", default_locale="en", content=CONTENT)
     for user_id in ("tokyo", "nyc"):
         recipient = Recipient.objects.get(user_id=user_id)
         n = make_notification(

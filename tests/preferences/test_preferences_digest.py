@@ -14,9 +14,23 @@ from notifier.deliveries.models import Delivery, DeliveryEvent, Notification
 from notifier.dispatch.digest import digest_flush, is_digest
 from notifier.dispatch.tasks import flush_digests
 from preferences.models import Recipient
+from templates_app.services import template_put
 from tests.factories import make_delivery, make_notification, make_recipient
 
 pytestmark = pytest.mark.django_db
+
+DIGEST_CONTENT = {
+    "en": {
+        "email": {"subject": "{{ count }} updates", "text": "{% for i in items %}{{ i.template }}\n{% endfor %}"},
+        "inapp": {"body": "{{ count }} updates"},
+    }
+}
+
+
+@pytest.fixture(autouse=True)
+def digest_template() -> Any:
+    """Publish the template digests are sent with (a flush folds nothing without one)."""
+    return template_put(key="digest", category="marketing", default_locale="en", content=DIGEST_CONTENT)
 
 
 @pytest.fixture
@@ -84,6 +98,8 @@ def test_many_deferred_deliveries_become_one_digest(
     assert alice_digest.address == "alice@example.com" and alice_digest.status == "queued"
     assert alice_digest.notification.category == "marketing"
     assert alice_digest.notification.client_id == originals[0].client_id
+    # Pinned to the published version, as an accepted send is: that is the version the send worker renders.
+    assert alice_digest.notification.template_version == 1
     assert is_digest(alice_digest.notification)
     assert by_target[("alice", "inapp")].notification.payload["count"] == 3
     assert by_target[("bob", "email")].notification.payload["count"] == 2
@@ -137,7 +153,37 @@ def test_digest_settings_template_key(
 ) -> None:
     pytest.importorskip("notifier.deliveries.outbox")
     settings.DIGEST_TEMPLATE_KEY = "weekly_roundup"
+    template_put(key="weekly_roundup", category="marketing", default_locale="en", content=DIGEST_CONTENT)
     erin = make_recipient(user_id="erin", email="erin@example.com")
     park(erin)
     assert _flush(django_capture_on_commit_callbacks, frequency="daily") == 1
     assert Notification.objects.filter(template_key="weekly_roundup", recipient=erin).count() == 1
+
+
+def test_without_a_published_digest_template_nothing_is_folded_until_there_is_one(
+    park: Callable[..., Delivery], django_capture_on_commit_callbacks: Callable[..., Any], settings: Any
+) -> None:
+    settings.DIGEST_TEMPLATE_KEY = "roundup"
+    frank = make_recipient(user_id="frank", email="frank@example.com")
+    waiting = [park(frank, frequency="hourly_digest") for _ in range(2)]
+    assert _flush(django_capture_on_commit_callbacks, frequency="hourly") == 0
+    assert set(Delivery.objects.filter(pk__in=[d.pk for d in waiting]).values_list("status", flat=True)) == {"deferred"}
+    assert not Notification.objects.filter(template_key="roundup").exists()
+
+    template_put(key="roundup", category="marketing", default_locale="en", content=DIGEST_CONTENT)
+    assert _flush(django_capture_on_commit_callbacks, frequency="hourly") == 1
+    digest = Notification.objects.get(template_key="roundup")
+    assert (digest.template_version, digest.payload["count"]) == (1, 2)
+
+
+def test_a_channel_the_digest_template_lacks_waits(
+    park: Callable[..., Delivery], django_capture_on_commit_callbacks: Callable[..., Any]
+) -> None:
+    # The next published version drops in-app.
+    email_only = {"en": {"email": DIGEST_CONTENT["en"]["email"]}}
+    template_put(key="digest", category="marketing", default_locale="en", content=email_only)
+    gina = make_recipient(user_id="gina", email="gina@example.com")
+    mail, bell = park(gina, frequency="hourly_digest"), park(gina, channel="inapp", frequency="hourly_digest")
+    assert _flush(django_capture_on_commit_callbacks, frequency="hourly") == 1
+    assert Delivery.objects.get(pk=mail.pk).status == "digested"
+    assert Delivery.objects.get(pk=bell.pk).status == "deferred"

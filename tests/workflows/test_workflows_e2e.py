@@ -1,9 +1,10 @@
 """Workflows end to end: the real API, PostgreSQL, RabbitMQ, Redis, Celery workers and a real beat (the relay).
 
-The contract's example both ways, a delay across a worker SIGKILL and a broker restart, the digest race, a
-topic trigger. The broker restart is this namespace's vhost deleted and created again: every connection to it
-is closed and every message in it is gone, which is what a broker losing its state looks like to us, without
-touching the machine's RabbitMQ that other runs share.
+The contract's example both ways, a delay across a worker SIGKILL and a broker restart, the digest race, two
+triggers of one digest key read back from the sandbox API, a topic trigger. The broker restart is this
+namespace's vhost deleted and created again: every connection to it is closed and every message in it is gone,
+which is what a broker losing its state looks like to us, without touching the machine's RabbitMQ that other
+runs share.
 """
 
 from __future__ import annotations
@@ -213,3 +214,31 @@ def test_a_topic_trigger_runs_once_per_subscriber(api: Any) -> None:
     assert detail["workflow"] == "watch" and detail["runs"] == {"done": 20}
     wait_for(lambda: Delivery.objects.filter(channel="inapp", status="sent").count() == 20, 60)
     assert sorted(Delivery.objects.values_list("address", flat=True)) == sorted(users)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("setup", "machinery")
+def test_two_triggers_of_one_digest_key_arrive_as_one_email_listing_both(api: Any) -> None:
+    """The leader's send after the window renders digest.count and both triggers' payloads; the other run merges."""
+    response = api.put("/api/v1/workflows/pair", {"category": "transactional", "steps": [
+        {"id": "batch", "type": "digest", "window_seconds": 2, "key": "{{ thread_id }}"},
+        {"id": "mail", "type": "send", "channel": "email", "template": "comment_digest"},
+    ]}, format="json")  # fmt: skip
+    assert response.status_code == 201, response.content
+    first = _trigger(api, workflow="pair", payload={"thread_id": "t-7", "author": "ann"})
+    second = _trigger(api, workflow="pair", payload={"thread_id": "t-7", "author": "bob"})
+    wait_for(lambda: _run_status(first["id"]) in ("done", "failed") and _run_status(second["id"]) == "merged", 60)
+    assert [s["status"] for s in _steps(api, first["id"])] == ["done", "done"]
+    assert [s["status"] for s in _steps(api, second["id"])] == ["merged", "skipped"]
+
+    def emails() -> list[dict[str, Any]]:
+        answer = api.get("/api/v1/sandbox/messages", {"channel": "email"})
+        assert answer.status_code == 200, answer.content
+        return list(answer.json()["results"])
+
+    [email] = wait_for(emails, 30)
+    assert email["address"] == "e2e-1@example.com"
+    assert email["content"]["subject"] == "2 new comments"
+    assert email["content"]["text"] == "ann;bob;"
+    sent_by = _steps(api, first["id"])[1]["notification_id"]
+    assert str(Delivery.objects.get(pk=email["delivery_id"]).notification_id) == sent_by
