@@ -37,6 +37,7 @@ from notifier.statusevents.selectors import has_event_endpoint
 from notifier.tracking.services import decorate as tracking_decorate
 from preferences.compliance import evaluate, suppressed_addresses
 from preferences.emails import personalize, uses_preferences_url
+from projects.scoping import owner_id
 from templates_app import layouts
 from templates_app.models import TemplateVersion
 from templates_app.rendering import RenderError, RenderRequest, header_value, render_many
@@ -205,7 +206,7 @@ def _recheck_compliance(deliveries: list[Delivery], out: Outcomes) -> list[Deliv
     pairs_of: dict[int, list[tuple[str, str]]] = {}
     for d in deliveries:
         if d.address:
-            pairs_of.setdefault(d.environment_id, []).append((d.channel, d.address))
+            pairs_of.setdefault(owner_id(d), []).append((d.channel, d.address))
     dead = {
         (environment_id, channel, address)
         for environment_id, pairs in pairs_of.items()

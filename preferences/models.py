@@ -11,6 +11,7 @@ class Recipient(models.Model):
     """A person notifications are addressed to, known to callers by their own `user_id`."""
 
     environment = owner_field()
+
     user_id = models.CharField(max_length=255)
     email = models.CharField(max_length=320, blank=True, default="")
     phone = models.CharField(max_length=20, blank=True, default="")
@@ -76,6 +77,7 @@ class Topic(models.Model):
     """A named audience that notifications and campaigns can be sent to."""
 
     environment = owner_field()
+
     key = models.SlugField(max_length=128)
     name = models.CharField(max_length=255, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)

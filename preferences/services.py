@@ -22,6 +22,7 @@ from core.categories import is_optional
 from preferences.models import Device, Recipient, Subscription, Suppression, Topic
 from preferences.selectors import recipient_for_send
 from preferences.signals import recipient_erased
+from projects.scoping import owner_scope
 
 # What a caller may set on a recipient through recipient_upsert(); user_id and erased_at are managed here.
 RECIPIENT_FIELDS = frozenset(
@@ -151,7 +152,10 @@ def recipient_erase(*, recipient: Recipient, audit_actor: Any = None) -> Recipie
         # Topic memberships are preferences too; keeping them would make every fan-out write a row for nobody.
         recipient.subscriptions.all().delete()
         # What was sent to them belongs to the apps that sent it: each forgets its own rows.
-        recipient_erased.send(sender=Recipient, recipient=recipient, at=now, user_id=user_id)
+        # Each app forgets by the recipient's own rows (its deliveries, runs, messages), whatever their parents'
+        # owners: outside any scope, so that no owned manager narrows a row out (a sandbox message of no client).
+        with owner_scope(None):
+            recipient_erased.send(sender=Recipient, recipient=recipient, at=now, user_id=user_id)
         audit_forget_target(target_type="recipient", target_id=user_id, replacement=recipient.user_id)
         # The admin's own history names the object by its str(), the user_id: renamed the same way.
         LogEntry.objects.filter(

@@ -25,7 +25,7 @@ def member_project_ids(user: Any) -> list[int] | None:
     return list(Project.objects.filter(slug=DEFAULT_PROJECT_SLUG).values_list("id", flat=True))
 
 
-class OwnedAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class OwnedAdmin(admin.ModelAdmin):
     """The admin of an owned model: lists only the member's projects; an object's owner never changes."""
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
@@ -44,7 +44,7 @@ class OwnedAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         return fields
 
 
-class EnvironmentInline(admin.TabularInline):  # type: ignore[type-arg]
+class EnvironmentInline(admin.TabularInline):
     """A project's two environments and their daily quotas."""
 
     model = Environment
@@ -55,7 +55,7 @@ class EnvironmentInline(admin.TabularInline):  # type: ignore[type-arg]
     readonly_fields = ("name",)
 
 
-class MembershipInline(admin.TabularInline):  # type: ignore[type-arg]
+class MembershipInline(admin.TabularInline):
     """The staff users of a project and their roles."""
 
     model = Membership
@@ -64,7 +64,7 @@ class MembershipInline(admin.TabularInline):  # type: ignore[type-arg]
 
 
 @admin.register(Project)
-class ProjectAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class ProjectAdmin(admin.ModelAdmin):
     """Projects: settings, environments and members (create new ones with `manage.py create_project` or here)."""
 
     list_display = ("slug", "name", "promotion", "weight", "created_at")

@@ -19,3 +19,9 @@ class ProjectsConfig(AppConfig):
 
         invalidate_on_change(Project)
         invalidate_on_change(Environment)
+        # Imported here too: services import models.
+        from django.db.models.signals import post_migrate
+
+        from projects.services import default_project_ensure
+
+        post_migrate.connect(default_project_ensure, sender=self)

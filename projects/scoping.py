@@ -146,3 +146,8 @@ def as_client_owner(func: _F) -> _F:
             return func(*args, **kwargs)
 
     return cast(_F, wrapper)
+
+
+def owner_id(row: Any) -> int:
+    """Return the environment id of a row that carries its owner (typed: the column is NOT NULL)."""
+    return cast(int, row.environment_id)

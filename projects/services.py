@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.core.exceptions import ValidationError
 from django.core.validators import validate_slug
-from django.db import transaction
+from django.db import connection, transaction
 
-from projects.models import Environment, Project
+from projects.models import (
+    DEFAULT_LIVE_ENVIRONMENT_ID,
+    DEFAULT_PROJECT_SLUG,
+    DEFAULT_TEST_ENVIRONMENT_ID,
+    Environment,
+    Project,
+)
 
 
 def project_create(*, slug: str, name: str = "") -> Project:
@@ -21,3 +29,21 @@ def project_create(*, slug: str, name: str = "") -> Project:
         project = Project.objects.create(slug=slug, name=name or slug)
         Environment.objects.bulk_create([Environment(project=project, name=name) for name in Environment.Name.values])
     return project
+
+
+def default_project_ensure(**_: Any) -> None:
+    """Make the project `default` and its environments (ids 1 live, 2 test) if they are missing; idempotent.
+
+    The migration makes them; this keeps them after anything that empties the tables (a test database flushed
+    between tests, `manage.py flush`), since every row made outside a scope belongs there. Run after each
+    migrate (post_migrate), as Django keeps its content types and permissions.
+    """
+    project, _ = Project.objects.get_or_create(id=1, defaults={"slug": DEFAULT_PROJECT_SLUG, "name": "Default project"})
+    for environment_id, name in ((DEFAULT_LIVE_ENVIRONMENT_ID, "live"), (DEFAULT_TEST_ENVIRONMENT_ID, "test")):
+        Environment.objects.get_or_create(id=environment_id, defaults={"project": project, "name": name})
+    with connection.cursor() as cursor:
+        # Ids given by hand: the sequences continue after them (a flush may have restarted them).
+        for table in ("projects_project", "projects_environment"):
+            cursor.execute(
+                f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), (SELECT max(id) FROM {table}))"  # noqa: S608
+            )

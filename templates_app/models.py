@@ -11,6 +11,7 @@ class Template(models.Model):
     """A message template addressed by `key`; its content lives in versions."""
 
     environment = owner_field()
+
     key = models.SlugField(max_length=128)
     category = models.CharField(max_length=64)
     default_locale = models.CharField(max_length=35, default="en")
@@ -70,6 +71,7 @@ class Layout(models.Model):
     """An email layout addressed by `key`: the frame (header, footer, styles) a template's HTML is placed in."""
 
     environment = owner_field()
+
     key = models.SlugField(max_length=128)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

@@ -46,6 +46,7 @@ from notifier.deliveries.selectors import (
     notification_get,
     notification_list,
 )
+from projects.scoping import owner_id
 from templates_app.selectors import TemplateNotFound, template_version_cached
 
 SEND_EXAMPLE = {
@@ -152,7 +153,7 @@ def _shed_if_overloaded(request: Request, data: dict[str, Any]) -> None:
     if not category and data.get("priority") != "high" and data.get("template"):
         try:
             # The per-process cache the accept reads too (notifier/lookup_cache.py): no query per request.
-            version = template_version_cached(data["template"], environment_id=request_client(request).environment_id)
+            version = template_version_cached(data["template"], environment_id=owner_id(request_client(request)))
             category = version.template.category
         except TemplateNotFound:
             return  # accepting answers the 400

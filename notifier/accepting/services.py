@@ -38,7 +38,7 @@ from preferences.compliance import suppressed_addresses
 from preferences.models import Device, Recipient, Topic
 from preferences.selectors import recipients_for_send
 from preferences.services import recipient_ensure
-from projects.scoping import as_client_owner
+from projects.scoping import as_client_owner, owner_id
 from templates_app.models import TemplateVersion
 from templates_app.selectors import TemplateNotFound, template_version_cached
 
@@ -98,11 +98,11 @@ def notification_decide(
     try:
         # Resolved once per process until a template changes (notifier/lookup_cache.py).
         if templates is None:
-            version = template_version_cached(spec, environment_id=client.environment_id)
+            version = template_version_cached(spec, environment_id=owner_id(client))
         else:
             if spec not in templates:
                 try:
-                    templates[spec] = template_version_cached(spec, environment_id=client.environment_id)
+                    templates[spec] = template_version_cached(spec, environment_id=owner_id(client))
                 except TemplateNotFound as exc:
                     templates[spec] = exc
             found = templates[spec]

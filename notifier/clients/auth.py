@@ -15,7 +15,7 @@ from rest_framework.request import Request
 from core.scopes import view_scope
 from notifier.clients import lookup_cache
 from notifier.clients.models import ApiClient
-from projects.scoping import enter_request_owner
+from projects.scoping import enter_request_owner, owner_id
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
             lookup_cache.touched(key_hash, now)
         # Everything the request reads or writes through an owned model is the key's environment's from here on
         # (projects.scoping); the request middleware leaves the scope when the request ends.
-        enter_request_owner(client.environment_id)
+        enter_request_owner(owner_id(client))
         return client, raw_key
 
     def authenticate_header(self, request: Request) -> str:

@@ -12,6 +12,7 @@ class Workflow(models.Model):
     """A named workflow; what it does is in its versions (every PUT adds one)."""
 
     environment = owner_field()
+
     key = models.SlugField(max_length=128)
     latest_version = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)

@@ -7,6 +7,7 @@ projects.scoping says how owned rows are read and written; projects.ownership li
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
 from django.apps import apps
@@ -23,14 +24,14 @@ def _project_models() -> list[type[models.Model]]:
     return [m for m in apps.get_models() if m.__module__.split(".")[0] in APP_PACKAGES]
 
 
-def _owner_column(model: type[models.Model], path: str) -> models.Field | None:  # type: ignore[type-arg]
+def _owner_column(model: type[models.Model], path: str) -> models.Field[Any, Any] | None:
     """Follow `path` (`template__environment_id`) through the model's relations to the owner column, or None."""
     *hops, column = path.split("__")
     for hop in hops:
         field = model._meta.get_field(hop)
         if not field.is_relation or field.related_model is None:
             return None
-        model = field.related_model  # type: ignore[assignment]
+        model = field.related_model
     found = next((f for f in model._meta.concrete_fields if f.attname == column), None)
     if found is None or not found.is_relation or found.related_model is None:
         return None
