@@ -41,6 +41,7 @@ from projects.scoping import owner_id
 from templates_app import layouts
 from templates_app.models import TemplateVersion
 from templates_app.rendering import RenderError, RenderRequest, header_value, render_many
+from templates_app.selectors import template_version_exact
 
 logger = logging.getLogger(__name__)
 
@@ -49,22 +50,16 @@ S = Delivery.Status
 __all__ = ["BatchReport", "backoff_seconds", "deliver", "heartbeat"]
 
 
-_versions: dict[tuple[str, int], TemplateVersion] = {}
-
-
 def _template_version(notification: Notification) -> TemplateVersion:
-    """Return the (immutable) template version a notification was accepted with, cached per process."""
-    key = (notification.template_key, notification.template_version or 0)
-    version = _versions.get(key)
+    """Return the (immutable) template version a notification was accepted with, of its own environment."""
+    version = template_version_exact(
+        environment_id=owner_id(notification), key=notification.template_key, version=notification.template_version
+    )
     if version is None:
-        version = TemplateVersion.objects.select_related("template").get(
-            # No pinned version (None) matches no row, as 0 does: the same DoesNotExist either way.
-            template__key=notification.template_key,
-            version=notification.template_version or 0,
+        # The render error the delivery fails with names what is missing.
+        raise TemplateVersion.DoesNotExist(
+            f"template '{notification.template_key}' has no version {notification.template_version}"
         )
-        if len(_versions) > 4096:
-            _versions.clear()
-        _versions[key] = version
     return version
 
 

@@ -51,6 +51,35 @@ def template_version_resolve(spec: str) -> TemplateVersion:
     return version
 
 
+_exact_versions: dict[tuple[int, str, int], TemplateVersion] = {}
+_EXACT_VERSIONS_MAX = 4096
+
+
+def template_version_exact(*, environment_id: int, key: str, version: int | None) -> TemplateVersion | None:
+    """Return version `version` of an environment's template `key` (drafts too), or None; cached per process.
+
+    What a notification was accepted with, read again by the send workers, the fan-out's stored in-app items and
+    the support console: versions are immutable, so the cache never goes stale. The environment is part of the
+    key: two projects' templates may share a key and a version number.
+    """
+    cache_key = (environment_id, key, version or 0)
+    found = _exact_versions.get(cache_key)
+    if found is None:
+        with owner_scope(environment_id):
+            # No pinned version (None) matches no row, as 0 does.
+            found = (
+                TemplateVersion.objects.select_related("template")
+                .filter(template__key=key, version=version or 0)
+                .first()
+            )
+        if found is None:
+            return None
+        if len(_exact_versions) > _EXACT_VERSIONS_MAX:
+            _exact_versions.clear()
+        _exact_versions[cache_key] = found
+    return found
+
+
 def template_list(*, after_id: int = 0, limit: int = 50) -> list[Template]:
     """Return up to `limit` templates with id > `after_id` in id order, with their published version (keyset page)."""
     qs = Template.objects.select_related("published_version").filter(pk__gt=after_id).order_by("pk")

@@ -17,9 +17,10 @@ from notifier.deliveries import partitions
 from notifier.deliveries.models import Delivery, DeliveryEvent, Notification
 from preferences.compliance import evaluate
 from preferences.models import Recipient
+from projects.scoping import owner_id
 from templates_app.layouts import render
-from templates_app.models import TemplateVersion
 from templates_app.rendering import RenderError
+from templates_app.selectors import template_version_exact
 
 DELIVERIES_IN_DETAIL = 100
 
@@ -240,10 +241,8 @@ def delivery_rendered(*, delivery: Delivery) -> dict[str, Any]:
     notification = delivery.notification
     version = delivery.template_version
     if version is None and notification.template_version:
-        version = (
-            TemplateVersion.objects.select_related("template")
-            .filter(template__key=notification.template_key, version=notification.template_version)
-            .first()
+        version = template_version_exact(
+            environment_id=owner_id(notification), key=notification.template_key, version=notification.template_version
         )
     if version is None:
         return {"parts": {}, "source": "", "error": "No template version recorded."}

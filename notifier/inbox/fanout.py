@@ -41,9 +41,11 @@ from notifier.clients.models import ApiClient
 from notifier.deliveries import fallback, frequency
 from notifier.deliveries.models import Notification
 from preferences.emails import uses_preferences_url
+from projects.scoping import owner_id
 from templates_app import layouts
 from templates_app.models import TemplateVersion
 from templates_app.rendering import RenderError, render_many
+from templates_app.selectors import template_version_exact
 
 logger = logging.getLogger(__name__)
 # The worker writes one line per outcome to this logger; the same lines for the items stored here.
@@ -81,27 +83,13 @@ class Contents:
     by_locale: dict[str, dict[str, Any] | None] = field(default_factory=dict)
 
 
-_versions: dict[tuple[str, int], TemplateVersion] = {}
 _contents: dict[Any, Contents] = {}
 _CACHE_MAX = 256
 
 
 def _version(n: Notification) -> TemplateVersion | None:
     """Return the (immutable) template version of a notification, cached per process; None if it does not exist."""
-    key = (n.template_key, n.template_version or 0)
-    version = _versions.get(key)
-    if version is None:
-        version = (
-            TemplateVersion.objects.select_related("template")
-            .filter(template__key=n.template_key, version=n.template_version or 0)
-            .first()
-        )
-        if version is None:
-            return None
-        if len(_versions) > _CACHE_MAX:
-            _versions.clear()
-        _versions[key] = version
-    return version
+    return template_version_exact(environment_id=owner_id(n), key=n.template_key, version=n.template_version)
 
 
 def locale_of(n: Notification, recipient_locale: str) -> str:

@@ -15,6 +15,7 @@ from channels_app.services import deliver
 from core import metrics
 from notifier.deliveries.models import Delivery
 from preferences.services import recipient_upsert
+from templates_app import selectors as template_selectors
 from templates_app.services import template_put
 from tests.conftest import wait_for
 from tests.factories import make_staff_user
@@ -71,7 +72,7 @@ def test_sent_segments_are_counted_by_encoding(api: Any, settings: Any) -> None:
     """The worker pipeline (run in this process) counts what it sent, by encoding; a failed one is not counted."""
     settings.SMS_MAX_SEGMENTS = 6
     # The in-process pipeline caches template versions by key: ids from an earlier test's rows are stale.
-    services._versions.clear()
+    template_selectors._exact_versions.clear()
     services._render_cache.clear()
     template_put(key="say", category="transactional", default_locale="en", content=CONTENT)
     recipient_upsert(user_id="sms-1", phone="+15005550006")

@@ -18,6 +18,7 @@ from notifier.deliveries.models import Delivery, DeliveryEvent
 from notifier.statusevents.models import StatusEvent
 from notifier.tracking.services import SALT
 from preferences.services import recipient_upsert
+from templates_app import selectors as template_selectors
 from templates_app.services import template_put
 
 HTML = (
@@ -36,7 +37,7 @@ def tracked(settings: Any) -> None:
     settings.NOTIFIER_CATEGORIES = categories
     settings.PUBLIC_BASE_URL = "https://notify.example.com"
     # The in-process pipeline caches template versions by key: ids from an earlier test's rows are stale.
-    services._versions.clear()
+    template_selectors._exact_versions.clear()
     services._render_cache.clear()
     template_put(key="news", category="marketing", default_locale="en", content=CONTENT)
     template_put(key="note", category="social", default_locale="en", content=CONTENT)
