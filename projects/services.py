@@ -6,7 +6,7 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.core.validators import validate_slug
-from django.db import connection, transaction
+from django.db import connections, transaction
 
 from projects.models import (
     DEFAULT_LIVE_ENVIRONMENT_ID,
@@ -31,17 +31,27 @@ def project_create(*, slug: str, name: str = "") -> Project:
     return project
 
 
-def default_project_ensure(**_: Any) -> None:
+def default_project_ensure(*, apps: Any = None, using: str = "default", **_: Any) -> None:
     """Make the project `default` and its environments (ids 1 live, 2 test) if they are missing; idempotent.
 
     The migration makes them; this keeps them after anything that empties the tables (a test database flushed
     between tests, `manage.py flush`), since every row made outside a scope belongs there. Run after each
-    migrate (post_migrate), as Django keeps its content types and permissions.
+    migrate (post_migrate, which passes the migrated state as `apps`), as Django keeps its content types and
+    permissions; a migrate that stops before the projects' tables exist leaves it nothing to do.
     """
-    project, _ = Project.objects.get_or_create(id=1, defaults={"slug": DEFAULT_PROJECT_SLUG, "name": "Default project"})
+    try:
+        project_model = apps.get_model("projects", "Project") if apps is not None else Project
+        environment_model = apps.get_model("projects", "Environment") if apps is not None else Environment
+    except LookupError:
+        return
+    project, _ = project_model.objects.using(using).get_or_create(
+        id=1, defaults={"slug": DEFAULT_PROJECT_SLUG, "name": "Default project"}
+    )
     for environment_id, name in ((DEFAULT_LIVE_ENVIRONMENT_ID, "live"), (DEFAULT_TEST_ENVIRONMENT_ID, "test")):
-        Environment.objects.get_or_create(id=environment_id, defaults={"project": project, "name": name})
-    with connection.cursor() as cursor:
+        environment_model.objects.using(using).get_or_create(
+            id=environment_id, defaults={"project": project, "name": name}
+        )
+    with connections[using].cursor() as cursor:
         # Ids given by hand: the sequences continue after them (a flush may have restarted them).
         for table in ("projects_project", "projects_environment"):
             cursor.execute(
