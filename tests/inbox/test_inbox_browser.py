@@ -76,6 +76,28 @@ def test_inbox_endpoints_refuse_api_keys_tampered_and_expired_tokens(api: APICli
     assert bad_ttl.status_code == 400 and "ttl_seconds" in bad_ttl.json()["error"]["fields"]
 
 
+# Ids no delivery can have: a day past what a date holds (10^18, the last bigint), past a bigint, far past it.
+IMPOSSIBLE_ITEM_IDS = [str(10**18), str(2**63 - 1), str(2**63), "9" * 23]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("item_id", IMPOSSIBLE_ITEM_IDS)
+def test_an_inbox_item_id_no_delivery_can_have_is_a_404(api: APIClient, item_id: str) -> None:
+    mine = _inapp()
+    user_id = mine.recipient.user_id
+    browser = bearer_client(inbox_token_mint(recipient=mine.recipient, ttl_seconds=60)[0])
+    for action in ("read", "archive", "unarchive", "click"):
+        for http, path in (
+            (api, f"/api/v1/recipients/{user_id}/inbox/{item_id}/{action}"),
+            (browser, f"/inbox/v1/messages/{item_id}/{action}"),
+        ):
+            response = http.post(path)
+            assert response.status_code == 404, (path, response.content)
+            assert response.json()["error"]["code"] == "not_found"
+    mine.refresh_from_db()
+    assert (mine.read_at, mine.archived_at, mine.status) == (None, None, "sent")
+
+
 @pytest.mark.django_db
 def test_an_inbox_token_for_a_user_never_seen_creates_the_recipient_as_a_send_would(api: APIClient) -> None:
     assert not Recipient.objects.filter(user_id="first-visit").exists()
