@@ -11,6 +11,7 @@ from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 
+from core.converters import ID_SCHEMA
 from core.database_url import parse_database_url
 from core.env import env
 
@@ -189,6 +190,8 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
     "SERVE_INCLUDE_SCHEMA": False,
     "ENUM_NAME_OVERRIDES": {"ChannelEnum": "core.openapi.CHANNEL_CHOICES"},
+    # Ids in paths (`<id:...>`, core/converters.py): integers up to the largest bigint.
+    "PATH_CONVERTER_OVERRIDES": {"id": ID_SCHEMA},
     "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "core.openapi.describe_tags"],
 }
 
