@@ -200,6 +200,23 @@ def test_an_id_in_a_path_past_a_bigint_is_a_404(api: APIClient, method: str, rou
     assert response.json()["error"]["code"] == "not_found"
 
 
+@pytest.mark.parametrize(
+    ("route", "body"),
+    [
+        ("/api/v1/templates/{}", {"category": "transactional", "content": CONTENT}),
+        ("/api/v1/layouts/{}", {"html": "<html><body>{{ content }}</body></html>"}),
+        ("/api/v1/topics/{}", {"name": "Everyone"}),
+        ("/api/v1/workflows/{}", {"category": "transactional", "steps": [{"id": "a", "type": "delay", "seconds": 1}]}),
+    ],
+)
+def test_a_key_in_a_path_past_128_characters_is_a_400_naming_it(api: APIClient, route: str, body: Any) -> None:
+    response = api.put(route.format("k" * 129), body, format="json")
+    assert response.status_code == 400, (route, response.content)
+    assert response.json()["error"]["fields"] == {"key": ["must be 1-128 letters, digits, '-' or '_'"]}
+    assert api.get(route.format("k" * 129)).status_code == 404
+    assert api.put(route.format("k" * 128), body, format="json").status_code in (200, 201)
+
+
 def test_every_number_in_a_path_is_bounded_to_a_bigint() -> None:
     """Route parameters that are numbers use `<id:...>` (core/converters.py), never Django's unbounded `<int:...>`."""
     from django.urls import URLPattern, URLResolver, get_resolver
