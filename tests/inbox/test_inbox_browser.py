@@ -99,6 +99,39 @@ def test_an_inbox_item_id_no_delivery_can_have_is_a_404(api: APIClient, item_id:
 
 
 @pytest.mark.django_db
+def test_an_inbox_token_over_its_rate_gets_429_with_retry_after_and_others_are_unaffected(settings: Any) -> None:
+    settings.INBOX_TOKEN_RATE_LIMIT = "3/h"
+    mine, theirs = _inapp(), _inapp()
+    browser = bearer_client(inbox_token_mint(recipient=mine.recipient, ttl_seconds=600)[0])
+    # Every /inbox/v1/ endpoint counts against it.
+    served = [browser.get(path) for path in ("/inbox/v1/messages", "/inbox/v1/me", "/inbox/v1/messages?unread=1")]
+    assert [r.status_code for r in served] == [200, 200, 200]
+    refused = browser.post(f"/inbox/v1/messages/{mine.pk}/read")
+    assert refused.status_code == 429, refused.content
+    error = refused.json()["error"]
+    assert set(error) == {"code", "message", "fields"} and error["code"] == "rate_limited"
+    assert int(refused["Retry-After"]) >= 1000  # one request per 1,200 s
+    mine.refresh_from_db()
+    assert mine.read_at is None  # the refused request did nothing
+    # A second token of the same user shares the bucket: minting more tokens buys no more requests.
+    again = bearer_client(inbox_token_mint(recipient=mine.recipient, ttl_seconds=601)[0])
+    assert again.get("/inbox/v1/messages").status_code == 429
+    # Another user's token has a bucket of its own.
+    other = bearer_client(inbox_token_mint(recipient=theirs.recipient, ttl_seconds=600)[0])
+    assert other.post(f"/inbox/v1/messages/{theirs.pk}/read").status_code == 200
+    # A request without a valid token is refused for that, before any bucket.
+    assert APIClient().get("/inbox/v1/messages", HTTP_AUTHORIZATION="Bearer garbage").status_code == 401
+
+
+def test_a_bad_inbox_token_rate_limit_is_refused_at_start_up(settings: Any) -> None:
+    from django.core.management import CommandError, call_command
+
+    settings.INBOX_TOKEN_RATE_LIMIT = "lots"
+    with pytest.raises(CommandError, match="INBOX_TOKEN_RATE_LIMIT"):
+        call_command("check")
+
+
+@pytest.mark.django_db
 def test_an_inbox_token_for_a_user_never_seen_creates_the_recipient_as_a_send_would(api: APIClient) -> None:
     assert not Recipient.objects.filter(user_id="first-visit").exists()
     resp = api.post("/api/v1/recipients/first-visit/inbox-token", {"ttl_seconds": 600}, format="json")
