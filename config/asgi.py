@@ -25,7 +25,8 @@ _django = get_asgi_application()
 
 from core.bodies import bounded_asgi  # noqa: E402 - needs Django set up
 
-# Django's ASGI handler spools the whole body before any middleware runs: bound it in front.
+# Django's ASGI handler spools the whole body before any middleware runs, and decodes the query string with the
+# request's charset while it builds the request: bound both in front.
 django_application = bounded_asgi(_django)
 
 from notifier.inbox.stream import stream_app  # noqa: E402 - needs Django set up

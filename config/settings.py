@@ -11,6 +11,7 @@ from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 
+from core.converters import ID_SCHEMA
 from core.database_url import parse_database_url
 from core.env import env
 
@@ -190,6 +191,8 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
     "SERVE_INCLUDE_SCHEMA": False,
     "ENUM_NAME_OVERRIDES": {"ChannelEnum": "core.openapi.CHANNEL_CHOICES"},
+    # Ids in paths (`<id:...>`, core/converters.py): integers up to the largest bigint.
+    "PATH_CONVERTER_OVERRIDES": {"id": ID_SCHEMA},
     "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "core.openapi.describe_tags"],
 }
 
@@ -374,6 +377,9 @@ INBOX_STREAM_DB_POOL = env.int("INBOX_STREAM_DB_POOL", 4)
 INBOX_STREAM_MAX_PER_TOKEN = env.int("INBOX_STREAM_MAX_PER_TOKEN", 5)
 INBOX_STREAM_MAX_PER_RECIPIENT = env.int("INBOX_STREAM_MAX_PER_RECIPIENT", 20)
 INBOX_STREAM_LEASE_SECONDS = env.float("INBOX_STREAM_LEASE_SECONDS", 60.0)
+# Requests per recipient an inbox token speaks for (all of its tokens together), across every process: the
+# /inbox/v1/ endpoints and the stream's connection attempts ("20/s", "600/m"); beyond it a 429.
+INBOX_TOKEN_RATE_LIMIT = env.str("INBOX_TOKEN_RATE_LIMIT", "20/s")
 # The demo page (/inbox/demo/) mints tokens for anyone who opens it: on with DEBUG, or explicitly.
 INBOX_DEMO_ENABLED = env.bool("INBOX_DEMO_ENABLED", False)
 INBOX_DEMO_USER_ID = env.str("INBOX_DEMO_USER_ID", "u-42")

@@ -10,7 +10,13 @@ from django.urls import get_resolver
 from core.heap import freeze_loaded_heap
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-application = get_wsgi_application()
+_django = get_wsgi_application()
+
+from core.bodies import bounded_wsgi  # noqa: E402 - needs Django set up
+
+# Django decodes the query string with the request's charset while it builds the request, before any
+# middleware: a charset it cannot decode with is refused in front.
+application = bounded_wsgi(_django)
 # Every view imported now, not on the first request: then the start-up heap is frozen out of the collector.
 get_resolver().url_patterns  # noqa: B018
 freeze_loaded_heap()

@@ -17,6 +17,9 @@ class CoreConfig(AppConfig):
         # Imported here: the checks read settings; the Django instrumentation adds its middleware before any
         # request is served or task run.
         from core import checks  # noqa: F401 - registers the start-up checks
+        from core.converters import register
         from core.tracing import instrument
 
         instrument()
+        # Before any URLconf is imported (the first request, or `reverse`), which names `<id:...>`.
+        register()

@@ -11,25 +11,35 @@ recursion limit in the parser, in `json.dumps` and in PostgreSQL's jsonb. A stri
 surrogate (`"\\ud800"`), which PostgreSQL cannot store, and a number out of range (`1e999`, which Python reads
 as infinity and jsonb refuses) are a 400 `invalid` naming the body's field. A path holding a NUL or another
 control character is a 404 (it names nothing); a query parameter holding one is a 400 naming the parameter.
+
+A `charset` in Content-Type that Python cannot decode with is a 415 `unsupported_media_type` on every URL,
+answered in front of Django (`bounded_wsgi`, `bounded_asgi`): Django takes any codec `codecs.lookup` finds
+(`rot13`, `bz2_codec`) and decodes the query string with it while it builds the request, before any middleware
+runs, so such a request was a 500 on every URL. A name Python does not know at all Django ignores, decoding
+as UTF-8 what the client says is something else: it is refused too, rather than guessed at.
 """
 
 from __future__ import annotations
 
+import codecs
 import io
 import json
 import math
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.core.handlers.wsgi import LimitedStream
 from django.http import HttpRequest, HttpResponse, JsonResponse, QueryDict
+from django.utils.http import parse_header_parameters
 from rest_framework import parsers
 from rest_framework.exceptions import ParseError, ValidationError
 
 if TYPE_CHECKING:
+    from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
+
     from core.errors import ApiError
 
 # How deep a JSON body may nest (an object or array inside another counts one level; a flat object is 1).
@@ -46,6 +56,13 @@ _VALUES_TO_CHECK = "notifier_values_to_check"
 NUL_MESSAGE = "Null characters are not allowed."
 SURROGATE_MESSAGE = "Lone surrogates (\\ud800-\\udfff) are not valid Unicode text."
 NUMBER_MESSAGE = "Numbers must be finite and within the range of a double."
+# Python's own codecs that are text encodings but no character set a request is written in (the "Python
+# Specific Encodings" of the codecs module): their decoders raise errors Django does not catch.
+_PYTHON_ONLY_CODECS = frozenset(
+    {"idna", "mbcs", "oem", "palmos", "punycode", "raw-unicode-escape", "undefined", "unicode-escape"}
+)
+# How much of a refused charset the error message repeats.
+_CHARSET_ECHO = 64
 
 
 def max_body_bytes() -> int:
@@ -85,6 +102,30 @@ def _answer(status: int, body: dict[str, Any]) -> JsonResponse:
 
 def _too_large_response() -> JsonResponse:
     return _answer(413, error_body(too_large().error_code, too_large().message))
+
+
+# --- Content-Type ---------------------------------------------------------------------------------------
+
+
+def charset_problem(content_type: str) -> str | None:
+    """Return why the `charset` of a Content-Type header cannot decode a request, or None if it can or names none."""
+    if "charset" not in content_type.lower():
+        return None  # most requests: no header parse
+    charset = parse_header_parameters(content_type)[1].get("charset")
+    if charset is None:
+        return None
+    problem = f'Unsupported charset "{charset[:_CHARSET_ECHO]}" in the Content-Type header.'
+    try:
+        name = codecs.lookup(charset).name
+        # Refuses the codecs that are no text encoding (bz2_codec, rot13), as DRF's parsers do.
+        "".encode(charset)
+    except (LookupError, ValueError):  # ValueError: a name with a NUL; UnicodeError: the `undefined` codec
+        return problem
+    return problem if name in _PYTHON_ONLY_CODECS else None
+
+
+def _unsupported_charset_body(problem: str) -> bytes:
+    return json.dumps(error_body("unsupported_media_type", problem)).encode()
 
 
 # --- JSON -------------------------------------------------------------------------------------------------
@@ -364,6 +405,21 @@ class BodyLimitMiddleware:
         return None
 
 
+def bounded_wsgi(app: WSGIApplication) -> WSGIApplication:
+    """Wrap a WSGI app so a request whose charset Python cannot decode with is a 415 before Django builds it."""
+
+    def bounded(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        problem = charset_problem(environ.get("CONTENT_TYPE", ""))
+        if problem is None:
+            return app(environ, start_response)
+        body = _unsupported_charset_body(problem)
+        headers = [("Content-Type", "application/json"), ("Content-Length", str(len(body)))]
+        start_response("415 Unsupported Media Type", headers)
+        return [body]
+
+    return bounded
+
+
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[Any]]
 Send = Callable[[Any], Awaitable[None]]
@@ -371,13 +427,18 @@ AsgiApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 def bounded_asgi(app: AsgiApp) -> AsgiApp:
-    """Wrap an ASGI app so an HTTP body over the limit is a 413 before the app (Django: its spool) sees it."""
+    """Wrap an ASGI app so an HTTP body over the limit is a 413 before the app (Django: its spool) sees it.
+
+    A request whose charset Python cannot decode with is a 415 there too.
+    """
+
+    async def _refuse(send: Send, status: int, body: bytes) -> None:
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": status, "headers": [*headers, (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": body})
 
     async def _send_413(send: Send) -> None:
-        body = json.dumps(error_body(too_large().error_code, too_large().message)).encode()
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-        await send({"type": "http.response.start", "status": 413, "headers": [*headers, (b"connection", b"close")]})
-        await send({"type": "http.response.body", "body": body})
+        await _refuse(send, 413, json.dumps(error_body(too_large().error_code, too_large().message)).encode())
 
     async def bounded(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -385,6 +446,10 @@ def bounded_asgi(app: AsgiApp) -> AsgiApp:
             return
         limit = max_body_bytes()
         headers = dict(scope.get("headers") or [])
+        problem = charset_problem(headers.get(b"content-type", b"").decode("latin-1"))
+        if problem is not None:
+            await _refuse(send, 415, _unsupported_charset_body(problem))
+            return
         length = _content_length(headers.get(b"content-length"))
         if length is not None:
             if length > limit:

@@ -33,6 +33,16 @@ class ApiError(exceptions.APIException):
         self.fields = fields or {}
 
 
+def retry_after_seconds(wait: float) -> int:
+    """Return the Retry-After of a wait: whole seconds, rounded up and at least 1 (never back too early)."""
+    return max(1, math.ceil(wait))
+
+
+def throttled_body(wait: float) -> dict[str, Any]:
+    """Return the 429 `rate_limited` body of a request refused for its rate, as DRF words it."""
+    return error_body("rate_limited", str(exceptions.Throttled(wait=retry_after_seconds(wait)).detail))
+
+
 def error_body(code: str, message: str, fields: dict[str, Any] | None = None) -> dict[str, Any]:
     """Return the error body every endpoint uses."""
     return {"error": {"code": code, "message": message, "fields": fields or {}}}
@@ -107,7 +117,7 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     wait = getattr(exc, "wait", None) if isinstance(exc, exceptions.Throttled) else None
     if wait is not None:
         # DRF writes whole seconds rounded down ("0" for a 0.3 s wait); a client must not come back too early.
-        response["Retry-After"] = str(max(1, math.ceil(wait)))
+        response["Retry-After"] = str(retry_after_seconds(wait))
     return response
 
 

@@ -124,7 +124,8 @@ ERRORS: dict[int, tuple[str, list[OpenApiExample]]] = {
         [_example("payload_too_large", "payload_too_large", "Request body is larger than 5242880 bytes.")],
     ),
     415: (
-        "The body's Content-Type is not one the operation reads (JSON unless documented otherwise).",
+        "The body's Content-Type is not one the operation reads (JSON unless documented otherwise), or its charset"
+        " is one Python cannot decode with.",
         [_example("unsupported_media_type", "unsupported_media_type", 'Unsupported media type "text/plain".')],
     ),
     429: (

@@ -25,6 +25,7 @@ from typing import Any
 
 from rest_framework import serializers
 
+from core.bodies import json_loads_checked, value_problems
 from core.errors import ApiError
 
 INVALID = "Invalid cursor."
@@ -42,14 +43,18 @@ def decode_cursor(cursor: str) -> dict[str, Any]:
 
     Accepts the two older formats of id-keyed lists (a bare id, and the base64 of one) as `{"i": id}`. A bare
     id cannot be mistaken for base64 JSON: base64 digits decode to bytes above 0xCF, never to `{` or a digit.
+    Read as a request body is (core.bodies): `NaN`, `Infinity`, a number past a double's range and text
+    PostgreSQL cannot store are in no cursor this API makes, and would reach a selector's int() or a query.
     """
     if cursor.isascii() and cursor.isdigit():
         return {"i": int(cursor)}
     try:
         raw = base64.urlsafe_b64decode((cursor + "=" * (-len(cursor) % 4)).encode())
-        value = json.loads(raw)
+        value, to_check = json_loads_checked(raw.decode())
     except (binascii.Error, UnicodeError, ValueError) as exc:
         raise ValueError(INVALID) from exc
+    if to_check and value_problems(value):
+        raise ValueError(INVALID)
     if isinstance(value, int) and not isinstance(value, bool):
         return {"i": value}
     if not isinstance(value, dict):

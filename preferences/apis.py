@@ -14,6 +14,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core.errors import ApiError
+from core.keys import require_key
 from core.pagination import CursorPage, CursorQuerySerializer, cursor_id
 from core.scopes import RECIPIENT_SCOPES
 from preferences import selectors, services
@@ -311,8 +312,7 @@ class TopicApi(APIView):
         },
     )
     def put(self, request: Request, key: str) -> Response:
-        if len(key) > 128:
-            raise ApiError(400, "invalid", "Topic key is too long.", {"key": ["At most 128 characters."]})
+        require_key(key)
         data = TopicInputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         topic, created = services.topic_upsert(key=key, name=data.validated_data["name"])

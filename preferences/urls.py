@@ -17,7 +17,7 @@ urlpatterns = [
         "recipients/<str:user_id>/preference-link", apis.PreferenceLinkApi.as_view(), name="recipient-preference-link"
     ),
     path("suppressions", apis.SuppressionListApi.as_view(), name="suppressions"),
-    path("suppressions/<int:suppression_id>", apis.SuppressionDetailApi.as_view(), name="suppression"),
+    path("suppressions/<id:suppression_id>", apis.SuppressionDetailApi.as_view(), name="suppression"),
     path("topics", apis.TopicListApi.as_view(), name="topics"),
     path("topics/<slug:key>", apis.TopicApi.as_view(), name="topic"),
     path("topics/<slug:key>/subscribers", apis.TopicSubscribersApi.as_view(), name="topic-subscribers"),

@@ -14,6 +14,7 @@ from rest_framework.exceptions import ValidationError
 
 from audit.services import audit_record, diff
 from core.errors import ApiError
+from core.keys import key_errors
 from templates_app.models import Layout, LayoutVersion, Template, TemplateVersion
 from templates_app.rendering import (
     CHANNEL_PARTS,
@@ -26,7 +27,6 @@ from templates_app.rendering import (
 
 logger = logging.getLogger(__name__)
 
-KEY_PATTERN = re.compile(r"^[-a-zA-Z0-9_]{1,128}$")
 # BCP 47-like: a 2-3 letter language, then subtags (script, region, variant) joined by "-" or "_".
 LOCALE_PATTERN = re.compile(r"^[A-Za-z]{2,3}([-_][A-Za-z0-9]{2,8})*$")
 MAX_LOCALE_LENGTH = 35
@@ -156,9 +156,7 @@ def validate_content(content: Any, *, default_locale: str) -> dict[str, Any]:
 
 def _validate_header(*, key: str, category: str, default_locale: str) -> None:
     """Check the key, category and default locale of a template."""
-    errors: dict[str, list[str]] = {}
-    if not isinstance(key, str) or not KEY_PATTERN.match(key):
-        errors["key"] = ["must be 1-128 letters, digits, '-' or '_'"]
+    errors = key_errors(key)
     if category not in settings.NOTIFIER_CATEGORIES:
         errors["category"] = [f"unknown category; known: {', '.join(settings.NOTIFIER_CATEGORIES)}"]
     if (
@@ -362,9 +360,7 @@ def _validate_layout_part(value: Any, path: str, errors: dict[str, list[str]], *
 
 def layout_put_validate(*, key: Any, html: Any, text: Any = "") -> None:
     """Check what layout_put would write; raise ValidationError naming each bad field."""
-    errors: dict[str, list[str]] = {}
-    if not isinstance(key, str) or not KEY_PATTERN.match(key):
-        errors["key"] = ["must be 1-128 letters, digits, '-' or '_'"]
+    errors = key_errors(key)
     _validate_layout_part(html, "html", errors, html=True)
     if text:
         _validate_layout_part(text, "text", errors, html=False)

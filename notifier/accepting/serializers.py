@@ -12,6 +12,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from core.errors import ApiError, exception_handler
+from core.keys import KEY
 from core.openapi import ErrorDetailSerializer
 from core.pagination import CursorQuerySerializer, cursor_page_serializer
 from core.serializers import JsonObjectField, holds_nul, validate_with
@@ -23,7 +24,8 @@ from notifier.deliveries.models import Delivery, Notification
 from notifier.deliveries.partitions import hot_days
 from notifier.dispatch.localtime import parse_wall_clock
 
-TEMPLATE_SPEC = re.compile(r"^[-a-zA-Z0-9_]+(@[1-9][0-9]*)?$")
+# A template or workflow key (core/keys.py), optionally pinned to a version: "key@3".
+TEMPLATE_SPEC = re.compile(rf"^{KEY}(@[1-9][0-9]*)?$")
 LOCALE = re.compile(r"^[A-Za-z]{2,3}([-_][A-Za-z0-9]{2,8})*$")
 BATCH_LIMIT = 1000
 

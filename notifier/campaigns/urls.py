@@ -8,9 +8,9 @@ from notifier.campaigns import apis
 
 urlpatterns = [
     path("campaigns", apis.CampaignListCreateApi.as_view(), name="campaigns"),
-    path("campaigns/<int:campaign_id>", apis.CampaignDetailApi.as_view(), name="campaign"),
+    path("campaigns/<id:campaign_id>", apis.CampaignDetailApi.as_view(), name="campaign"),
     path(
-        "campaigns/<int:campaign_id>/<str:action>",
+        "campaigns/<id:campaign_id>/<str:action>",
         apis.CampaignActionApi.as_view(),
         name="campaign-action",
     ),

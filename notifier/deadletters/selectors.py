@@ -6,7 +6,7 @@ from typing import Any
 
 from django.db.models import QuerySet
 
-from core.pagination import decode_cursor, encode_cursor
+from core.pagination import cursor_id, decode_cursor, encode_cursor
 from notifier.clients.models import ApiClient
 from notifier.deadletters.models import DeadLetter
 from notifier.deliveries.models import Delivery
@@ -29,7 +29,7 @@ def dead_letter_list(
 ) -> tuple[list[DeadLetter], str | None]:
     """Return a page of dead letters, newest first, and the cursor of the next page.
 
-    Raises ValueError for a cursor this function did not make.
+    Raises ValueError for a cursor this API did not make, the 400 naming `cursor` for a position that is no id.
     """
     qs = _scoped(client)
     if filters.get("channel"):
@@ -37,12 +37,8 @@ def dead_letter_list(
     if filters.get("status"):
         qs = qs.filter(status=filters["status"])
     if cursor:
-        position = decode_cursor(cursor)
-        try:
-            before = int(position["i"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError("invalid cursor") from exc
-        qs = qs.filter(pk__lt=before)
+        # An id-keyed position, as every id-keyed list reads one: a whole number within a bigint, or the 400.
+        qs = qs.filter(pk__lt=cursor_id(decode_cursor(cursor)))
     page = list(qs.order_by("-pk")[: limit + 1])
     next_cursor = None
     if len(page) > limit:

@@ -9,6 +9,6 @@ from notifier.deadletters import apis
 urlpatterns = [
     path("dead-letters", apis.DeadLetterListApi.as_view(), name="dead-letters"),
     path("dead-letters/replay", apis.DeadLetterBulkReplayApi.as_view(), name="dead-letters-replay"),
-    path("dead-letters/<int:dead_letter_id>/replay", apis.DeadLetterReplayApi.as_view(), name="dead-letter-replay"),
-    path("dead-letters/<int:dead_letter_id>/discard", apis.DeadLetterDiscardApi.as_view(), name="dead-letter-discard"),
+    path("dead-letters/<id:dead_letter_id>/replay", apis.DeadLetterReplayApi.as_view(), name="dead-letter-replay"),
+    path("dead-letters/<id:dead_letter_id>/discard", apis.DeadLetterDiscardApi.as_view(), name="dead-letter-discard"),
 ]

@@ -64,6 +64,13 @@ SEQUENCE_MASK = (1 << DAY_SHIFT) - 1
 # The most a notification's created_at may differ from the time in its UUIDv7 (both are taken in Python
 # while one request is handled); a lookup by id searches this far either side.
 NOTIFICATION_ID_SLACK = timedelta(minutes=10)
+# The last instant a datetime holds, and the last day number whose next day a date still holds. A UUIDv7's
+# 48 bits of milliseconds reach the year 10889 and a bigint's day bits far further: no row carries such an id
+# (none is made past today), so a lookup by one is bounded by these instead, and still reads no partition.
+LATEST = datetime.max.replace(tzinfo=UTC)
+_UNIX_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_LATEST_MILLIS = (LATEST - _UNIX_EPOCH) // timedelta(milliseconds=1)
+_LAST_DAY_NUMBER = (date.max - EPOCH).days - 1
 # How long one DDL statement may wait for its lock before giving up (the maintenance task retries later),
 # so a detach or attach never queues the live traffic behind it.
 LOCK_TIMEOUT = "3s"
@@ -99,14 +106,18 @@ def new_notification_id() -> uuid.UUID:
 
 
 def uuid7_time(value: uuid.UUID | str) -> datetime | None:
-    """Return the creation time a UUIDv7 carries, or None for another version (ids from before the migration)."""
+    """Return the creation time a UUIDv7 carries, or None for another version (ids from before the migration).
+
+    A time past the last a datetime holds (9999-12-31) is read as that last instant (`LATEST`).
+    """
     try:
         parsed = value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
     except ValueError:
         return None
     if parsed.version != 7:
         return None
-    return datetime.fromtimestamp((parsed.int >> 80) / 1000, tz=UTC)
+    # Whole milliseconds added to the epoch: exact, where a float timestamp rounds up past LATEST at its end.
+    return _UNIX_EPOCH + timedelta(milliseconds=min(parsed.int >> 80, _LATEST_MILLIS))
 
 
 def notification_range(value: uuid.UUID | str) -> tuple[datetime, datetime] | None:
@@ -114,7 +125,8 @@ def notification_range(value: uuid.UUID | str) -> tuple[datetime, datetime] | No
     moment = uuid7_time(value)
     if moment is None:
         return None
-    return moment - NOTIFICATION_ID_SLACK, moment + NOTIFICATION_ID_SLACK
+    high = LATEST if moment > LATEST - NOTIFICATION_ID_SLACK else moment + NOTIFICATION_ID_SLACK
+    return moment - NOTIFICATION_ID_SLACK, high
 
 
 def day_number(day: date) -> int:
@@ -154,11 +166,11 @@ def recent_delivery_ids(days: int | None = None) -> tuple[int, int]:
 def notification_range_of_delivery(delivery_id: int) -> tuple[datetime, datetime] | None:
     """Return the created_at range of the delivery's day, where its notification almost always is.
 
-    None for an id from before the migration. A notification accepted in the last moments of a day can have
-    its deliveries in the next (their ids take the database's day): a caller that finds nothing looks again
-    without the range.
+    None for an id from before the migration, and for one whose day no date holds (past 9999-12-30: no
+    delivery has one). A notification accepted in the last moments of a day can have its deliveries in the next
+    (their ids take the database's day): a caller that finds nothing looks again without the range.
     """
-    if int(delivery_id) >> DAY_SHIFT == 0:
+    if not 0 < int(delivery_id) >> DAY_SHIFT <= _LAST_DAY_NUMBER:
         return None
     start, end = day_bounds(NOTIFICATION, delivery_id_day(delivery_id))
     return start, end - timedelta(microseconds=1)

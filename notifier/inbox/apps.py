@@ -16,6 +16,9 @@ class InboxConfig(AppConfig):
     def ready(self) -> None:
         # Imported here: the fan-out sits below this app and cannot import it; it calls what registers here.
         from notifier.dispatch.fanout import register_stored_channel
-        from notifier.inbox import fanout
+        from notifier.inbox import (
+            checks,  # noqa: F401 - registers the start-up checks
+            fanout,
+        )
 
         register_stored_channel(fanout)

@@ -21,6 +21,7 @@ from drf_spectacular.utils import extend_schema
 from rest_framework import authentication, exceptions, permissions
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.throttling import BaseThrottle
 from rest_framework.views import APIView
 
 from core.errors import ApiError
@@ -33,6 +34,7 @@ from notifier.inbox.apis import (
     InboxReadAllApi,
     _recipient_or_404,
 )
+from notifier.inbox.rate_limit import InboxTokenRateThrottle
 from notifier.inbox.serializers import (
     InboxItemSerializer,
     InboxMeOutput,
@@ -107,11 +109,16 @@ class _TokenBound:
 
     authentication_classes: Sequence[type[authentication.BaseAuthentication]] = [InboxTokenAuthentication]
     permission_classes: Sequence[_PermissionClass] = [IsInboxUser]
+    # The token's recipient's rate (INBOX_TOKEN_RATE_LIMIT), instead of the per-API-client one.
+    throttle_classes: Sequence[type[BaseThrottle]] = [InboxTokenRateThrottle]
     # Not an /api/v1 view: no API-key scope applies (the token is the whole authorization).
     required_scope = None
     required_scopes: dict[str, str] = {}
     # The token names its user, not a path: that user may have been erased since the token was minted.
-    error_statuses = {404: "The token's recipient is unknown (erased since the token was minted)."}
+    error_statuses = {
+        404: "The token's recipient is unknown (erased since the token was minted).",
+        429: "Over the rate of the token's recipient (INBOX_TOKEN_RATE_LIMIT, all of its tokens); see Retry-After.",
+    }
 
 
 class BrowserInboxListApi(_TokenBound, InboxListApi):

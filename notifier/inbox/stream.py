@@ -31,12 +31,13 @@ import psycopg
 from django.conf import settings
 
 from core.db import int_array
-from core.errors import error_body
+from core.errors import error_body, retry_after_seconds, throttled_body
 from core.heap import freeze_loaded_heap
 from notifier.deliveries.queries import INBOX_ITEMS_SQL, INBOX_SINCE_SQL, INBOX_UNREAD_SQL, INBOX_UNREADS_SQL
 from notifier.inbox import stream_limits
 from notifier.inbox.browser import token_from
 from notifier.inbox.cors import allowed_origin
+from notifier.inbox.rate_limit import inbox_rate_take
 from notifier.inbox.selectors import INBOX_CHANNEL, INBOX_VISIBLE_STATUSES
 from notifier.inbox.tokens import InboxPrincipal, inbox_token_verify
 from notifier.inbox.unread import RECENT_SECONDS, UnreadCounts
@@ -515,6 +516,13 @@ async def stream_app(scope: Scope, receive: Receive, send: Send) -> None:
     principal: InboxPrincipal | None = inbox_token_verify(token)
     if principal is None:
         await _respond(send, 401, error_body("unauthenticated", "Invalid or expired inbox token."), cors)
+        return
+    # Every attempt counts against the token's rate, as a request to /inbox/v1/ does; the limiter is
+    # synchronous (one Redis call), so it runs off the event loop.
+    grant = await asyncio.to_thread(inbox_rate_take, recipient_id=principal.recipient_id)
+    if grant.granted < 1:
+        retry = str(retry_after_seconds(grant.wait)).encode()
+        await _respond(send, 429, throttled_body(grant.wait), [*cors, (b"retry-after", retry)])
         return
     try:
         resume = _parse_cursor(headers.get("last-event-id") or query.get("last_event_id", ""))

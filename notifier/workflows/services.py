@@ -35,6 +35,7 @@ from django.utils import timezone
 from core import task_names
 from core.db import bound_cursor, insert_rows, json_rows
 from core.errors import ApiError
+from core.keys import require_key
 from core.queues import broker_recently_down, mark_broker_down
 from notifier.accepting.policy import send_policy
 from notifier.accepting.services import (
@@ -79,7 +80,11 @@ def _template_channels(spec: str) -> tuple[str, list[str]] | None:
 
 
 def workflow_put(*, key: str, category: str, steps: Any, actor: str = "") -> WorkflowVersion:
-    """Validate a definition and save it as the workflow's next version; raise ApiError 400 naming the bad step."""
+    """Validate a definition and save it as the workflow's next version; raise ApiError 400 naming the bad step.
+
+    A key that breaks the key rule (core/keys.py) is the 400 naming `key`.
+    """
+    require_key(key)
     try:
         checked = definitions.validate(category=category, steps=steps, template_channels=_template_channels)
     except definitions.DefinitionError as exc:

@@ -114,6 +114,39 @@ def test_a_bad_cursor_is_a_400_naming_it_on_every_list(api: Any, url: str) -> No
     assert response.json()["error"]["fields"] == {"cursor": ["Invalid cursor."]}
 
 
+def _raw_cursor(text: str) -> str:
+    """Return the cursor of a JSON text as this API encodes one (JSON that `encode_cursor` cannot make)."""
+    return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
+
+
+# Python's JSON parser reads these (as infinities or NaN); no cursor this API makes holds one.
+NON_FINITE_CURSORS = [
+    '{"i": Infinity}',
+    '{"i": -Infinity}',
+    '{"i": NaN}',
+    '{"i": 1e999}',
+    '{"c": Infinity, "i": "x"}',
+    '{"c": "2026-01-01T00:00:00+00:00", "i": NaN}',
+    "Infinity",
+]
+
+
+@pytest.mark.parametrize("text", NON_FINITE_CURSORS)
+def test_a_cursor_holding_a_number_no_double_holds_is_refused(text: str) -> None:
+    with pytest.raises(ValueError):
+        decode_cursor(_raw_cursor(text))
+
+
+def test_a_cursor_holding_infinity_or_nan_is_a_400_naming_it_on_every_list(api: Any, service: Any) -> None:
+    for url in [*_every_list(service), "/api/v1/workflows"]:
+        for text in NON_FINITE_CURSORS:
+            separator = "&" if "?" in url else "?"
+            response = api.get(f"{url}{separator}cursor={_raw_cursor(text)}")
+            assert response.status_code == 400, (url, text, response.content)
+            assert response.json()["error"]["code"] == "invalid"
+            assert response.json()["error"]["fields"] == {"cursor": ["Invalid cursor."]}, (url, text)
+
+
 def _every_list(service: Any) -> list[str]:
     """Return the URL of every cursor-paginated list, with what each needs to answer at all."""
     recipient = factories.make_recipient()

@@ -17,7 +17,7 @@ from notifier.clients.models import ApiClient
 from tests.factories import make_api_client
 
 METHODS = ("get", "post", "put", "patch", "delete")
-SAMPLE = {"int": "1", "uuid": str(uuid.uuid4()), "slug": "k", "str": "x", "path": "x"}
+SAMPLE = {"id": "1", "int": "1", "uuid": str(uuid.uuid4()), "slug": "k", "str": "x", "path": "x"}
 
 
 def _api_patterns(resolver: URLResolver | None = None, prefix: str = "") -> Iterator[tuple[str, Any]]:

@@ -178,6 +178,68 @@ def test_a_control_character_in_a_path_is_a_404(api: APIClient, path: str) -> No
     assert response.json()["error"]["code"] == "not_found"
 
 
+# Every route with an id or version in its path, as a caller would call it.
+ID_ROUTES = [
+    ("post", "/api/v1/recipients/u-1/inbox/{}/read"),
+    ("post", "/api/v1/recipients/u-1/inbox/{}/click"),
+    ("post", "/inbox/v1/messages/{}/archive"),
+    ("post", "/api/v1/dead-letters/{}/replay"),
+    ("post", "/api/v1/dead-letters/{}/discard"),
+    ("get", "/api/v1/campaigns/{}"),
+    ("post", "/api/v1/campaigns/{}/pause"),
+    ("delete", "/api/v1/suppressions/{}"),
+    ("get", "/api/v1/templates/hello/versions/{}"),
+]
+
+
+@pytest.mark.parametrize(("method", "route"), ID_ROUTES)
+@pytest.mark.parametrize("number", [str(2**63), "9" * 23, "9" * 5000])
+def test_an_id_in_a_path_past_a_bigint_is_a_404(api: APIClient, method: str, route: str, number: str) -> None:
+    response = getattr(api, method)(route.format(number))
+    assert response.status_code == 404, (route, response.content)
+    assert response.json()["error"]["code"] == "not_found"
+
+
+@pytest.mark.parametrize(
+    ("route", "body"),
+    [
+        ("/api/v1/templates/{}", {"category": "transactional", "content": CONTENT}),
+        ("/api/v1/layouts/{}", {"html": "<html><body>{{ content }}</body></html>"}),
+        ("/api/v1/topics/{}", {"name": "Everyone"}),
+        ("/api/v1/workflows/{}", {"category": "transactional", "steps": [{"id": "a", "type": "delay", "seconds": 1}]}),
+    ],
+)
+def test_a_key_in_a_path_past_128_characters_is_a_400_naming_it(api: APIClient, route: str, body: Any) -> None:
+    response = api.put(route.format("k" * 129), body, format="json")
+    assert response.status_code == 400, (route, response.content)
+    assert response.json()["error"]["fields"] == {"key": ["must be 1-128 letters, digits, '-' or '_'"]}
+    assert api.get(route.format("k" * 129)).status_code == 404
+    assert api.put(route.format("k" * 128), body, format="json").status_code in (200, 201)
+
+
+def test_every_number_in_a_path_is_bounded_to_a_bigint() -> None:
+    """Route parameters that are numbers use `<id:...>` (core/converters.py), never Django's unbounded `<int:...>`."""
+    from django.urls import URLPattern, URLResolver, get_resolver
+    from django.urls.converters import IntConverter
+
+    from core.converters import IdConverter
+
+    def walk(patterns: list[Any], prefix: str = "") -> list[tuple[str, Any]]:
+        found = []
+        for pattern in patterns:
+            converters = getattr(pattern.pattern, "converters", {})
+            found += [(prefix + str(pattern.pattern), converter) for converter in converters.values()]
+            if isinstance(pattern, URLResolver) and not str(pattern.pattern).startswith("admin/"):
+                found += walk(pattern.url_patterns, prefix + str(pattern.pattern))
+            assert isinstance(pattern, URLPattern | URLResolver)
+        return found
+
+    routes = walk(get_resolver().url_patterns)
+    assert any(isinstance(converter, IdConverter) for _, converter in routes)
+    unbounded = [route for route, converter in routes if isinstance(converter, IntConverter)]
+    assert unbounded == []
+
+
 @pytest.mark.parametrize("query", ["user_id=%00", "status=sent&category=a%00", "cursor=%00", "a%00=1"])
 def test_a_nul_in_a_query_parameter_is_a_400_naming_it(api: APIClient, query: str) -> None:
     response = api.get(f"/api/v1/notifications?{query}")

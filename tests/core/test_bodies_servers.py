@@ -1,6 +1,7 @@
 """A 60 MB body to every endpoint family of the real servers (gunicorn for the API, uvicorn for the browser
 inbox) is a 413 before it is read: the answer comes while the body is still being sent, with or without a
-Content-Length, and the server process's memory stays flat."""
+Content-Length, and the server process's memory stays flat. A charset Python cannot decode with is a 415 on every
+URL of both."""
 
 from __future__ import annotations
 
@@ -168,3 +169,53 @@ def test_a_chunked_body_within_the_limit_is_read_whole(servers: dict[str, tuple[
     status, answer = _post_chunked(servers[server][0], "/api/v1/notifications", json.dumps(body).encode(), key)
     assert status == 202, answer
     assert Notification.objects.filter(pk=answer["id"]).exists()
+
+
+def _call(port: int, method: str, path: str, content_type: str) -> tuple[int, dict[str, Any]]:
+    """Send one request with this Content-Type (and a small JSON body on a POST); return (status, JSON body)."""
+    data = b"{}" if method == "POST" else None
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}", data=data, method=method, headers={"Content-Type": content_type}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read() or b"{}")
+    except urllib.error.HTTPError as exc:
+        raw = exc.read()
+        try:
+            return exc.code, json.loads(raw or b"{}")
+        except ValueError:
+            return exc.code, {"raw": raw[:200].decode("latin-1")}
+
+
+# Names Python does not know, codecs that are no text encoding (Django takes them), and Python's own codecs
+# whose decoders fail in ways Django does not catch.
+UNDECODABLE_CHARSETS = ["rot13", "bz2_codec", "hex", "undefined", "punycode", "idna", "foo-bar-unknown"]
+# Unauthenticated and authenticated URLs, with and without a body, a query string, percent escapes.
+CHARSET_REQUESTS = [
+    ("GET", "/healthz?probe=%20x"),
+    ("GET", "/api/v1/notifications?limit=1"),
+    ("POST", "/api/v1/notifications"),
+    ("POST", "/inbox/v1/messages/read-all?x=a..b"),
+    ("GET", "/admin/login/?next=/admin/"),
+    ("POST", "/callbacks/ses"),
+]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("server", ["gunicorn", "uvicorn"])
+def test_a_charset_python_cannot_decode_with_is_a_415_on_every_url(
+    servers: dict[str, tuple[int, list[int]]], server: str
+) -> None:
+    port = servers[server][0]
+    for charset in UNDECODABLE_CHARSETS:
+        for method, path in CHARSET_REQUESTS:
+            status, body = _call(port, method, path, f"application/json; charset={charset}")
+            assert status == 415, (server, charset, method, path, status, body)
+            assert set(body["error"]) == {"code", "message", "fields"}
+            assert body["error"]["code"] == "unsupported_media_type"
+            assert charset in body["error"]["message"]
+    # A charset Python decodes with is served as before, however it is spelled.
+    for charset in ("utf-8", "UTF8", "iso-8859-1"):
+        assert _call(port, "GET", "/healthz?probe=%20x", f"application/json; charset={charset}")[0] == 200
+    assert _up(port)

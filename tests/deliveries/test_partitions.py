@@ -142,6 +142,25 @@ def test_delivery_ids_stay_exact_as_javascript_numbers_until_2149() -> None:
     assert past_id > MAX_SAFE_ID
 
 
+# A UUIDv7 carries 48 bits of milliseconds, up to the year 10889; a datetime reaches 9999-12-31 only.
+FAR_FUTURE_IDS = {
+    "last-uuid7-time": uuid.UUID(int=((2**48 - 1) << 80) | (0x7 << 76) | (0b10 << 62)),
+    "minutes-before-datetime-max": uuid7(datetime(9999, 12, 31, 23, 59, tzinfo=UTC)),
+}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("notification_id", FAR_FUTURE_IDS.values(), ids=FAR_FUTURE_IDS.keys())
+def test_an_id_from_past_the_partitions_years_is_a_404_read_on_no_partition(api: Any, notification_id: Any) -> None:
+    for method, path in (("get", f"/api/v1/notifications/{notification_id}"),
+                         ("post", f"/api/v1/notifications/{notification_id}/cancel")):  # fmt: skip
+        response = getattr(api, method)(path)
+        assert response.status_code == 404, (path, response.content)
+        assert response.json()["error"]["code"] == "not_found"
+    # The id still bounds its lookup: no day's partition can hold it, so none is read.
+    assert touched_qs(Notification.objects.filter(pk=notification_id)) == set()
+
+
 @pytest.mark.django_db
 def test_hot_queries_touch_only_their_day(api: Any, template: None) -> None:
     """Claim, load, outcome write, API read by id, inbox item, callbacks: each plan touches one day's partition."""

@@ -76,6 +76,61 @@ def test_inbox_endpoints_refuse_api_keys_tampered_and_expired_tokens(api: APICli
     assert bad_ttl.status_code == 400 and "ttl_seconds" in bad_ttl.json()["error"]["fields"]
 
 
+# Ids no delivery can have: a day past what a date holds (10^18, the last bigint), past a bigint, far past it.
+IMPOSSIBLE_ITEM_IDS = [str(10**18), str(2**63 - 1), str(2**63), "9" * 23]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("item_id", IMPOSSIBLE_ITEM_IDS)
+def test_an_inbox_item_id_no_delivery_can_have_is_a_404(api: APIClient, item_id: str) -> None:
+    mine = _inapp()
+    user_id = mine.recipient.user_id
+    browser = bearer_client(inbox_token_mint(recipient=mine.recipient, ttl_seconds=60)[0])
+    for action in ("read", "archive", "unarchive", "click"):
+        for http, path in (
+            (api, f"/api/v1/recipients/{user_id}/inbox/{item_id}/{action}"),
+            (browser, f"/inbox/v1/messages/{item_id}/{action}"),
+        ):
+            response = http.post(path)
+            assert response.status_code == 404, (path, response.content)
+            assert response.json()["error"]["code"] == "not_found"
+    mine.refresh_from_db()
+    assert (mine.read_at, mine.archived_at, mine.status) == (None, None, "sent")
+
+
+@pytest.mark.django_db
+def test_an_inbox_token_over_its_rate_gets_429_with_retry_after_and_others_are_unaffected(settings: Any) -> None:
+    settings.INBOX_TOKEN_RATE_LIMIT = "3/h"
+    mine, theirs = _inapp(), _inapp()
+    browser = bearer_client(inbox_token_mint(recipient=mine.recipient, ttl_seconds=600)[0])
+    # Every /inbox/v1/ endpoint counts against it.
+    served = [browser.get(path) for path in ("/inbox/v1/messages", "/inbox/v1/me", "/inbox/v1/messages?unread=1")]
+    assert [r.status_code for r in served] == [200, 200, 200]
+    refused = browser.post(f"/inbox/v1/messages/{mine.pk}/read")
+    assert refused.status_code == 429, refused.content
+    error = refused.json()["error"]
+    assert set(error) == {"code", "message", "fields"} and error["code"] == "rate_limited"
+    assert int(refused["Retry-After"]) >= 1000  # one request per 1,200 s
+    mine.refresh_from_db()
+    assert mine.read_at is None  # the refused request did nothing
+    # A second token of the same user shares the bucket: minting more tokens buys no more requests.
+    again = bearer_client(inbox_token_mint(recipient=mine.recipient, ttl_seconds=601)[0])
+    assert again.get("/inbox/v1/messages").status_code == 429
+    # Another user's token has a bucket of its own.
+    other = bearer_client(inbox_token_mint(recipient=theirs.recipient, ttl_seconds=600)[0])
+    assert other.post(f"/inbox/v1/messages/{theirs.pk}/read").status_code == 200
+    # A request without a valid token is refused for that, before any bucket.
+    assert APIClient().get("/inbox/v1/messages", HTTP_AUTHORIZATION="Bearer garbage").status_code == 401
+
+
+def test_a_bad_inbox_token_rate_limit_is_refused_at_start_up(settings: Any) -> None:
+    from django.core.management import CommandError, call_command
+
+    settings.INBOX_TOKEN_RATE_LIMIT = "lots"
+    with pytest.raises(CommandError, match="INBOX_TOKEN_RATE_LIMIT"):
+        call_command("check")
+
+
 @pytest.mark.django_db
 def test_an_inbox_token_for_a_user_never_seen_creates_the_recipient_as_a_send_would(api: APIClient) -> None:
     assert not Recipient.objects.filter(user_id="first-visit").exists()

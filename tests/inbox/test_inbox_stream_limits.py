@@ -76,6 +76,21 @@ def test_malformed_or_oversized_last_event_id_is_a_400_and_the_server_keeps_serv
         reader.close()
 
 
+def test_stream_attempts_count_against_the_tokens_rate(stream_server: Callable[..., StreamServer]) -> None:
+    server = stream_server({**LIMITS, "INBOX_TOKEN_RATE_LIMIT": "2/h"})
+    me, other = make_recipient(user_id="rate-me"), make_recipient(user_id="rate-other")
+    token, _ = inbox_token_mint(recipient=me, ttl_seconds=600)
+    theirs, _ = inbox_token_mint(recipient=other, ttl_seconds=600)
+    # Each attempt counts once its token is verified, whatever becomes of it (here a bad Last-Event-ID).
+    assert [_request(server.port, token, "abc")[0] for _ in range(2)] == [400, 400]
+    status, headers, body = _request(server.port, token)
+    assert status == 429
+    assert set(body["error"]) == {"code", "message", "fields"} and body["error"]["code"] == "rate_limited"
+    assert int(headers["retry-after"]) >= 1000
+    assert _request(server.port, theirs, "abc")[0] == 400  # another user's token is not limited by it
+    assert "Traceback" not in server.process.log()
+
+
 def test_streams_are_limited_per_token_and_per_recipient_and_freed_on_close(
     stream_server: Callable[..., StreamServer],
 ) -> None:

@@ -1,5 +1,5 @@
 """The admin's API clients: adding one creates its key and shows it once, rotating shows the new one once,
-scopes are checkboxes, a webhook secret must be whsec_ + base64."""
+scopes are checkboxes, a webhook secret must be whsec_ + base64; rotating takes the change permission."""
 
 from __future__ import annotations
 
@@ -62,6 +62,41 @@ def test_rotate_action_shows_the_new_key_once_and_the_old_stops_working(staff: A
     assert client.key_hash == hash_key(new)
     http = bearer_client(old)
     assert http.get("/api/v1/recipients/nobody").status_code == 401
+
+
+def _staff_with(*codenames: str) -> Any:
+    """Return a test client logged in as a staff user (not a superuser) holding these ApiClient permissions."""
+    from django.contrib.auth.models import Permission
+    from django.test import Client
+
+    from tests.factories import make_staff_user
+
+    user = make_staff_user(f"staff-{'-'.join(codenames)}")
+    user.user_permissions.add(*Permission.objects.filter(content_type__app_label="clients", codename__in=codenames))
+    http = Client()
+    http.force_login(user)
+    return http
+
+
+def test_rotating_keys_takes_the_change_permission(api_client_factory: Any) -> None:
+    client, api = api_client_factory(name="billing")
+    changelist = "/admin/clients/apiclient/"
+    rotate = {"action": "rotate_keys", "_selected_action": [client.pk]}
+    viewer = _staff_with("view_apiclient")
+    # A staff user who may only view API clients sees the list without the action, and cannot run it.
+    page = viewer.get(changelist)
+    assert page.status_code == 200 and "billing" in page.content.decode()
+    assert 'value="rotate_keys"' not in page.content.decode()
+    response = viewer.post(changelist, rotate, follow=True)
+    assert not shown_keys(response)
+    assert ApiClient.objects.get(pk=client.pk).key_hash == client.key_hash
+    assert api.get("/api/v1/recipients/nobody").status_code == 404  # the old key still works
+    # One who may change them is offered it, and it rotates the key.
+    editor = _staff_with("view_apiclient", "change_apiclient")
+    assert 'value="rotate_keys"' in editor.get(changelist).content.decode()
+    [new] = shown_keys(editor.post(changelist, rotate))
+    assert ApiClient.objects.get(pk=client.pk).key_hash == hash_key(new)
+    assert api.get("/api/v1/recipients/nobody").status_code == 401
 
 
 @pytest.mark.parametrize(

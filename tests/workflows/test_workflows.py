@@ -118,6 +118,24 @@ def test_invalid_definitions_are_400_naming_the_step(api: Any, steps: list[Any],
 
 @pytest.mark.django_db
 @pytest.mark.usefixtures("setup")
+def test_a_workflow_key_past_128_characters_is_a_400_naming_it(api: Any) -> None:
+    long_key = "k" * 129
+    put = _put(api, long_key, EXAMPLE)
+    assert put.status_code == 400, put.content
+    assert put.json()["error"]["fields"] == {"key": ["must be 1-128 letters, digits, '-' or '_'"]}
+    assert api.get(f"/api/v1/workflows/{long_key}").status_code == 404
+    for workflow in (long_key, f"{long_key}@1"):
+        body = {"recipient": {"user_id": "wf-1"}, "workflow": workflow}
+        send = api.post("/api/v1/notifications", body, format="json")
+        assert send.status_code == 400, send.content
+        assert list(send.json()["error"]["fields"]) == ["workflow"]
+        assert "Expected a workflow key" in send.json()["error"]["fields"]["workflow"][0]
+    # At 128 it is a key like any other.
+    assert _put(api, "k" * 128, EXAMPLE).status_code == 201
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("setup")
 def test_versions_are_kept_and_a_run_keeps_its_version(api: Any) -> None:
     first = _put(api, "comment_added", EXAMPLE)
     assert first.status_code == 201 and first.json()["version"] == 1
