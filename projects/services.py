@@ -31,7 +31,7 @@ def project_create(*, slug: str, name: str = "") -> Project:
     return project
 
 
-def default_project_ensure(*, apps: Any = None, using: str = "default", **_: Any) -> None:
+def default_project_ensure(*, apps: Any = None, using: str = "default", **signal: Any) -> None:
     """Make the project `default` and its environments (ids 1 live, 2 test) if they are missing; idempotent.
 
     The migration makes them; this keeps them after anything that empties the tables (a test database flushed

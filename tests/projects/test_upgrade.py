@@ -102,7 +102,7 @@ def test_an_installation_from_before_projects_moves_into_the_default_project(old
             "SELECT c.relname, c.relfilenode FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
             " JOIN pg_class p ON p.oid = i.inhparent WHERE p.relname IN ('notifier_notification', 'notifier_delivery')"
         )
-        files_before = dict(conn.execute(files_query).fetchall())
+        files_before: dict[str, int] = dict(conn.execute(files_query).fetchall())
     assert len(files_before) >= 2
 
     _migrate(old_database)
@@ -113,9 +113,11 @@ def test_an_installation_from_before_projects_moves_into_the_default_project(old
             (1, "live"),
             (2, "test"),
         ]
-        clients = dict(conn.execute("SELECT name, environment_id FROM notifier_apiclient").fetchall())
+        clients: dict[str, int] = dict(conn.execute("SELECT name, environment_id FROM notifier_apiclient").fetchall())
         assert clients == {"billing": 1, "billing-staging": 2}
-        by_client = dict(conn.execute("SELECT client_id, environment_id FROM notifier_notification").fetchall())
+        by_client: dict[int, int] = dict(
+            conn.execute("SELECT client_id, environment_id FROM notifier_notification").fetchall()
+        )
         assert by_client == {live: 1, staging: 2}
         deliveries = conn.execute(
             "SELECT n.client_id, d.environment_id FROM notifier_delivery d JOIN notifier_notification n"
@@ -123,7 +125,9 @@ def test_an_installation_from_before_projects_moves_into_the_default_project(old
         ).fetchall()
         assert sorted(deliveries) == sorted([(live, 1), (staging, 2)])
         assert conn.execute("SELECT environment_id FROM preferences_recipient").fetchall() == [(1,)]
-        suppressions = dict(conn.execute("SELECT address, environment_id FROM preferences_suppression").fetchall())
+        suppressions: dict[str, int | None] = dict(
+            conn.execute("SELECT address, environment_id FROM preferences_suppression").fetchall()
+        )
         assert suppressions == {"bounced@example.com": None, "asked@example.com": 1}
         assert dict(conn.execute(files_query).fetchall()) == files_before
         # A project made afterwards takes the next ids, after the default's fixed ones.
