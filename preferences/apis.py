@@ -252,7 +252,7 @@ class SuppressionListApi(APIView):
         data = SuppressionInputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         existed = selectors.suppression_exists(
-            channel=data.validated_data["channel"], address=data.validated_data["address"]
+            channel=data.validated_data["channel"], address=data.validated_data["address"], own_only=True
         )
         suppression = services.suppression_add(
             source=Suppression.Source.MANUAL, audit_actor=request.user, **data.validated_data

@@ -118,6 +118,9 @@ def suppression_get(*, suppression_id: int, own_only: bool = False) -> Suppressi
     return found.first()
 
 
-def suppression_exists(*, channel: str, address: str) -> bool:
-    """Return whether (channel, address) is on the suppression list."""
-    return Suppression.objects.filter(channel=channel, address=address).exists()
+def suppression_exists(*, channel: str, address: str, own_only: bool = False) -> bool:
+    """Return whether (channel, address) is on the suppression list (`own_only`: the scope's own list only)."""
+    found = Suppression.objects.filter(channel=channel, address=address)
+    if own_only:
+        found = found.filter(environment__isnull=False)
+    return found.exists()

@@ -22,7 +22,7 @@ from core.categories import is_optional
 from preferences.models import Device, Recipient, Subscription, Suppression, Topic
 from preferences.selectors import recipient_for_send
 from preferences.signals import recipient_erased
-from projects.scoping import owner_scope
+from projects.scoping import current_environment_id, owner_scope
 
 # What a caller may set on a recipient through recipient_upsert(); user_id and erased_at are managed here.
 RECIPIENT_FIELDS = frozenset(
@@ -63,11 +63,28 @@ def _plain(value: Any) -> Any:
 
 
 def suppression_add(
-    *, channel: str, address: str, source: str, reason: str = "", audit_actor: Any = None
+    *,
+    channel: str,
+    address: str,
+    source: str,
+    reason: str = "",
+    audit_actor: Any = None,
+    environment_id: int | None = None,
 ) -> Suppression:
-    """Put (channel, address) on the suppression list (idempotent); a suppressed push token is deactivated."""
-    suppression, created = Suppression.objects.get_or_create(
-        channel=channel, address=address, defaults={"source": source, "reason": reason[:255]}
+    """Put (channel, address) on an environment's suppression list (idempotent); a suppressed push token is deactivated.
+
+    The list is `environment_id`'s, else the scope's (projects.scoping); outside any scope (provider bounces,
+    complaints and invalid addresses reported to the workers and callbacks) it is the installation-wide list every
+    project's sends check.
+    """
+    owner = environment_id if environment_id is not None else current_environment_id()
+    # Exactly that list: the scope's manager alone would also show the installation-wide entries.
+    if owner is None:
+        entries = Suppression.objects.filter(environment__isnull=True)
+    else:
+        entries = Suppression.objects.filter(environment_id=owner)
+    suppression, created = entries.get_or_create(
+        channel=channel, address=address, defaults={"source": source, "reason": reason[:255], "environment_id": owner}
     )
     if channel == "push":
         Device.objects.filter(token=address, active=True).update(active=False, deactivated_at=timezone.now())

@@ -22,6 +22,7 @@ from notifier.deliveries.planning import channel_addresses
 from notifier.deliveries.status import record_events, transition
 from preferences.models import Suppression
 from preferences.services import suppression_add, suppression_remove
+from projects.scoping import owner_id
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +112,8 @@ def delivery_address_suppress(*, delivery: Delivery, actor: Any, reason: str = "
         source=Suppression.Source.MANUAL,
         reason=reason or f"support, delivery #{delivery.pk}",
         audit_actor=actor,
+        # The delivery's project environment's list: support suppresses for the project it works for.
+        environment_id=owner_id(delivery),
     )
 
 

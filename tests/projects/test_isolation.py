@@ -158,3 +158,25 @@ def test_create_project_and_keys_from_the_command_line(capsys: pytest.CaptureFix
         call_command("create_api_client", "nowhere", "--project", "nope")
     with pytest.raises(CommandError, match="already exists"):
         call_command("create_project", "shop")
+
+
+@pytest.mark.django_db
+def test_a_bounce_suppresses_for_every_project_even_where_one_had_suppressed_it_itself(
+    keys: dict[str, tuple[Any, Any]],
+) -> None:
+    from preferences.services import suppression_add
+
+    (a, a_api), (b, _) = keys["a"], keys["b"]
+    made = a_api.post("/api/v1/suppressions", {"channel": "email", "address": "x@example.com"}, format="json")
+    assert made.status_code == 201
+    # What a callback or a send worker does, outside any scope: the installation-wide list gets it too.
+    wide = suppression_add(channel="email", address="x@example.com", source="bounce")
+    assert wide.environment_id is None and wide.pk != made.json()["id"]
+    assert suppression_add(channel="email", address="x@example.com", source="bounce").pk == wide.pk  # idempotent
+    from preferences.compliance import suppressed_addresses
+
+    assert suppressed_addresses([("email", "x@example.com")], environment_id=b.environment_id)
+    # A project's own entry, given its environment, stays its own.
+    own = suppression_add(channel="email", address="y@example.com", source="manual", environment_id=a.environment_id)
+    assert own.environment_id == a.environment_id
+    assert not suppressed_addresses([("email", "y@example.com")], environment_id=b.environment_id)
