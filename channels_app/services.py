@@ -37,10 +37,11 @@ from notifier.statusevents.selectors import has_event_endpoint
 from notifier.tracking.services import decorate as tracking_decorate
 from preferences.compliance import evaluate, suppressed_addresses
 from preferences.emails import personalize, uses_preferences_url
-from projects.scoping import owner_id
+from projects.scoping import owner_id, owner_scope
 from templates_app import layouts
 from templates_app.models import TemplateVersion
 from templates_app.rendering import RenderError, RenderRequest, header_value, render_many
+from templates_app.selectors import template_version_pinned
 
 logger = logging.getLogger(__name__)
 
@@ -49,19 +50,21 @@ S = Delivery.Status
 __all__ = ["BatchReport", "backoff_seconds", "deliver", "heartbeat"]
 
 
-_versions: dict[tuple[str, int], TemplateVersion] = {}
+_versions: dict[tuple[int, str, int], TemplateVersion] = {}
 
 
 def _template_version(notification: Notification) -> TemplateVersion:
-    """Return the (immutable) template version a notification was accepted with, cached per process."""
-    key = (notification.template_key, notification.template_version or 0)
+    """Return the (immutable) template version a notification was accepted with, cached per process.
+
+    Looked up and cached under the notification's environment: every environment has its own templates under
+    the same keys, each numbering its versions from 1 (each project's "digest" has a version 1).
+    """
+    key = (owner_id(notification), notification.template_key, notification.template_version or 0)
     version = _versions.get(key)
     if version is None:
-        version = TemplateVersion.objects.select_related("template").get(
-            # No pinned version (None) matches no row, as 0 does: the same DoesNotExist either way.
-            template__key=notification.template_key,
-            version=notification.template_version or 0,
-        )
+        version = template_version_pinned(key=key[1], version=key[2], environment_id=key[0])
+        if version is None:
+            raise TemplateVersion.DoesNotExist(f"template {key[1]} version {key[2]} does not exist")
         if len(_versions) > 4096:
             _versions.clear()
         _versions[key] = version
@@ -291,7 +294,9 @@ def _prerender_batch(deliveries: list[Delivery]) -> None:
         if outcome.rendered is not None:
             version, channel, _, payload = wanted[key]
             try:
-                rendered = layouts.apply(version, outcome.rendered, channel=channel, payload=payload)
+                # The email's layout is looked up by its key: the template's environment's (see _build_message).
+                with owner_scope(owner_id(version.template)):
+                    rendered = layouts.apply(version, outcome.rendered, channel=channel, payload=payload)
             except RenderError as exc:
                 _render_cache[key] = exc
                 continue
@@ -314,7 +319,10 @@ def _build_message(delivery: Delivery, out: Outcomes) -> OutboundMessage | None:
         if isinstance(cached, RenderError):  # a fresh exception per delivery: re-raising one grows its traceback
             raise RenderError(cached.message, variable=cached.variable, path=cached.path, code=cached.code)
         if cached is None:
-            rendered = layouts.render(version, channel=delivery.channel, locale=locale, payload=n.payload)
+            # A layout is named by its key, which each environment has its own of; a worker sends many
+            # environments' deliveries, so the lookup is the template's environment's, not whatever is first.
+            with owner_scope(owner_id(version.template)):
+                rendered = layouts.render(version, channel=delivery.channel, locale=locale, payload=n.payload)
             # Checked once per render, not per delivery: most templates never use {{ preferences_url }}.
             cached = (rendered, uses_preferences_url(rendered.parts, rendered.link_marker))
             if len(_render_cache) > 10_000:

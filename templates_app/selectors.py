@@ -51,6 +51,21 @@ def template_version_resolve(spec: str) -> TemplateVersion:
     return version
 
 
+def template_version_pinned(*, key: str, version: int | None, environment_id: int) -> TemplateVersion | None:
+    """Return the version a notification was accepted with (its template loaded), or None when it is gone.
+
+    By the notification's environment, not the scope: the send workers and the fan-out render many
+    environments' notifications, and every environment has its own template under a key and numbers its
+    versions from 1, so a key and a number alone name one version per environment.
+    """
+    return (
+        TemplateVersion.objects.select_related("template")
+        # No pinned version (None) matches no row, as 0 does.
+        .filter(template__environment_id=environment_id, template__key=key, version=version or 0)
+        .first()
+    )
+
+
 def template_list(*, after_id: int = 0, limit: int = 50) -> list[Template]:
     """Return up to `limit` templates with id > `after_id` in id order, with their published version (keyset page)."""
     qs = Template.objects.select_related("published_version").filter(pk__gt=after_id).order_by("pk")

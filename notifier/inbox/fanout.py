@@ -41,9 +41,11 @@ from notifier.clients.models import ApiClient
 from notifier.deliveries import fallback, frequency
 from notifier.deliveries.models import Notification
 from preferences.emails import uses_preferences_url
+from projects.scoping import owner_id
 from templates_app import layouts
 from templates_app.models import TemplateVersion
 from templates_app.rendering import RenderError, render_many
+from templates_app.selectors import template_version_pinned
 
 logger = logging.getLogger(__name__)
 # The worker writes one line per outcome to this logger; the same lines for the items stored here.
@@ -81,21 +83,18 @@ class Contents:
     by_locale: dict[str, dict[str, Any] | None] = field(default_factory=dict)
 
 
-_versions: dict[tuple[str, int], TemplateVersion] = {}
+_versions: dict[tuple[int, str, int], TemplateVersion] = {}
 _contents: dict[Any, Contents] = {}
 _CACHE_MAX = 256
 
 
 def _version(n: Notification) -> TemplateVersion | None:
     """Return the (immutable) template version of a notification, cached per process; None if it does not exist."""
-    key = (n.template_key, n.template_version or 0)
+    # Under the notification's environment too: each environment numbers its own template's versions from 1.
+    key = (owner_id(n), n.template_key, n.template_version or 0)
     version = _versions.get(key)
     if version is None:
-        version = (
-            TemplateVersion.objects.select_related("template")
-            .filter(template__key=n.template_key, version=n.template_version or 0)
-            .first()
-        )
+        version = template_version_pinned(key=key[1], version=key[2], environment_id=key[0])
         if version is None:
             return None
         if len(_versions) > _CACHE_MAX:
