@@ -9,6 +9,7 @@ where workers decide it.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import pytest
@@ -16,8 +17,13 @@ from django.utils import timezone
 
 from notifier.deliveries.models import Delivery
 from notifier.dispatch.digest import digest_flush
+from notifier.workflows.models import WorkflowRun
+from tests.campaigns.test_campaigns import BEAT
 from tests.conftest import wait_for
 from tests.projects.test_isolation import keys  # noqa: F401 - the fixture
+from tests.workflows.test_workflows import CONTENT as COMMENT
+from tests.workflows.test_workflows_e2e import ENV as WORKFLOW_ENV
+from tests.workflows.test_workflows_e2e import QUEUES as WORKFLOW_QUEUES
 
 ITEM = {"en": {"email": {"subject": "{{ title }}", "text": "{{ title }}"}}}
 
@@ -91,3 +97,59 @@ def test_each_environments_hourly_digest_holds_only_its_own_items(
         digest = Delivery.objects.select_related("notification__client").get(pk=email["delivery_id"])
         assert (digest.notification.client_id, digest.provider) == (client.pk, "sandbox")
     assert keys["a_test"][0].mode == "test"
+
+
+def _post(api: Any, body: dict[str, Any]) -> dict[str, Any]:
+    answer = api.post("/api/v1/notifications", body, format="json")
+    assert answer.status_code in (200, 202), answer.content
+    return {"code": answer.status_code, **answer.json()}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_each_environments_workflow_digest_and_throttle_count_only_its_own_triggers(
+    keys: dict[str, tuple[Any, Any]],  # noqa: F811 - the fixture
+    start_worker: Any,
+    start_process: Any,
+) -> None:
+    authors = {"a": ["ann", "bob"], "a_test": ["cat", "dan", "eve"], "b": ["fay"]}
+    # The throttle lets two runs per hour through; A's test key triggers three before A's live key triggers two.
+    throttled = {"a_test": 3, "a": 2, "b": 1}
+    for name, (_, api) in keys.items():
+        _put_template(api, "comment_added", "transactional", COMMENT)
+        digest_content = {
+            "email": {
+                "subject": f"{name}: {{{{ digest.count }}}} new comments",
+                "text": "{% for e in digest.events %}{{ e.author }};{% endfor %}",
+            }
+        }
+        _put_template(api, "comment_digest", "transactional", {"en": digest_content})
+        assert api.put("/api/v1/recipients/e2e-1", {"email": "e2e-1@example.com"}, format="json").status_code == 201
+        for key, steps in (
+            ("thread", [{"id": "batch", "type": "digest", "window_seconds": 3, "key": "{{ thread_id }}"},
+                        {"id": "mail", "type": "send", "channel": "email", "template": "comment_digest"}]),
+            ("capped", [{"id": "cap", "type": "throttle", "max": 2, "per_seconds": 3600},
+                        {"id": "bell", "type": "send", "channel": "inapp", "template": "comment_added"}]),
+        ):  # fmt: skip
+            made = api.put(f"/api/v1/workflows/{key}", {"category": "transactional", "steps": steps}, format="json")
+            assert made.status_code == 201, made.content
+    start_worker(queues=WORKFLOW_QUEUES, env=WORKFLOW_ENV)
+    start_process("beat", BEAT, WORKFLOW_ENV)
+
+    trigger = {"recipient": {"user_id": "e2e-1"}}
+    for name, (_, api) in keys.items():
+        for author in authors[name]:
+            _post(api, {**trigger, "workflow": "thread", "payload": {"thread_id": "t-7", "author": author}})
+    capped = {
+        name: [_post(keys[name][1], {**trigger, "workflow": "capped"})["id"] for _ in range(count)]
+        for name, count in throttled.items()
+    }
+    wait_for(lambda: not WorkflowRun.objects.filter(status__in=["running", "waiting"]).exists(), 90)
+
+    for name, (_, api) in keys.items():
+        # One digest email per environment, merging that environment's triggers only.
+        [email] = wait_for(functools.partial(_emails, api), 30)
+        assert email["content"]["subject"] == f"{name}: {len(authors[name])} new comments"
+        assert sorted(email["content"]["text"].split(";")[:-1]) == authors[name]
+        # The throttle's allowance is the environment's: A's test triggers used none of A's live ones.
+        statuses = [api.get(f"/api/v1/notifications/{n}").json()["run_status"] for n in capped[name]]
+        assert sorted(statuses) == ["done"] * min(2, throttled[name]) + ["throttled"] * (throttled[name] - 2)
