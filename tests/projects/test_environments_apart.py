@@ -20,6 +20,7 @@ from notifier.dispatch.digest import digest_flush
 from notifier.workflows.models import WorkflowRun
 from tests.campaigns.test_campaigns import BEAT
 from tests.conftest import wait_for
+from tests.deliveries.test_frequency_cap import _categories, redis_down  # noqa: F401 - the fixture
 from tests.projects.test_isolation import keys  # noqa: F401 - the fixture
 from tests.workflows.test_workflows import CONTENT as COMMENT
 from tests.workflows.test_workflows_e2e import ENV as WORKFLOW_ENV
@@ -153,3 +154,47 @@ def test_each_environments_workflow_digest_and_throttle_count_only_its_own_trigg
         # The throttle's allowance is the environment's: A's test triggers used none of A's live ones.
         statuses = [api.get(f"/api/v1/notifications/{n}").json()["run_status"] for n in capped[name]]
         assert sorted(statuses) == ["done"] * min(2, throttled[name]) + ["throttled"] * (throttled[name] - 2)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("redis", ["up", "down"])
+def test_frequency_caps_dedup_keys_and_statistics_are_each_environments_own(
+    keys: dict[str, tuple[Any, Any]],  # noqa: F811 - the fixture
+    settings: Any,
+    request: pytest.FixtureRequest,
+    redis: str,
+) -> None:
+    if redis == "down":  # the caps' other counter: the recipient's notifications in PostgreSQL
+        request.getfixturevalue("redis_down")
+    _categories(settings, social={"max": 2, "per_seconds": 3600})
+    for _, api in keys.values():
+        _put_template(api, "news", "social", ITEM)
+        assert api.put("/api/v1/recipients/fc-1", {"email": "fc-1@example.com"}, format="json").status_code == 201
+    send = {"recipient": {"user_id": "fc-1"}, "template": "news", "payload": {"title": "News"}}
+    (_, a), (_, a_test), (_, b) = keys["a"], keys["a_test"], keys["b"]
+
+    def outcome(answer: dict[str, Any]) -> tuple[int, list[tuple[str, str]]]:
+        return answer["code"], [(d["status"], d["reason"]) for d in answer["deliveries"]]
+
+    # A's test key uses up its allowance first, with the dedup key A's live key and B's key also send.
+    tested = [_post(a_test, {**send, "dedup_key": "k-1"}), _post(a_test, send)]
+    assert [outcome(t) for t in tested] == [(202, [("queued", "")])] * 2
+    first = _post(a, {**send, "dedup_key": "k-1"})
+    assert outcome(first) == (202, [("queued", "")]) and first["id"] != tested[0]["id"]
+    again = _post(a, {**send, "dedup_key": "k-1"})  # the dedup key works within an environment
+    assert (again["code"], again["id"]) == (200, first["id"])
+    assert outcome(_post(a, send)) == (202, [("queued", "")])
+    assert outcome(_post(a, send)) == (202, [("suppressed", "frequency_cap")])
+    other = _post(b, {**send, "dedup_key": "k-1"})
+    assert outcome(other) == (202, [("queued", "")]) and other["id"] not in (first["id"], tested[0]["id"])
+
+    # Statistics are the key's own: the test key's count no live traffic, the live keys' no test traffic.
+    def stats(api: Any, **query: str) -> list[dict[str, Any]]:
+        answer = api.get("/api/v1/stats", {"group_by": "status", **query})
+        assert answer.status_code == 200, answer.content
+        return list(answer.json()["results"])
+
+    assert stats(a_test) == stats(a_test, mode="test") == [{"status": "queued", "count": 2}]
+    assert stats(a) == stats(a, mode="live") == [{"status": "queued", "count": 2}, {"status": "suppressed", "count": 1}]
+    assert stats(b) == [{"status": "queued", "count": 1}]
+    assert stats(a_test, mode="live") == stats(a, mode="test") == []
