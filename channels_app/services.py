@@ -37,7 +37,7 @@ from notifier.statusevents.selectors import has_event_endpoint
 from notifier.tracking.services import decorate as tracking_decorate
 from preferences.compliance import evaluate, suppressed_addresses
 from preferences.emails import personalize, uses_preferences_url
-from projects.scoping import owner_id
+from projects.scoping import owner_id, owner_scope
 from templates_app import layouts
 from templates_app.models import TemplateVersion
 from templates_app.rendering import RenderError, RenderRequest, header_value, render_many
@@ -286,7 +286,9 @@ def _prerender_batch(deliveries: list[Delivery]) -> None:
         if outcome.rendered is not None:
             version, channel, _, payload = wanted[key]
             try:
-                rendered = layouts.apply(version, outcome.rendered, channel=channel, payload=payload)
+                # The email's layout is looked up by its key: the template's environment's (see _build_message).
+                with owner_scope(owner_id(version.template)):
+                    rendered = layouts.apply(version, outcome.rendered, channel=channel, payload=payload)
             except RenderError as exc:
                 _render_cache[key] = exc
                 continue
@@ -309,7 +311,10 @@ def _build_message(delivery: Delivery, out: Outcomes) -> OutboundMessage | None:
         if isinstance(cached, RenderError):  # a fresh exception per delivery: re-raising one grows its traceback
             raise RenderError(cached.message, variable=cached.variable, path=cached.path, code=cached.code)
         if cached is None:
-            rendered = layouts.render(version, channel=delivery.channel, locale=locale, payload=n.payload)
+            # A layout is named by its key, which each environment has its own of; a worker sends many
+            # environments' deliveries, so the lookup is the template's environment's, not whatever is first.
+            with owner_scope(owner_id(version.template)):
+                rendered = layouts.render(version, channel=delivery.channel, locale=locale, payload=n.payload)
             # Checked once per render, not per delivery: most templates never use {{ preferences_url }}.
             cached = (rendered, uses_preferences_url(rendered.parts, rendered.link_marker))
             if len(_render_cache) > 10_000:

@@ -17,7 +17,7 @@ from notifier.deliveries import partitions
 from notifier.deliveries.models import Delivery, DeliveryEvent, Notification
 from preferences.compliance import evaluate
 from preferences.models import Recipient
-from projects.scoping import owner_id
+from projects.scoping import owner_id, owner_scope
 from templates_app.layouts import render
 from templates_app.rendering import RenderError
 from templates_app.selectors import template_version_exact
@@ -248,7 +248,9 @@ def delivery_rendered(*, delivery: Delivery) -> dict[str, Any]:
         return {"parts": {}, "source": "", "error": "No template version recorded."}
     locale = notification.locale or delivery.recipient.locale or version.template.default_locale
     try:
-        rendered = render(version, channel=delivery.channel, locale=locale, payload=notification.payload)
+        # Staff pages read across environments: the layout is the template's environment's, as when it was sent.
+        with owner_scope(owner_id(version.template)):
+            rendered = render(version, channel=delivery.channel, locale=locale, payload=notification.payload)
     except RenderError as exc:
         return {"parts": {}, "source": str(version), "error": exc.message}
     parts = {name: value for name, value in rendered.parts.items() if value not in ("", {})}  # parts it has
