@@ -17,6 +17,8 @@ from notifier.clients.models import ApiClient
 from notifier.clients.rate_limit import parse_rate
 from notifier.clients.services import api_client_assign_key, api_client_rotate_key, webhook_secret_problem
 from projects.admin import OwnedAdmin
+from projects.models import DEFAULT_PROJECT_SLUG, Project
+from projects.selectors import ProjectNotFound, environment_of
 
 
 def mode_badge(mode: str) -> str:
@@ -44,6 +46,13 @@ class ApiClientForm(forms.ModelForm):
         )  # fmt: skip
         help_texts = {"mode": "Test: the whole pipeline runs, but every delivery goes to the sandbox provider."}
 
+    # On add only: the key belongs to this project's environment of its mode (fixed afterwards, as the mode).
+    project = forms.ModelChoiceField(
+        queryset=Project.objects.all(),
+        required=False,
+        help_text="The project the key belongs to (default: the project 'default'); its mode picks the environment.",
+    )
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         if "mode" in self.fields:  # only on add: the mode is read-only afterwards
@@ -51,6 +60,17 @@ class ApiClientForm(forms.ModelForm):
 
     def clean_mode(self) -> str:
         return self.cleaned_data.get("mode") or ApiClient.Mode.LIVE
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        if self.instance.pk is None:  # on change the form has no project (ApiClientAdmin.get_fields)
+            project = cleaned.get("project")
+            slug = project.slug if project is not None else DEFAULT_PROJECT_SLUG
+            try:
+                self.instance.environment = environment_of(project=slug, mode=cleaned.get("mode") or "live")
+            except ProjectNotFound as exc:
+                raise forms.ValidationError({"project": str(exc)}) from None
+        return cleaned
 
     def clean_rate_limit(self) -> str:
         value = (self.cleaned_data.get("rate_limit") or "").strip()
@@ -75,8 +95,8 @@ class ApiClientAdmin(AuditedAdminMixin, OwnedAdmin):
 
     form = ApiClientForm
     list_display = (
-        "name", "mode_badge", "key_prefix", "scopes", "allowed_categories", "rate_limit", "is_active", "created_at",
-        "last_used_at",
+        "name", "environment", "mode_badge", "key_prefix", "scopes", "allowed_categories", "rate_limit", "is_active",
+        "created_at", "last_used_at",
     )  # fmt: skip
     list_filter = ("mode", "is_active")
     search_fields = ("name", "key_prefix")
@@ -88,6 +108,11 @@ class ApiClientAdmin(AuditedAdminMixin, OwnedAdmin):
         # The mode is chosen once: a notification's mode is its client's, so a later change would relabel history.
         fields = tuple(super().get_readonly_fields(request, obj))
         return (*fields, "mode") if obj is not None else fields
+
+    def get_fields(self, request: HttpRequest, obj: ApiClient | None = None) -> Any:
+        fields = super().get_fields(request, obj)
+        # The project is chosen on add only; afterwards the key's environment shows, read-only.
+        return [f for f in fields if f != "project"] if obj is not None else fields
 
     @admin.display(description="mode", ordering="mode")
     def mode_badge(self, obj: ApiClient) -> str:

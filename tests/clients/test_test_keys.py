@@ -18,6 +18,8 @@ from notifier.clients.models import ApiClient
 from notifier.clients.services import api_client_create
 from notifier.deliveries.models import Delivery
 from preferences.services import recipient_upsert
+from projects.models import DEFAULT_LIVE_ENVIRONMENT_ID, DEFAULT_TEST_ENVIRONMENT_ID
+from projects.scoping import owner_scope
 from templates_app.services import template_put
 from tests.conftest import bearer_client, wait_for
 from tests.stubs.config import configure_settings
@@ -65,15 +67,28 @@ def _verify_sender(aws_env: dict[str, str]) -> None:
     ).create_email_identity(EmailIdentity="no-reply@notifier.test")
 
 
+def _in_both_environments(make: Any) -> None:
+    """Make the same rows in the default project's live and test environments (each key sees only its own)."""
+    for environment_id in (DEFAULT_LIVE_ENVIRONMENT_ID, DEFAULT_TEST_ENVIRONMENT_ID):
+        with owner_scope(environment_id):
+            make()
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_test_keys_email_and_webhook_reach_only_the_sandbox_a_live_keys_reach_the_providers(
     start_worker: Any, aws_stub: Any, aws_env: dict[str, str], webhook_receiver: Any, webhook_env: dict[str, str]
 ) -> None:
-    template_put(key="shipped", category="transactional", default_locale="en", content=CONTENT)
     test_client, test_key = api_client_create(name="staging", scopes=list(SCOPES), mode="test")
     live_client, live_key = api_client_create(name="production", scopes=list(SCOPES))
-    for user_id in ("u-test", "u-live"):
-        recipient_upsert(user_id=user_id, email=f"{user_id}@example.com", webhook_url=f"{webhook_receiver.url}/hooks")
+
+    def make() -> None:
+        template_put(key="shipped", category="transactional", default_locale="en", content=CONTENT)
+        for user_id in ("u-test", "u-live"):
+            recipient_upsert(
+                user_id=user_id, email=f"{user_id}@example.com", webhook_url=f"{webhook_receiver.url}/hooks"
+            )
+
+    _in_both_environments(make)
     _verify_sender(aws_env)
     start_worker(env={**aws_env, **webhook_env, "EMAIL_PROVIDERS": "ses", "WEBHOOK_PROVIDERS": "webhook"})
 
@@ -123,9 +138,10 @@ def test_a_test_delivery_pinned_to_a_real_provider_still_goes_to_the_sandbox(
     settings.CHANNEL_PROVIDERS = {**settings.CHANNEL_PROVIDERS, "email": ["ses"]}
     registry.get_provider.cache_clear()  # adapters are built once per process, from the settings of then
     request.addfinalizer(registry.get_provider.cache_clear)
-    template_put(key="shipped", category="transactional", default_locale="en", content=CONTENT)
     client, _ = api_client_create(name="staging", mode="test")
-    recipient_upsert(user_id="u-1", email="u1@example.com")
+    with owner_scope(client.environment_id):
+        template_put(key="shipped", category="transactional", default_locale="en", content=CONTENT)
+        recipient_upsert(user_id="u-1", email="u1@example.com")
     result = notification_accept(
         client=client,
         data={"recipient": {"user_id": "u-1"}, "template": "shipped", "channels": ["email"], "payload": {"order": "A"}},
@@ -153,7 +169,9 @@ def test_create_api_client_test_flag_and_the_default() -> None:
 
 @pytest.mark.django_db
 def test_admin_marks_test_clients_and_their_notifications(staff: Any) -> None:
-    template_put(key="shipped", category="transactional", default_locale="en", content=CONTENT)
+    _in_both_environments(
+        lambda: template_put(key="shipped", category="transactional", default_locale="en", content=CONTENT)
+    )
     test_client, _ = api_client_create(name="staging", mode="test")
     live_client, _ = api_client_create(name="production")
     for client in (test_client, live_client):
@@ -177,11 +195,16 @@ def test_admin_marks_test_clients_and_their_notifications(staff: Any) -> None:
     assert admin.post("/admin/clients/apiclient/add/", {**base, "name": "plain"}).status_code == 200
     assert ApiClient.objects.get(name="qa").mode == "test"
     assert ApiClient.objects.get(name="plain").mode == "live"
+    # The mode picks the project's environment the key belongs to.
+    assert ApiClient.objects.get(name="qa").environment_id == DEFAULT_TEST_ENVIRONMENT_ID
+    assert ApiClient.objects.get(name="plain").environment_id == DEFAULT_LIVE_ENVIRONMENT_ID
 
 
 @pytest.mark.django_db
 def test_every_answer_about_a_test_keys_notifications_says_test() -> None:
-    template_put(key="shipped", category="transactional", default_locale="en", content=CONTENT)
+    _in_both_environments(
+        lambda: template_put(key="shipped", category="transactional", default_locale="en", content=CONTENT)
+    )
     _, test_key = api_client_create(name="staging", mode="test")
     _, live_key = api_client_create(name="production")
     item = {"recipient": {"user_id": "u-1"}, "template": "shipped", "channels": ["inapp"], "payload": {"order": "A"}}
