@@ -49,15 +49,21 @@ S = Delivery.Status
 __all__ = ["BatchReport", "backoff_seconds", "deliver", "heartbeat"]
 
 
-_versions: dict[tuple[str, int], TemplateVersion] = {}
+_versions: dict[tuple[int, str, int], TemplateVersion] = {}
 
 
 def _template_version(notification: Notification) -> TemplateVersion:
-    """Return the (immutable) template version a notification was accepted with, cached per process."""
-    key = (notification.template_key, notification.template_version or 0)
+    """Return the (immutable) template version a notification was accepted with, cached per process.
+
+    Looked up in the notification's environment: the test and live environments of a project (and other
+    projects) have templates of the same key and version number, with their own content.
+    """
+    environment_id = owner_id(notification)
+    key = (environment_id, notification.template_key, notification.template_version or 0)
     version = _versions.get(key)
     if version is None:
         version = TemplateVersion.objects.select_related("template").get(
+            template__environment_id=environment_id,
             # No pinned version (None) matches no row, as 0 does: the same DoesNotExist either way.
             template__key=notification.template_key,
             version=notification.template_version or 0,

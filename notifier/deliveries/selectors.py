@@ -17,6 +17,7 @@ from notifier.deliveries import partitions
 from notifier.deliveries.models import Delivery, DeliveryEvent, Notification
 from preferences.compliance import evaluate
 from preferences.models import Recipient
+from projects.scoping import owner_id
 from templates_app.layouts import render
 from templates_app.models import TemplateVersion
 from templates_app.rendering import RenderError
@@ -242,7 +243,11 @@ def delivery_rendered(*, delivery: Delivery) -> dict[str, Any]:
     if version is None and notification.template_version:
         version = (
             TemplateVersion.objects.select_related("template")
-            .filter(template__key=notification.template_key, version=notification.template_version)
+            .filter(
+                template__environment_id=owner_id(notification),
+                template__key=notification.template_key,
+                version=notification.template_version,
+            )
             .first()
         )
     if version is None:

@@ -41,6 +41,7 @@ from notifier.clients.models import ApiClient
 from notifier.deliveries import fallback, frequency
 from notifier.deliveries.models import Notification
 from preferences.emails import uses_preferences_url
+from projects.scoping import owner_id
 from templates_app import layouts
 from templates_app.models import TemplateVersion
 from templates_app.rendering import RenderError, render_many
@@ -81,19 +82,26 @@ class Contents:
     by_locale: dict[str, dict[str, Any] | None] = field(default_factory=dict)
 
 
-_versions: dict[tuple[str, int], TemplateVersion] = {}
+_versions: dict[tuple[int, str, int], TemplateVersion] = {}
 _contents: dict[Any, Contents] = {}
 _CACHE_MAX = 256
 
 
 def _version(n: Notification) -> TemplateVersion | None:
-    """Return the (immutable) template version of a notification, cached per process; None if it does not exist."""
-    key = (n.template_key, n.template_version or 0)
+    """Return the (immutable) template version of a notification, cached per process; None if it does not exist.
+
+    Looked up in the notification's environment: another environment may have a template of the same key and
+    version number, with its own content.
+    """
+    environment_id = owner_id(n)
+    key = (environment_id, n.template_key, n.template_version or 0)
     version = _versions.get(key)
     if version is None:
         version = (
             TemplateVersion.objects.select_related("template")
-            .filter(template__key=n.template_key, version=n.template_version or 0)
+            .filter(
+                template__environment_id=environment_id, template__key=n.template_key, version=n.template_version or 0
+            )
             .first()
         )
         if version is None:
