@@ -53,6 +53,14 @@ class TemplatePutInputSerializer(serializers.Serializer):
     )
 
 
+class RollbackInputSerializer(serializers.Serializer):
+    """The body of POST /api/v1/templates|layouts|workflows/{key}/rollback."""
+
+    version = serializers.IntegerField(
+        min_value=1, help_text="The earlier version to use again; it is published again as the next version."
+    )
+
+
 class TemplatePutOutputSerializer(serializers.Serializer):
     """The version a PUT created."""
 
