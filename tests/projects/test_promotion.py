@@ -220,8 +220,9 @@ def test_rollback_works_in_test_too_and_refuses_what_is_unknown_or_already_in_us
         response = test.post(f"/api/v1/{path}/rollback", {"version": current}, format="json")
         assert response.status_code == 400, path
         assert response.json()["error"]["code"] == code and "version" in response.json()["error"]["fields"]
-        response = test.post(f"/api/v1/{path}/rollback", {"version": 0}, format="json")
-        assert response.status_code == 400 and "version" in response.json()["error"]["fields"]
+        for bad in (0, 2**63, "two"):
+            response = test.post(f"/api/v1/{path}/rollback", {"version": bad}, format="json")
+            assert response.status_code == 400 and "version" in response.json()["error"]["fields"], (path, bad)
 
 
 def test_a_key_may_roll_back_only_a_template_it_may_change(
