@@ -114,14 +114,14 @@ def promote(
     environment_id: int,
     read: Reader,
     exists: Callable[[str], bool],
-    write: Callable[[InUse, InUse | None], T],
+    write: Callable[[InUse], T],
 ) -> T:
     """Write test's version of one object as live's next version, through `write`; return what it wrote.
 
     `environment_id` is the caller's (either environment of the project). `read` is the kind's reader,
     `exists` says whether the scope's environment has an object of that key at all (one without a version in
-    use has nothing to promote), and `write(test, live)` runs in the live environment's scope with what each
-    side uses. Raises ApiError: 404 when test has no such object, 400 `nothing_to_promote` when it has no
+    use has nothing to promote), and `write(test)` runs in the live environment's scope with what test uses.
+    Raises ApiError: 404 when test has no such object, 400 `nothing_to_promote` when it has no
     version in use or live already uses the same.
     """
     test_id, live_id = project_environment_ids(environment_id=environment_id)
@@ -145,7 +145,7 @@ def promote(
                 f"Live's {kind} '{key}' (version {live.version}) already is test's version {test.version}.",
                 {"key": [f"live version {live.version} already is test's version {test.version}"]},
             )
-        return write(test, live)
+        return write(test)
 
 
 def direct_change_check(*, kind: str, key: str) -> None:

@@ -450,7 +450,7 @@ def template_promote(
     Raises ApiError 404 (no such template in test) or 400 (`nothing_to_promote`, or what template_put refuses).
     """
 
-    def write(test: InUse, live: InUse | None) -> TemplateVersion:
+    def write(test: InUse) -> TemplateVersion:
         return template_put(
             key=key,
             category=test.content["category"],
@@ -521,7 +521,7 @@ def layout_promote(*, key: str, environment_id: int, actor: str = "", audit_acto
     Raises ApiError 404 (no such layout in test) or 400 (`nothing_to_promote`, or what layout_put refuses).
     """
 
-    def write(test: InUse, live: InUse | None) -> LayoutVersion:
+    def write(test: InUse) -> LayoutVersion:
         return layout_put(
             key=key,
             html=test.content["html"],

@@ -168,7 +168,7 @@ def workflow_promote(*, key: str, environment_id: int, actor: str = "", audit_ac
     the same promotion). Raises ApiError 404 (no such workflow in test) or 400 (`nothing_to_promote`, invalid).
     """
 
-    def write(test: InUse, live: InUse | None) -> WorkflowVersion:
+    def write(test: InUse) -> WorkflowVersion:
         return workflow_put(
             key=key,
             category=test.content["category"],
