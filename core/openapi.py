@@ -30,6 +30,7 @@ AREAS: list[tuple[str, str]] = [
     ("/api/v1/templates", "templates"),
     ("/api/v1/layouts", "templates"),
     ("/api/v1/workflows", "workflows"),
+    ("/api/v1/promotion", "promotion"),
     ("/api/v1/recipients/{user_id}/inbox", "inbox"),
     ("/inbox/v1/", "inbox"),
     ("/api/v1/recipients/{user_id}/preference", "preferences"),
@@ -50,6 +51,8 @@ TAG_DESCRIPTIONS = {
     "(scope `templates`).",
     "workflows": "Versioned multi-step workflows (send, delay, digest, throttle, conditions), run per recipient "
     "by a send with `workflow` (scope `templates` to define them).",
+    "promotion": "Promote layouts, templates and workflows from a project's test environment to its live one, "
+    "with a diff to review first (scope `templates`, either environment's key).",
     "recipients": "Recipients' contact data and push devices (scopes `recipients:read` / `recipients:write`).",
     "preferences": "A recipient's channel and category preferences, quiet hours, and links to the preference center.",
     "inbox": "The in-app inbox of a recipient, over an API key (/api/v1) or an inbox token (/inbox/v1).",

@@ -36,7 +36,8 @@ class Recipient(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["environment", "user_id"], name="recipient_environment_user_uniq")
+            # User id first: the same index serves support's search by user id across environments.
+            models.UniqueConstraint(fields=["user_id", "environment"], name="recipient_user_environment_uniq")
         ]
         # Support looks a customer up by email or phone (notifier.deliveries.selectors.delivery_search).
         indexes = [

@@ -4,11 +4,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+from django.utils.html import format_html
+from rest_framework.exceptions import ValidationError
 
+from core.errors import ApiError
 from projects.models import DEFAULT_PROJECT_SLUG, Environment, Membership, Project
+from projects.promotion import Reader, promotion_candidates, version_diff
+from projects.selectors import project_environment_ids
 
 
 def member_project_ids(user: Any) -> list[int] | None:
@@ -77,3 +86,173 @@ class ProjectAdmin(admin.ModelAdmin):
         project = form.instance
         for name in Environment.Name.values:
             Environment.objects.get_or_create(project=project, name=name)
+
+
+class PromotionAdmin(OwnedAdmin):
+    """The admin of what a project promotes from test to live (templates, layouts, workflows), by `key`.
+
+    A subclass names its `promotion_kind` and implements the hooks: the reader of what an environment uses, the
+    promotion itself and, for kinds whose rollback lives here, the versions and the rollback. An object of a test
+    environment gets a "Promote to live" link (the `promotion` read-only field) to a page that shows the diff
+    from live's version and promotes on confirmation; the rollback page shows the diff from the version in use.
+    Both write through the kind's services, which audit.
+    """
+
+    promotion_kind = ""
+    # False where the model's admin rolls back its own way (templates: publishing an earlier version again).
+    rollback_here = True
+
+    def promotion_reader(self) -> Reader:
+        """Return the reader of what an environment uses of this kind (by key)."""
+        raise NotImplementedError
+
+    def promotion_allowed(self, request: HttpRequest, obj: Any) -> bool:
+        """Say whether the user may promote `obj` (change live's object) or roll it back."""
+        return self.has_change_permission(request, obj)
+
+    def promotion_run(self, request: HttpRequest, obj: Any) -> int:
+        """Promote `obj` to live through the kind's service; return live's new version."""
+        raise NotImplementedError
+
+    def rollback_versions(self, obj: Any) -> tuple[dict[int, dict[str, Any]], int | None]:
+        """Return the content of each version of `obj` (by number) and the number of the one in use."""
+        raise NotImplementedError
+
+    def rollback_run(self, request: HttpRequest, obj: Any, version: int) -> int:
+        """Roll `obj` back to `version` through the kind's service (in its environment); return the new version."""
+        raise NotImplementedError
+
+    def _url_name(self, action: str) -> str:
+        return f"{self.model._meta.app_label}_{self.model._meta.model_name}_{action}"
+
+    def get_urls(self) -> list[URLPattern]:
+        own = [
+            path(
+                "<path:object_id>/promote/",
+                self.admin_site.admin_view(self.promote_view),
+                name=self._url_name("promote"),
+            )
+        ]
+        if self.rollback_here:
+            own.append(
+                path(
+                    "<path:object_id>/rollback/<int:version>/",
+                    self.admin_site.admin_view(self.rollback_view),
+                    name=self._url_name("rollback"),
+                )
+            )
+        return own + super().get_urls()
+
+    @admin.display(description="promotion")
+    def promotion(self, obj: Any) -> str:
+        """Link an object of a test environment to its promotion page."""
+        if obj is None or obj.pk is None:
+            return "—"
+        environment = Environment.objects.get(pk=obj.environment_id)
+        if environment.name != Environment.Name.TEST:
+            return "changed in live by promotion from test (or directly unless the project requires promotion)"
+        url = reverse(f"admin:{self._url_name('promote')}", args=[obj.pk])
+        return format_html('<a class="button" href="{}" id="promote-to-live">Promote to live</a>', url)
+
+    def _live_url(self, obj: Any, live_id: int) -> str | None:
+        live = self.model._default_manager.filter(environment_id=live_id, key=obj.key).first()
+        return reverse(f"admin:{self._url_name('change')}", args=[live.pk]) if live is not None else None
+
+    def promote_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """Show the diff from live's version to test's (GET), promote on confirmation (POST)."""
+        obj = get_object_or_404(self.get_queryset(request), pk=object_id)
+        if not self.promotion_allowed(request, obj):
+            raise PermissionDenied
+        object_url = reverse(f"admin:{self._url_name('change')}", args=[obj.pk])
+        environment = Environment.objects.select_related("project").get(pk=obj.environment_id)
+        if environment.name != Environment.Name.TEST:
+            self.message_user(request, "Only what is in a test environment is promoted to live.", messages.ERROR)
+            return HttpResponseRedirect(object_url)
+        _, live_id = project_environment_ids(environment_id=environment.pk)
+        if request.method == "POST":
+            try:
+                version = self.promotion_run(request, obj)
+            except (ApiError, ValidationError) as exc:
+                self.message_user(request, f"Not promoted: {_reasons(exc)}", messages.ERROR)
+                return HttpResponseRedirect(object_url)
+            self.message_user(
+                request, f"{self.promotion_kind} '{obj.key}' promoted: live version {version}.", messages.SUCCESS
+            )
+            return HttpResponseRedirect(self._live_url(obj, live_id) or object_url)
+        candidates = promotion_candidates(
+            environment_id=environment.pk, readers={self.promotion_kind: self.promotion_reader()}, keys=[obj.key]
+        )
+        candidate = candidates[0] if candidates else None
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": f"Promote {self.promotion_kind} '{obj.key}' of {environment.project.slug} to live?",
+            "obj": obj,
+            "candidate": candidate,
+            "diff_lines": _diff_lines(candidate.diff) if candidate else [],
+            "object_url": object_url,
+            "live_url": self._live_url(obj, live_id),
+        }
+        return TemplateResponse(request, "admin/projects/promote_confirm.html", context)
+
+    def rollback_view(self, request: HttpRequest, object_id: str, version: int) -> HttpResponse:
+        """Show the diff from the version in use to an earlier one (GET), roll back to it on confirmation (POST)."""
+        obj = get_object_or_404(self.get_queryset(request), pk=object_id)
+        if not self.promotion_allowed(request, obj):
+            raise PermissionDenied
+        object_url = reverse(f"admin:{self._url_name('change')}", args=[obj.pk])
+        versions, current = self.rollback_versions(obj)
+        if version not in versions:
+            raise Http404(f"{self.promotion_kind} '{obj.key}' has no version {version}")
+        if request.method == "POST":
+            try:
+                made = self.rollback_run(request, obj, version)
+            except (ApiError, ValidationError) as exc:
+                self.message_user(request, f"Not rolled back: {_reasons(exc)}", messages.ERROR)
+            else:
+                self.message_user(request, f"Version {version} is in use again, as version {made}.", messages.SUCCESS)
+            return HttpResponseRedirect(object_url)
+        diff = version_diff(
+            versions.get(current) if current is not None else None,
+            versions[version],
+            old_label=f"{obj.key}@{current} (in use)",
+            new_label=f"{obj.key}@{version}",
+        )
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": f"Roll {self.promotion_kind} '{obj.key}' back to version {version}?",
+            "obj": obj,
+            "version": version,
+            "current": current,
+            "diff_lines": _diff_lines(diff) if version != current else [],
+            "object_url": object_url,
+        }
+        return TemplateResponse(request, "admin/projects/rollback_confirm.html", context)
+
+
+def _reasons(exc: Exception) -> str:
+    """Say why a promotion or rollback was refused, in one line."""
+    if isinstance(exc, ApiError):
+        return exc.message
+    detail = getattr(exc, "detail", exc)
+    if isinstance(detail, dict):
+        return "; ".join(f"{field}: {', '.join(map(str, why if isinstance(why, list) else [why]))}"
+                         for field, why in detail.items())  # fmt: skip
+    return str(detail)
+
+
+def _diff_lines(diff: str) -> list[tuple[str, str]]:
+    """Return the lines of a unified diff with the class that colours them: added, removed, a hunk's header."""
+    kinds = {"+": "diff-add", "-": "diff-sub", "@": "diff-hunk"}
+    return [(kinds.get(line[:1], "") if not line.startswith(("+++", "---")) else "diff-file", line)
+            for line in diff.splitlines()]  # fmt: skip
+
+
+def version_rollback_link(parent: Any, version: int, *, current: int | None) -> str:
+    """Return the "Roll back to this" link of one version of `parent` (a PromotionAdmin's object), or "in use"."""
+    if version == current:
+        return "in use"
+    opts = parent._meta
+    url = reverse(f"admin:{opts.app_label}_{opts.model_name}_rollback", args=[parent.pk, version])
+    return format_html('<a href="{}">Roll back to this</a>', url)

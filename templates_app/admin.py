@@ -27,17 +27,23 @@ from rest_framework.exceptions import ValidationError
 
 from audit.services import audit_record
 from core.categories import is_optional
-from projects.admin import OwnedAdmin
+from projects.admin import OwnedAdmin, PromotionAdmin, version_rollback_link
+from projects.promotion import Reader
+from projects.scoping import owner_id, owner_scope
 from templates_app import admin_editor as editor
 from templates_app.layouts import render_all
 from templates_app.models import Layout, LayoutVersion, Template, TemplateVersion
 from templates_app.rendering import CHANNEL_PARTS, STRUCTURED_PARTS, RenderError, template_variables
+from templates_app.selectors import layouts_in_use, templates_in_use
 from templates_app.services import (
     LOCALE_PATTERN,
     canonical_locale,
+    layout_promote,
     layout_put,
     layout_put_validate,
+    layout_rollback,
     template_describe,
+    template_promote,
     template_put,
     template_put_validate,
     template_version_publish,
@@ -328,8 +334,12 @@ def _version_links(version: TemplateVersion, *, can_publish: bool) -> str:
 
 
 @admin.register(Template)
-class TemplateAdmin(OwnedAdmin):
-    """Templates: saving new content creates a new version through template_put (published if asked and allowed)."""
+class TemplateAdmin(PromotionAdmin):
+    """Templates: saving new content creates a new version through template_put (published if asked and allowed).
+
+    A template of a test environment is promoted to live from its page ("Promote to live", with the diff first);
+    rolling back is publishing an earlier version again (the versions' links), which takes the publish permission.
+    """
 
     form = TemplateForm
     change_form_template = "admin/templates_app/template/change_form.html"
@@ -337,8 +347,26 @@ class TemplateAdmin(OwnedAdmin):
     list_filter = ("category",)
     search_fields = ("key", "description")
     list_select_related = ("published_version",)
-    readonly_fields = ("published_version", "owner", "created_at", "updated_at")
+    readonly_fields = ("published_version", "owner", "promotion", "created_at", "updated_at")
     inlines = [TemplateVersionInline]
+    promotion_kind = "template"
+    rollback_here = False
+
+    def promotion_reader(self) -> Reader:
+        return templates_in_use
+
+    def promotion_allowed(self, request: HttpRequest, obj: Any) -> bool:
+        """Promoting publishes a version in live: it takes the publish permission."""
+        return bool(request.user.has_perm(PUBLISH_PERMISSION))
+
+    def promotion_run(self, request: HttpRequest, obj: Template) -> int:
+        version = template_promote(
+            key=obj.key,
+            environment_id=owner_id(obj),
+            actor=f"admin:{request.user.get_username()}",
+            audit_actor=request.user,
+        )
+        return version.version
 
     @admin.display(description="owner")
     def owner(self, obj: Template) -> str:
@@ -351,7 +379,7 @@ class TemplateAdmin(OwnedAdmin):
         """Show the publish box only to those allowed to publish."""
         fields = ["key", "category", "default_locale", "layout", "description", "published_version", "owner"]
         if request.user.has_perm(PUBLISH_PERMISSION):
-            fields.append("publish")
+            fields.extend(["publish", "promotion"] if obj is not None else ["publish"])
         return [*fields, "add_locale", "add_channel", "created_at", "updated_at"]
 
     def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
@@ -389,16 +417,19 @@ class TemplateAdmin(OwnedAdmin):
         if form.creates_version:
             publish = bool(form.cleaned_data.get("publish")) and request.user.has_perm(PUBLISH_PERMISSION)
             before = obj.published_version.version if change and obj.published_version else None
-            version = template_put(
-                key=obj.key,
-                category=form.cleaned_data["category"],
-                default_locale=form.cleaned_data["default_locale"],
-                content=form.canonical_content,
-                publish=publish,
-                actor=f"admin:{request.user.get_username()}",
-                audit_actor=request.user,
-                layout=form.cleaned_data.get("layout") or "",
-            )
+            # In the template's own environment: the admin runs outside any scope, and other environments have
+            # templates of the same key.
+            with owner_scope(owner_id(obj)):
+                version = template_put(
+                    key=obj.key,
+                    category=form.cleaned_data["category"],
+                    default_locale=form.cleaned_data["default_locale"],
+                    content=form.canonical_content,
+                    publish=publish,
+                    actor=f"admin:{request.user.get_username()}",
+                    audit_actor=request.user,
+                    layout=form.cleaned_data.get("layout") or "",
+                )
             obj.pk = version.template.pk
             obj.refresh_from_db()
             # template_put audits the new version; publishing it at once is recorded as a publish too.
@@ -766,10 +797,10 @@ class LayoutForm(forms.ModelForm):
 
 
 class LayoutVersionInline(admin.TabularInline):
-    """The versions of a layout, newest first (immutable)."""
+    """The versions of a layout, newest first (immutable), each but the newest with a roll-back link."""
 
     model = LayoutVersion
-    fields = ("version", "created_by", "created_at")
+    fields = ("version", "created_by", "created_at", "rollback")
     readonly_fields = fields
     extra = 0
     can_delete = False
@@ -778,31 +809,71 @@ class LayoutVersionInline(admin.TabularInline):
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
+    @admin.display(description="")
+    def rollback(self, obj: LayoutVersion) -> str:
+        if obj.pk is None:
+            return ""
+        newest = obj.layout.versions.order_by("-version").values_list("version", flat=True).first()
+        return version_rollback_link(obj.layout, obj.version, current=newest)
+
 
 @admin.register(Layout)
-class LayoutAdmin(OwnedAdmin):
-    """Email layouts: saving creates a new version through layout_put (audited); versions are immutable."""
+class LayoutAdmin(PromotionAdmin):
+    """Email layouts: saving creates a new version through layout_put (audited); versions are immutable.
+
+    A layout of a test environment is promoted to live from its page; any environment's layout rolls back to an
+    earlier version from its versions (as its next version).
+    """
 
     form = LayoutForm
     list_display = ("key", "updated_at")
     search_fields = ("key",)
-    readonly_fields = ("created_at", "updated_at")
-    fields = ("key", "html", "text", "created_at", "updated_at")
+    readonly_fields = ("promotion", "created_at", "updated_at")
+    fields = ("key", "html", "text", "promotion", "created_at", "updated_at")
     inlines = [LayoutVersionInline]
+    promotion_kind = "layout"
+
+    def promotion_reader(self) -> Reader:
+        return layouts_in_use
+
+    def promotion_run(self, request: HttpRequest, obj: Layout) -> int:
+        version = layout_promote(
+            key=obj.key,
+            environment_id=owner_id(obj),
+            actor=f"admin:{request.user.get_username()}",
+            audit_actor=request.user,
+        )
+        return version.version
+
+    def rollback_versions(self, obj: Layout) -> tuple[dict[int, dict[str, Any]], int | None]:
+        versions = {v.version: {"html": v.html, "text": v.text} for v in obj.versions.all()}
+        return versions, max(versions, default=None)
+
+    def rollback_run(self, request: HttpRequest, obj: Layout, version: int) -> int:
+        with owner_scope(owner_id(obj)):
+            made = layout_rollback(
+                key=obj.key, version=version, actor=f"admin:{request.user.get_username()}", audit_actor=request.user
+            )
+        return made.version
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:  # type: ignore[override]  # a list[str] is one of django-stubs' list | tuple shapes, but list is invariant
+        fields = list(self.fields)
+        return fields if obj is not None else [name for name in fields if name != "promotion"]
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         # Templates name layouts by key: deleting one would fail every email that uses it.
         return False
 
     def save_model(self, request: HttpRequest, obj: Layout, form: LayoutForm, change: bool) -> None:
-        """Write the new version through the service (which audits it)."""
-        version = layout_put(
-            key=obj.key,
-            html=form.cleaned_data["html"],
-            text=form.cleaned_data.get("text") or "",
-            actor=f"admin:{request.user.get_username()}",
-            audit_actor=request.user,
-        )
+        """Write the new version through the service (which audits it), in the layout's own environment."""
+        with owner_scope(owner_id(obj)):
+            version = layout_put(
+                key=obj.key,
+                html=form.cleaned_data["html"],
+                text=form.cleaned_data.get("text") or "",
+                actor=f"admin:{request.user.get_username()}",
+                audit_actor=request.user,
+            )
         obj.pk = version.layout.pk
         obj.refresh_from_db()
         messages.info(request, f"Version {version.version} of layout '{obj.key}' saved.")

@@ -10,6 +10,7 @@ from rest_framework.views import APIView
 
 from core.errors import ApiError
 from core.pagination import CursorPage, cursor_id
+from core.serializers import validate_with
 from templates_app.layouts import render_all
 from templates_app.rendering import RenderError
 from templates_app.selectors import (
@@ -25,6 +26,7 @@ from templates_app.serializers import (
     LayoutOutputSerializer,
     LayoutPutInputSerializer,
     LayoutPutOutputSerializer,
+    RollbackInputSerializer,
     TemplateListQuerySerializer,
     TemplateOutputSerializer,
     TemplatePage,
@@ -34,7 +36,12 @@ from templates_app.serializers import (
     TemplatePutOutputSerializer,
     VersionSerializer,
 )
-from templates_app.services import layout_put, template_put
+from templates_app.services import layout_put, layout_rollback, template_put, template_rollback
+
+# A project that changes its live environment only by promotion refuses a live key's PUT.
+PROMOTION_REQUIRED = {
+    "put": {409: "`promotion_required`: the project changes its live environment only by promotion from test."}
+}
 
 
 def _not_found(exc: TemplateNotFound) -> ApiError:
@@ -45,6 +52,11 @@ def _not_found(exc: TemplateNotFound) -> ApiError:
 def _actor(request: Request) -> str:
     """Name the caller in a version's created_by."""
     return f"api:{getattr(request.user, 'name', '')}"
+
+
+def _template_admin(request: Request) -> bool:
+    """Say whether the caller may change templates that another client or staff owns (`templates:admin`)."""
+    return "templates:admin" in (getattr(request.user, "scopes", None) or ())
 
 
 class TemplateListApi(APIView):
@@ -71,6 +83,7 @@ class TemplatePutApi(APIView):
     """PUT /templates/{key} creates a new version; GET /templates/{key} returns the template."""
 
     required_scope = "templates"
+    error_statuses = PROMOTION_REQUIRED
 
     @extend_schema(
         operation_id="template_put",
@@ -93,8 +106,9 @@ class TemplatePutApi(APIView):
             audit_actor=request.user,
             # The caller owns what it creates; changing what another client or staff owns needs templates:admin.
             client_id=request.user.pk,
-            template_admin="templates:admin" in (getattr(request.user, "scopes", None) or ()),
+            template_admin=_template_admin(request),
             layout=data.get("layout") or "",
+            enforce_promotion=True,
         )
         return Response(TemplatePutOutputSerializer(version).data, status=status.HTTP_201_CREATED)
 
@@ -105,6 +119,35 @@ class TemplatePutApi(APIView):
         except TemplateNotFound as exc:
             raise _not_found(exc) from None
         return Response(TemplateOutputSerializer(template, context={"client_id": request.user.pk}).data)
+
+
+class TemplateRollbackApi(APIView):
+    """POST /templates/{key}/rollback: publish an earlier version again, as the template's next version."""
+
+    required_scope = "templates"
+
+    @extend_schema(
+        operation_id="template_rollback",
+        summary="Roll back to an earlier version",
+        request=RollbackInputSerializer,
+        responses={201: TemplatePutOutputSerializer},
+    )
+    def post(self, request: Request, key: str) -> Response:
+        try:
+            template_get(key=key)  # an unknown template is a 404 whatever the body
+            data = validate_with(RollbackInputSerializer, request.data)
+            version = template_rollback(
+                key=key,
+                version=data["version"],
+                actor=_actor(request),
+                audit_actor=request.user,
+                client_id=request.user.pk,
+                allowed_categories=getattr(request.user, "allowed_categories", None),
+                template_admin=_template_admin(request),
+            )
+        except TemplateNotFound as exc:
+            raise _not_found(exc) from None
+        return Response(TemplatePutOutputSerializer(version).data, status=status.HTTP_201_CREATED)
 
 
 class TemplateVersionApi(APIView):
@@ -157,6 +200,7 @@ class LayoutApi(APIView):
     """PUT /layouts/{key} creates a new version of an email layout; GET /layouts/{key} returns it."""
 
     required_scope = "templates"
+    error_statuses = PROMOTION_REQUIRED
 
     @extend_schema(
         operation_id="layout_put",
@@ -169,7 +213,12 @@ class LayoutApi(APIView):
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
         version = layout_put(
-            key=key, html=data["html"], text=data["text"], actor=_actor(request), audit_actor=request.user
+            key=key,
+            html=data["html"],
+            text=data["text"],
+            actor=_actor(request),
+            audit_actor=request.user,
+            enforce_promotion=True,
         )
         return Response(LayoutPutOutputSerializer(version).data, status=status.HTTP_201_CREATED)
 
@@ -190,3 +239,24 @@ class LayoutApi(APIView):
             "versions": versions,
         }
         return Response(LayoutOutputSerializer(body).data)
+
+
+class LayoutRollbackApi(APIView):
+    """POST /layouts/{key}/rollback: make an earlier version the one in use again, as the layout's next version."""
+
+    required_scope = "templates"
+
+    @extend_schema(
+        operation_id="layout_rollback",
+        summary="Roll an email layout back to an earlier version",
+        request=RollbackInputSerializer,
+        responses={201: LayoutPutOutputSerializer},
+    )
+    def post(self, request: Request, key: str) -> Response:
+        try:
+            layout_get(key=key)  # an unknown layout is a 404 whatever the body
+            data = validate_with(RollbackInputSerializer, request.data)
+            version = layout_rollback(key=key, version=data["version"], actor=_actor(request), audit_actor=request.user)
+        except LayoutNotFound as exc:
+            raise ApiError(404, "layout_not_found", str(exc)) from None
+        return Response(LayoutPutOutputSerializer(version).data, status=status.HTTP_201_CREATED)

@@ -44,9 +44,16 @@ def layout_key_for(version: TemplateVersion) -> str:
     return default if isinstance(default, str) else ""
 
 
-def layout_version_current(key: str) -> LayoutVersion | None:
-    """Return the newest version of layout `key`, or None when there is no such layout."""
-    return LayoutVersion.objects.select_related("layout").filter(layout__key=key).order_by("-version").first()
+def layout_version_current(key: str, *, environment_id: int | None = None) -> LayoutVersion | None:
+    """Return the newest version of layout `key` (of `environment_id`, else of the scope), or None when there is none.
+
+    The send workers run outside any scope: they name the environment of the template being sent, since each
+    environment has its own layouts under the same keys.
+    """
+    versions = LayoutVersion.objects.select_related("layout").filter(layout__key=key)
+    if environment_id is not None:
+        versions = versions.filter(layout__environment_id=environment_id)
+    return versions.order_by("-version").first()
 
 
 def _render_layout_part(
@@ -113,7 +120,9 @@ def apply(version: TemplateVersion, rendered: RenderedParts, *, channel: str, pa
     key = layout_key_for(version)
     if not key:
         return rendered
-    layout = layout_version_current(key)
+    # A saved template's own environment; an unsaved one (a draft previewed in the admin) has none of its own yet.
+    environment_id = version.template.environment_id if version.template.pk is not None else None
+    layout = layout_version_current(key, environment_id=environment_id)
     if layout is None:
         raise RenderError(f"email layout '{key}' does not exist", path="layout")
     parts = compose(layout, rendered.parts, payload=payload or {}, link_marker=rendered.link_marker)

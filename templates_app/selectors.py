@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from django.db.models import QuerySet
 
 from core import config_cache
+from projects.promotion import InUse
 from projects.scoping import owner_scope
 from templates_app.models import Layout, LayoutVersion, Template, TemplateVersion
 
@@ -133,6 +136,48 @@ def layout_get(*, key: str) -> tuple[Layout, list[LayoutVersion]]:
     for version in versions:
         version.layout = layout
     return layout, versions
+
+
+def templates_in_use(keys: Sequence[str] | None = None) -> dict[str, InUse]:
+    """Return, by key, the published version of the scope's templates (all, or those of `keys`) and what it sends.
+
+    What a send uses is the published version's content and layout with the template's category and default
+    locale (they change with a publish), so those four are what promotion compares; a template with only
+    drafts is left out.
+    """
+    templates = Template.objects.filter(published_version__isnull=False).select_related("published_version")
+    if keys is not None:
+        templates = templates.filter(key__in=keys)
+    found: dict[str, InUse] = {}
+    for template in templates:
+        version = template.published_version
+        assert version is not None  # filtered on
+        content = {
+            "category": template.category,
+            "default_locale": template.default_locale,
+            "layout": version.layout,
+            "content": version.content,
+        }
+        found[template.key] = InUse(version=version.version, content=content)
+    return found
+
+
+def template_exists(key: str) -> bool:
+    """Say whether the scope's environment has a template `key` (published or not)."""
+    return Template.objects.filter(key=key).exists()
+
+
+def layouts_in_use(keys: Sequence[str] | None = None) -> dict[str, InUse]:
+    """Return, by key, the newest version of the scope's layouts (all, or those of `keys`): the one emails use."""
+    versions = LayoutVersion.objects.select_related("layout").order_by("layout_id", "-version").distinct("layout_id")
+    if keys is not None:
+        versions = versions.filter(layout__key__in=keys)
+    return {v.layout.key: InUse(version=v.version, content={"html": v.html, "text": v.text}) for v in versions}
+
+
+def layout_exists(key: str) -> bool:
+    """Say whether the scope's environment has a layout `key`."""
+    return Layout.objects.filter(key=key).exists()
 
 
 def template_version_cached(spec: str, *, environment_id: int) -> TemplateVersion:

@@ -53,6 +53,17 @@ class TemplatePutInputSerializer(serializers.Serializer):
     )
 
 
+class RollbackInputSerializer(serializers.Serializer):
+    """The body of POST /api/v1/templates|layouts|workflows/{key}/rollback."""
+
+    version = serializers.IntegerField(
+        min_value=1,
+        # The column's range: a larger number names no version, and PostgreSQL refuses to compare with it.
+        max_value=2_147_483_647,
+        help_text="The earlier version to use again; it is published again as the next version.",
+    )
+
+
 class TemplatePutOutputSerializer(serializers.Serializer):
     """The version a PUT created."""
 

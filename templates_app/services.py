@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from django.conf import settings
@@ -15,6 +16,7 @@ from rest_framework.exceptions import ValidationError
 from audit.services import audit_record, diff
 from core.errors import ApiError
 from core.keys import key_errors
+from projects.promotion import InUse, direct_change_check, promote
 from templates_app.models import Layout, LayoutVersion, Template, TemplateVersion
 from templates_app.rendering import (
     CHANNEL_PARTS,
@@ -23,6 +25,16 @@ from templates_app.rendering import (
     compile_part,
     normalize_locale,
     template_variables,
+)
+from templates_app.selectors import (
+    LayoutNotFound,
+    layout_exists,
+    layout_get,
+    layouts_in_use,
+    template_exists,
+    template_get,
+    template_version_get,
+    templates_in_use,
 )
 
 logger = logging.getLogger(__name__)
@@ -220,6 +232,9 @@ def template_put(
     client_id: int | None = None,
     template_admin: bool = False,
     layout: str = "",
+    audit_action: str = "template.version_create",
+    audit_changes: Mapping[str, Any] | None = None,
+    enforce_promotion: bool = False,
 ) -> TemplateVersion:
     """Create a new version of a template (creating the template if new), published unless `publish` is false.
 
@@ -228,12 +243,18 @@ def template_put(
     version is published: a draft may not change them on a template that already has a published version.
     A non-empty `allowed_categories` (an API client's) restricts both the new and the existing category.
     With an `audit_actor` (API client or staff user) the new version is written to the audit log.
-    `layout` names the email layout of the new version ("" for the category's default).
+    `layout` names the email layout of the new version ("" for the category's default). `audit_action` and
+    `audit_changes` (added to the entry's changes) name what made the version: a promotion, a rollback.
+
+    `enforce_promotion`: the call is a direct change (an API key's PUT), refused with a 409 `promotion_required`
+    in a live environment whose project changes live only by promotion from test.
 
     `client_id` is the calling API client's (None for staff and commands): a template it creates is its own,
     and an existing one it may change only if it owns it or `template_admin` (the `templates:admin` scope);
     otherwise a 403 `template_owned_by_another_client` or `template_owned_by_staff`.
     """
+    if enforce_promotion:
+        direct_change_check(kind="template", key=key)
     layout = layout or ""
     if layout and not Layout.objects.filter(key=layout).exists():
         raise ValidationError({"layout": [f"unknown layout '{layout}'; create it with PUT /api/v1/layouts/{{key}}"]})
@@ -272,10 +293,10 @@ def template_put(
                 **({"owner_client_id": [None, client_id]} if created and client_id is not None else {}),
                 **({"layout": [None, layout]} if layout else {}),
                 **diff({} if created else {"category": before["category"]}, {"category": template.category}),
+                **(audit_changes or {}),
             }
             audit_record(
-                actor=audit_actor, action="template.version_create", target_type="template", target_id=key,
-                changes=changes,
+                actor=audit_actor, action=audit_action, target_type="template", target_id=key, changes=changes
             )  # fmt: skip
     logger.info("template %s version %s created by %s (published=%s)", key, version.version, actor or "-", publish)
     version.template = template
@@ -368,12 +389,25 @@ def layout_put_validate(*, key: Any, html: Any, text: Any = "") -> None:
         raise ValidationError(errors)
 
 
-def layout_put(*, key: str, html: Any, text: Any = "", actor: str = "", audit_actor: Any = None) -> LayoutVersion:
+def layout_put(
+    *,
+    key: str,
+    html: Any,
+    text: Any = "",
+    actor: str = "",
+    audit_actor: Any = None,
+    audit_action: str = "layout.version_create",
+    audit_changes: Mapping[str, Any] | None = None,
+    enforce_promotion: bool = False,
+) -> LayoutVersion:
     """Create the next version of an email layout (creating the layout if new); the newest version is used.
 
     `html` (required) and `text` (optional) are template strings that place the message with `{{ content }}`;
-    each is checked like a template part. With an `audit_actor` the new version is written to the audit log.
+    each is checked like a template part. With an `audit_actor` the new version is written to the audit log,
+    as `audit_action` with `audit_changes` added. `enforce_promotion`: as template_put's.
     """
+    if enforce_promotion:
+        direct_change_check(kind="layout", key=key)
     layout_put_validate(key=key, html=html, text=text)
     with transaction.atomic():
         layout, created = Layout.objects.get_or_create(key=key)
@@ -384,10 +418,143 @@ def layout_put(*, key: str, html: Any, text: Any = "", actor: str = "", audit_ac
         )
         layout.save(update_fields=["updated_at"])
         if audit_actor is not None:
-            audit_record(
-                actor=audit_actor, action="layout.version_create", target_type="layout", target_id=key,
-                changes={"version": [last or None, version.version], "created": [None, created]},
-            )  # fmt: skip
+            changes = {"version": [last or None, version.version], "created": [None, created], **(audit_changes or {})}
+            audit_record(actor=audit_actor, action=audit_action, target_type="layout", target_id=key, changes=changes)
     logger.info("layout %s version %s created by %s", key, version.version, actor or "-")
     version.layout = layout
     return version
+
+
+# --- promotion from test to live, and rollback -----------------------------------------------------------------
+
+
+def template_promote(
+    *,
+    key: str,
+    environment_id: int,
+    actor: str = "",
+    audit_actor: Any = None,
+    client_id: int | None = None,
+    allowed_categories: list[str] | None = None,
+    template_admin: bool = False,
+) -> TemplateVersion:
+    """Publish the test environment's published version of a template as live's next version; return it.
+
+    `environment_id` is the caller's (either environment of the project). The live template is changed as by
+    template_put with the same `client_id`, `allowed_categories` and `template_admin` (an API client may change
+    only what it owns, or anything with `templates:admin`); a layout the version names must exist in live.
+    Raises ApiError 404 (no such template in test) or 400 (`nothing_to_promote`, or what template_put refuses).
+    """
+
+    def write(test: InUse) -> TemplateVersion:
+        return template_put(
+            key=key,
+            category=test.content["category"],
+            default_locale=test.content["default_locale"],
+            content=test.content["content"],
+            layout=test.content["layout"],
+            publish=True,
+            actor=actor,
+            allowed_categories=allowed_categories,
+            audit_actor=audit_actor,
+            client_id=client_id,
+            template_admin=template_admin,
+            audit_action="template.promote",
+            audit_changes={"test_version": [None, test.version]},
+        )
+
+    return promote(
+        kind="template", key=key, environment_id=environment_id, read=templates_in_use, exists=template_exists,
+        write=write,
+    )  # fmt: skip
+
+
+def template_rollback(
+    *,
+    key: str,
+    version: int,
+    actor: str = "",
+    audit_actor: Any = None,
+    client_id: int | None = None,
+    allowed_categories: list[str] | None = None,
+    template_admin: bool = False,
+) -> TemplateVersion:
+    """Publish an earlier version of a template again as its next version (in the scope's environment).
+
+    The new version has the earlier one's content and layout, with the template's current category and default
+    locale; it is written as by template_put (ownership, categories, validation). Raises TemplateNotFound for an
+    unknown key or version, ApiError 400 `already_published` when that version is the published one.
+    """
+    template = template_get(key=key)
+    earlier = template_version_get(key=key, version=version)
+    if earlier.pk == template.published_version_id:
+        raise ApiError(
+            400,
+            "already_published",
+            f"Version {version} of template '{key}' is its published version already.",
+            {"version": ["is the published version already"]},
+        )
+    return template_put(
+        key=key,
+        category=template.category,
+        default_locale=template.default_locale,
+        content=earlier.content,
+        layout=earlier.layout,
+        publish=True,
+        actor=actor,
+        allowed_categories=allowed_categories,
+        audit_actor=audit_actor,
+        client_id=client_id,
+        template_admin=template_admin,
+        audit_action="template.rollback",
+        audit_changes={"rolled_back_to": [None, version]},
+    )
+
+
+def layout_promote(*, key: str, environment_id: int, actor: str = "", audit_actor: Any = None) -> LayoutVersion:
+    """Write the test environment's newest version of a layout as live's next version; return it.
+
+    Raises ApiError 404 (no such layout in test) or 400 (`nothing_to_promote`, or what layout_put refuses).
+    """
+
+    def write(test: InUse) -> LayoutVersion:
+        return layout_put(
+            key=key,
+            html=test.content["html"],
+            text=test.content["text"],
+            actor=actor,
+            audit_actor=audit_actor,
+            audit_action="layout.promote",
+            audit_changes={"test_version": [None, test.version]},
+        )
+
+    return promote(
+        kind="layout", key=key, environment_id=environment_id, read=layouts_in_use, exists=layout_exists, write=write
+    )
+
+
+def layout_rollback(*, key: str, version: int, actor: str = "", audit_actor: Any = None) -> LayoutVersion:
+    """Make an earlier version of a layout the newest again, as its next version (in the scope's environment).
+
+    Raises LayoutNotFound for an unknown key or version, ApiError 400 `already_current` for the newest version.
+    """
+    _, versions = layout_get(key=key)
+    earlier = next((v for v in versions if v.version == version), None)
+    if earlier is None:
+        raise LayoutNotFound(f"layout '{key}' has no version {version}")
+    if earlier.version == versions[0].version:
+        raise ApiError(
+            400,
+            "already_current",
+            f"Version {version} of layout '{key}' is its newest version, the one in use.",
+            {"version": ["is the version in use already"]},
+        )
+    return layout_put(
+        key=key,
+        html=earlier.html,
+        text=earlier.text,
+        actor=actor,
+        audit_actor=audit_actor,
+        audit_action="layout.rollback",
+        audit_changes={"rolled_back_to": [None, version]},
+    )

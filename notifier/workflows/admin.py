@@ -1,4 +1,4 @@
-"""Admin of workflows: definitions with their versions, and runs with every step's reason on one page."""
+"""Admin of workflows: versions (promoted to live, rolled back), and runs with every step's reason on one page."""
 
 from __future__ import annotations
 
@@ -10,35 +10,72 @@ from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
 
 from notifier.workflows.models import Workflow, WorkflowRun, WorkflowStep, WorkflowVersion
-from notifier.workflows.selectors import run_steps
-from projects.admin import OwnedAdmin
+from notifier.workflows.selectors import run_steps, workflows_in_use
+from notifier.workflows.services import workflow_promote, workflow_rollback
+from projects.admin import OwnedAdmin, PromotionAdmin, version_rollback_link
+from projects.promotion import Reader
+from projects.scoping import owner_id, owner_scope
 
 
 class WorkflowVersionInline(admin.TabularInline):
-    """The versions of a workflow (immutable: a new one comes with each save over the API)."""
+    """The versions of a workflow (immutable: a new one comes with each save over the API), each but the latest
+    with a roll-back link."""
 
     model = WorkflowVersion
     extra = 0
-    fields = ("version", "category", "definition", "created_by", "created_at")
+    fields = ("version", "category", "definition", "created_by", "created_at", "rollback")
     readonly_fields = fields
     can_delete = False
+    ordering = ("-version",)
 
     @admin.display(description="steps")
     def definition(self, obj: WorkflowVersion) -> str:
         return format_html("<pre>{}</pre>", json.dumps(obj.steps, indent=2))
+
+    @admin.display(description="")
+    def rollback(self, obj: WorkflowVersion) -> str:
+        return version_rollback_link(obj.workflow, obj.version, current=obj.workflow.latest_version) if obj.pk else ""
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
 
 @admin.register(Workflow)
-class WorkflowAdmin(OwnedAdmin):
-    """Workflows with their versions; their runs are one click away."""
+class WorkflowAdmin(PromotionAdmin):
+    """Workflows with their versions; their runs are one click away.
+
+    A workflow of a test environment is promoted to live from its page; any environment's workflow rolls back to
+    an earlier version from its versions (as its next version).
+    """
 
     list_display = ["key", "latest_version", "updated_at", "runs"]
     search_fields = ["key"]
-    readonly_fields = ["key", "latest_version", "created_at", "updated_at"]
+    readonly_fields = ["key", "latest_version", "promotion", "created_at", "updated_at"]
     inlines = [WorkflowVersionInline]
+    promotion_kind = "workflow"
+
+    def promotion_reader(self) -> Reader:
+        return workflows_in_use
+
+    def promotion_run(self, request: HttpRequest, obj: Workflow) -> int:
+        version = workflow_promote(
+            key=obj.key,
+            environment_id=owner_id(obj),
+            actor=f"admin:{request.user.get_username()}",
+            audit_actor=request.user,
+        )
+        return version.version
+
+    def rollback_versions(self, obj: Workflow) -> tuple[dict[int, dict[str, Any]], int | None]:
+        versions = {v.version: {"category": v.category, "steps": v.steps} for v in obj.versions.all()}
+        return versions, obj.latest_version or None
+
+    def rollback_run(self, request: HttpRequest, obj: Workflow, version: int) -> int:
+        with owner_scope(owner_id(obj)):
+            made = workflow_rollback(
+                key=obj.key, version=version, actor=f"admin:{request.user.get_username()}", audit_actor=request.user
+            )
+        return made.version
 
     @admin.display(description="runs")
     def runs(self, obj: Workflow) -> str:

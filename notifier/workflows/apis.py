@@ -12,15 +12,21 @@ from core.errors import ApiError
 from core.openapi import error_response
 from core.pagination import CursorPage, cursor_id
 from core.serializers import validate_with
-from notifier.workflows.selectors import workflow_get, workflow_list
+from notifier.clients.auth import request_client
+from notifier.workflows.selectors import WorkflowNotFound, promotion_list, workflow_get, workflow_list
 from notifier.workflows.serializers import (
+    PromotionInput,
+    PromotionListOutput,
+    PromotionOutput,
     WorkflowListQuery,
     WorkflowOutput,
     WorkflowPage,
     WorkflowPutInput,
     WorkflowVersionOutput,
 )
-from notifier.workflows.services import workflow_put
+from notifier.workflows.services import promotion_apply, workflow_put, workflow_rollback
+from projects.scoping import owner_id
+from templates_app.serializers import RollbackInputSerializer
 
 EXAMPLE = {
     "category": "transactional",
@@ -33,6 +39,11 @@ EXAMPLE = {
         },
     ],
 }  # fmt: skip
+
+
+def _actor(request: Request) -> str:
+    """Name the caller in a version's created_by."""
+    return f"api:{getattr(request.user, 'name', '')}"
 
 
 class WorkflowListApi(APIView):
@@ -56,6 +67,10 @@ class WorkflowApi(APIView):
     """PUT /workflows/{key} saves a new version (validated); GET /workflows/{key} reads the workflow."""
 
     required_scope = "templates"
+    # A project that changes its live environment only by promotion refuses a live key's PUT.
+    error_statuses = {
+        "put": {409: "`promotion_required`: the project changes its live environment only by promotion from test."}
+    }
 
     @extend_schema(
         operation_id="workflow_put",
@@ -67,7 +82,12 @@ class WorkflowApi(APIView):
     def put(self, request: Request, key: str) -> Response:
         data = validate_with(WorkflowPutInput, request.data)
         version = workflow_put(
-            key=key, category=data["category"], steps=data["steps"], actor=f"api:{getattr(request.user, 'name', '')}"
+            key=key,
+            category=data["category"],
+            steps=data["steps"],
+            actor=_actor(request),
+            audit_actor=request.user,
+            enforce_promotion=True,
         )
         return Response(WorkflowVersionOutput(version).data, status=status.HTTP_201_CREATED)
 
@@ -81,3 +101,101 @@ class WorkflowApi(APIView):
         if workflow is None:
             raise ApiError(404, "not_found", f"No workflow '{key}'.")
         return Response(WorkflowOutput(workflow).data)
+
+
+class WorkflowRollbackApi(APIView):
+    """POST /workflows/{key}/rollback: make an earlier version the one sends run again, as the next version."""
+
+    required_scope = "templates"
+
+    @extend_schema(
+        operation_id="workflow_rollback",
+        summary="Roll a workflow back to an earlier version",
+        request=RollbackInputSerializer,
+        responses={201: WorkflowVersionOutput, 404: error_response(404, "No such workflow, or no such version.")},
+    )
+    def post(self, request: Request, key: str) -> Response:
+        if workflow_get(key=key) is None:  # an unknown workflow is a 404 whatever the body
+            raise ApiError(404, "not_found", f"No workflow '{key}'.")
+        data = validate_with(RollbackInputSerializer, request.data)
+        try:
+            version = workflow_rollback(
+                key=key, version=data["version"], actor=_actor(request), audit_actor=request.user
+            )
+        except WorkflowNotFound as exc:
+            raise ApiError(404, "not_found", str(exc)) from None
+        return Response(WorkflowVersionOutput(version).data, status=status.HTTP_201_CREATED)
+
+
+PROMOTION_EXAMPLE = {
+    "kind": "template",
+    "key": "order_shipped",
+    "test_version": 5,
+    "live_version": 3,
+    "diff": "--- live/template/order_shipped@3\n+++ test/template/order_shipped@5\n@@ -4,7 +4,7 @@\n"
+    '       "email": {\n-        "subject": "Shipped"\n+        "subject": "Your order {{ order_id }} shipped"\n',
+}
+
+
+class PromotionApi(APIView):
+    """GET /promotion lists what test has that live does not; POST /promotion copies it to live."""
+
+    required_scope = "templates"
+
+    @extend_schema(
+        operation_id="promotion_list",
+        summary="List what test would promote to live",
+        description="Every layout, template and workflow of the key's project whose version in the test "
+        "environment (a template's published version, a layout's or workflow's newest) differs from the live "
+        "environment's, with a diff to review. Either environment's key of the project may call it.",
+        responses={200: PromotionListOutput},
+        examples=[OpenApiExample("A changed template", value={"results": [PROMOTION_EXAMPLE]}, response_only=True)],
+    )
+    def get(self, request: Request) -> Response:
+        candidates = promotion_list(environment_id=owner_id(request_client(request)))
+        return Response(PromotionListOutput({"results": candidates}).data)
+
+    @extend_schema(
+        operation_id="promotion_apply",
+        summary="Promote from test to live",
+        description="Copies each item's test version to live as live's next version (published), audit-logged. "
+        "Layouts are written first, then templates, then workflows, whatever the order of the items; the answer "
+        "has one result per item, in order, with the HTTP `status` that item would have had alone.",
+        request=PromotionInput,
+        responses={200: PromotionOutput},
+        examples=[
+            OpenApiExample(
+                "A template and its layout",
+                value={"items": [{"kind": "template", "key": "order_shipped"}, {"kind": "layout", "key": "brand"}]},
+                request_only=True,
+            ),
+            OpenApiExample(
+                "One promoted, one unknown",
+                value={
+                    "results": [
+                        {"kind": "template", "key": "order_shipped", "status": 200, "live_version": 4},
+                        {
+                            "kind": "layout", "key": "brand", "status": 404, "live_version": None,
+                            "error": {
+                                "code": "not_found", "message": "No layout 'brand' in test.",
+                                "fields": {"key": ["no such layout in test"]},
+                            },
+                        },
+                    ]
+                },
+                response_only=True,
+            ),
+        ],
+    )  # fmt: skip
+    def post(self, request: Request) -> Response:
+        data = validate_with(PromotionInput, request.data)
+        results = promotion_apply(
+            environment_id=owner_id(request_client(request)),
+            items=data["items"],
+            actor=_actor(request),
+            audit_actor=request.user,
+            client_id=request.user.pk,
+            allowed_categories=getattr(request.user, "allowed_categories", None),
+            template_admin="templates:admin" in (getattr(request.user, "scopes", None) or ()),
+        )
+        return Response(PromotionOutput({"results": results}).data)

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
-from django.db.models import Count
+from django.db.models import Count, F
 
 from notifier.deliveries.models import Notification
 from notifier.deliveries.selectors import deliveries_of_notifications
 from notifier.workflows.models import Workflow, WorkflowRun, WorkflowStep, WorkflowTrigger, WorkflowVersion
+from projects.promotion import Candidate, InUse, Reader, promotion_candidates
+from templates_app.selectors import layouts_in_use, templates_in_use
 
 
 class WorkflowNotFound(Exception):
@@ -48,6 +51,35 @@ def workflow_list(*, after_id: int = 0, limit: int = 50) -> list[Workflow]:
 def workflow_version_latest(workflow: Workflow) -> WorkflowVersion | None:
     """Return a workflow's newest version."""
     return workflow.versions.order_by("-version").first()
+
+
+def workflows_in_use(keys: Sequence[str] | None = None) -> dict[str, InUse]:
+    """Return, by key, the latest version of the scope's workflows (all, or those of `keys`): the one sends run."""
+    versions = WorkflowVersion.objects.filter(version=F("workflow__latest_version")).select_related("workflow")
+    if keys is not None:
+        versions = versions.filter(workflow__key__in=keys)
+    return {
+        v.workflow.key: InUse(version=v.version, content={"category": v.category, "steps": v.steps}) for v in versions
+    }
+
+
+def workflow_exists(key: str) -> bool:
+    """Say whether the scope's environment has a workflow `key`."""
+    return Workflow.objects.filter(key=key).exists()
+
+
+# Every kind that promotion carries from test to live, in the order it writes them: what a template names (its
+# layout) first, and a workflow (which names templates) last, so that one promotion can carry all three.
+PROMOTION_READERS: dict[str, Reader] = {
+    "layout": layouts_in_use,
+    "template": templates_in_use,
+    "workflow": workflows_in_use,
+}
+
+
+def promotion_list(*, environment_id: int) -> list[Candidate]:
+    """Return every layout, template and workflow of the project whose version in test differs from live's."""
+    return promotion_candidates(environment_id=environment_id, readers=PROMOTION_READERS)
 
 
 def run_steps(run: WorkflowRun, *, with_deliveries: bool = True) -> list[dict[str, Any]]:

@@ -22,7 +22,7 @@ import json
 import logging
 import uuid
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -31,7 +31,9 @@ from celery import current_app as celery_app
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, transaction
 from django.utils import timezone
+from rest_framework.exceptions import ValidationError
 
+from audit.services import audit_record
 from core import task_names
 from core.db import bound_cursor, insert_rows, json_rows
 from core.errors import ApiError
@@ -54,11 +56,20 @@ from notifier.deliveries.selectors import notification_statuses_reached
 from notifier.dispatch import localtime
 from notifier.workflows import definitions
 from notifier.workflows.models import Workflow, WorkflowRun, WorkflowStep, WorkflowTrigger, WorkflowVersion
-from notifier.workflows.selectors import WorkflowNotFound, workflow_version_resolve
+from notifier.workflows.selectors import (
+    PROMOTION_READERS,
+    WorkflowNotFound,
+    workflow_exists,
+    workflow_get,
+    workflow_version_resolve,
+    workflows_in_use,
+)
 from preferences.models import Recipient
 from preferences.services import recipient_ensure
+from projects.promotion import InUse, direct_change_check, promote
 from projects.scoping import as_client_owner
 from templates_app.selectors import TemplateNotFound, template_version_resolve
+from templates_app.services import layout_promote, template_promote
 
 logger = logging.getLogger(__name__)
 
@@ -79,25 +90,173 @@ def _template_channels(spec: str) -> tuple[str, list[str]] | None:
     return version.template.category, list(version.channels)
 
 
-def workflow_put(*, key: str, category: str, steps: Any, actor: str = "") -> WorkflowVersion:
+def workflow_put(
+    *,
+    key: str,
+    category: str,
+    steps: Any,
+    actor: str = "",
+    audit_actor: Any = None,
+    audit_action: str = "workflow.version_create",
+    audit_changes: Mapping[str, Any] | None = None,
+    enforce_promotion: bool = False,
+) -> WorkflowVersion:
     """Validate a definition and save it as the workflow's next version; raise ApiError 400 naming the bad step.
 
-    A key that breaks the key rule (core/keys.py) is the 400 naming `key`.
+    With an `audit_actor` the new version is written to the audit log, as `audit_action` with `audit_changes`
+    added. `enforce_promotion`: the call is a direct change (an API key's PUT), refused with a 409
+    `promotion_required` in a live environment whose project changes live only by promotion from test. A key that
+    breaks the key rule (core/keys.py) is the 400 naming `key`.
     """
     require_key(key)
+    if enforce_promotion:
+        direct_change_check(kind="workflow", key=key)
     try:
         checked = definitions.validate(category=category, steps=steps, template_channels=_template_channels)
     except definitions.DefinitionError as exc:
         raise ApiError(400, "invalid", exc.message, {exc.field: [exc.message]}) from None
     with transaction.atomic():
-        workflow, _ = Workflow.objects.get_or_create(key=key)
+        workflow, created = Workflow.objects.get_or_create(key=key)
         # The row lock numbers concurrent PUTs one after the other.
         workflow = Workflow.objects.select_for_update().get(pk=workflow.pk)
         workflow.latest_version += 1
         workflow.save(update_fields=["latest_version", "updated_at"])
-        return WorkflowVersion.objects.create(
+        version = WorkflowVersion.objects.create(
             workflow=workflow, version=workflow.latest_version, category=category, steps=checked, created_by=actor
         )
+        if audit_actor is not None:
+            changes = {
+                "version": [None if created else version.version - 1, version.version],
+                **(audit_changes or {}),
+            }
+            audit_record(actor=audit_actor, action=audit_action, target_type="workflow", target_id=key, changes=changes)
+    version.workflow = workflow
+    return version
+
+
+def workflow_rollback(*, key: str, version: int, actor: str = "", audit_actor: Any = None) -> WorkflowVersion:
+    """Make an earlier version of a workflow the one sends run again, as its next version (the scope's environment).
+
+    The definition is checked again (the templates it names must still exist). Raises WorkflowNotFound for an
+    unknown key or version, ApiError 400 `already_current` for the latest version.
+    """
+    workflow = workflow_get(key=key)
+    if workflow is None:
+        raise WorkflowNotFound(f"No workflow '{key}'.")
+    earlier = next((v for v in workflow.all_versions if v.version == version), None)  # type: ignore[attr-defined]
+    if earlier is None:
+        raise WorkflowNotFound(f"Workflow '{key}' has no version {version}.")
+    if earlier.version == workflow.latest_version:
+        raise ApiError(
+            400,
+            "already_current",
+            f"Version {version} of workflow '{key}' is its latest version, the one sends run.",
+            {"version": ["is the version in use already"]},
+        )
+    return workflow_put(
+        key=key,
+        category=earlier.category,
+        steps=earlier.steps,
+        actor=actor,
+        audit_actor=audit_actor,
+        audit_action="workflow.rollback",
+        audit_changes={"rolled_back_to": [None, version]},
+    )
+
+
+def workflow_promote(*, key: str, environment_id: int, actor: str = "", audit_actor: Any = None) -> WorkflowVersion:
+    """Write the test environment's latest version of a workflow as live's next version; return it.
+
+    The definition is checked in live: the templates its steps name must exist there (promote them first, or in
+    the same promotion). Raises ApiError 404 (no such workflow in test) or 400 (`nothing_to_promote`, invalid).
+    """
+
+    def write(test: InUse) -> WorkflowVersion:
+        return workflow_put(
+            key=key,
+            category=test.content["category"],
+            steps=test.content["steps"],
+            actor=actor,
+            audit_actor=audit_actor,
+            audit_action="workflow.promote",
+            audit_changes={"test_version": [None, test.version]},
+        )
+
+    return promote(
+        kind="workflow", key=key, environment_id=environment_id, read=workflows_in_use, exists=workflow_exists,
+        write=write,
+    )  # fmt: skip
+
+
+@dataclass
+class PromotionResult:
+    """What became of one item of a promotion: live's new version, or the error it alone would have had."""
+
+    kind: str
+    key: str
+    live_version: int | None = None
+    error: Exception | None = None
+
+
+def _promotion_item(item: Any, kinds: Sequence[str]) -> PromotionResult:
+    """Read one item of a promotion ({"kind", "key"}); a malformed one carries its 400 already."""
+    fields = item if isinstance(item, dict) else {}
+    kind, key = fields.get("kind"), fields.get("key")
+    result = PromotionResult(kind=kind if isinstance(kind, str) else "", key=key if isinstance(key, str) else "")
+    reasons: dict[str, list[str]] = {}
+    if not isinstance(item, dict):
+        reasons["item"] = ["must be an object with kind and key"]
+    else:
+        if kind not in kinds:
+            reasons["kind"] = [f"unknown kind; one of: {', '.join(kinds)}"]
+        if not isinstance(key, str) or not key:
+            reasons["key"] = ["is required (a string)"]
+    if reasons:
+        message = "; ".join(f"{name}: {why[0]}" for name, why in reasons.items())
+        result.error = ApiError(400, "invalid", f"Invalid item: {message}", reasons)
+    return result
+
+
+def promotion_apply(
+    *,
+    environment_id: int,
+    items: Sequence[Any],
+    actor: str = "",
+    audit_actor: Any = None,
+    client_id: int | None = None,
+    allowed_categories: list[str] | None = None,
+    template_admin: bool = False,
+) -> list[PromotionResult]:
+    """Promote each item ({"kind", "key"}) from the project's test environment to its live one; results in order.
+
+    `environment_id` is the caller's, either environment of the project. Items are written in dependency order
+    (layouts, templates, workflows: PROMOTION_READERS), so one call carries a template with the layout it names,
+    whatever their order in the request; each is its own transaction, and one that fails (malformed, unknown
+    kind or key, nothing to promote, refused by validation in live, a template the client may not change) fails
+    alone with the error a call for it alone would have had.
+    """
+    promoters: dict[str, Callable[[str], Any]] = {
+        "layout": lambda key: layout_promote(
+            key=key, environment_id=environment_id, actor=actor, audit_actor=audit_actor
+        ),
+        "template": lambda key: template_promote(
+            key=key, environment_id=environment_id, actor=actor, audit_actor=audit_actor, client_id=client_id,
+            allowed_categories=allowed_categories, template_admin=template_admin,
+        ),
+        "workflow": lambda key: workflow_promote(
+            key=key, environment_id=environment_id, actor=actor, audit_actor=audit_actor
+        ),
+    }  # fmt: skip
+    kinds = list(PROMOTION_READERS)
+    results = [_promotion_item(item, kinds) for item in items]
+    for result in sorted(results, key=lambda r: kinds.index(r.kind) if r.kind in kinds else -1):
+        if result.error is not None:
+            continue
+        try:
+            result.live_version = promoters[result.kind](result.key).version
+        except (ApiError, ValidationError) as exc:
+            result.error = exc
+    return results
 
 
 # --- triggering ----------------------------------------------------------------------------------------------

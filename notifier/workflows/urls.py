@@ -9,4 +9,6 @@ from notifier.workflows import apis
 urlpatterns = [
     path("workflows", apis.WorkflowListApi.as_view(), name="workflows"),
     path("workflows/<slug:key>", apis.WorkflowApi.as_view(), name="workflow"),
+    path("workflows/<slug:key>/rollback", apis.WorkflowRollbackApi.as_view(), name="workflow-rollback"),
+    path("promotion", apis.PromotionApi.as_view(), name="promotion"),
 ]

@@ -85,7 +85,7 @@ class Migration(migrations.Migration):
         migrations.AddConstraint(
             model_name="recipient",
             constraint=models.UniqueConstraint(
-                fields=("environment", "user_id"), name="recipient_environment_user_uniq"
+                fields=("user_id", "environment"), name="recipient_user_environment_uniq"
             ),
         ),
         migrations.AddConstraint(

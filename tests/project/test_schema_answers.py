@@ -36,6 +36,7 @@ from notifier.deliveries.models import Delivery, Notification
 from notifier.inbox.services import inbox_token_create
 from notifier.statusevents.models import EventEndpoint
 from preferences.services import recipient_upsert, topic_subscribe, topic_upsert
+from projects.models import Project
 from templates_app.services import template_put
 from tests import factories
 from tests.callbacks.test_callbacks_ses import _stub_server, ses_event, signing, stub  # noqa: F401 - fixtures
@@ -444,6 +445,21 @@ def _template_put(w: World) -> None:
     w.call("template_put", 400, key="shipped", body={**body, "category": "nonsense"})
     _, narrow = w.client(scopes=["templates"])
     w.call("template_put", 403, http=narrow, key="shipped", body=body)  # another client's template
+    _promotion_required()
+    w.call("template_put", 409, key="shipped", body=body)
+
+
+def _promotion_required() -> None:
+    """Make the project of the world's key (`default`, live) change its live environment only by promotion."""
+    Project.objects.filter(slug="default").update(promotion=Project.Promotion.REQUIRED)
+
+
+def _template_rollback(w: World) -> None:
+    w.template()
+    w.template("shipped", EMAIL_ONLY)
+    w.call("template_rollback", 201, key="shipped", body={"version": 1})
+    w.call("template_rollback", 400, key="shipped", body={"version": 3})  # the published one already
+    w.call("template_rollback", 404, key="shipped", body={"version": 9})
 
 
 def _template_preview(w: World) -> None:
@@ -471,6 +487,16 @@ def _layout_put(w: World) -> None:
     w.call("layout_put", 201, key="brand", body={"html": "<div>{{ content }}</div>"})
     w.call("layout_put", 201, key="brand", body={"html": "<div>{{ content }}</div>", "text": "{{ content }}"})
     w.call("layout_put", 400, key="brand", body={"html": "{% if %}"})
+    _promotion_required()
+    w.call("layout_put", 409, key="brand", body={"html": "<div>{{ content }}</div>"})
+
+
+def _layout_rollback(w: World) -> None:
+    w.call("layout_put", 201, key="brand", body={"html": "<div>{{ content }}</div>"})
+    w.call("layout_put", 201, key="brand", body={"html": "<p>{{ content }}</p>"})
+    w.call("layout_rollback", 201, key="brand", body={"version": 1})
+    w.call("layout_rollback", 400, key="brand", body={"version": 3})  # the one in use already
+    w.call("layout_rollback", 404, key="brand", body={"version": 9})
 
 
 def _layout_get(w: World) -> None:
@@ -491,6 +517,36 @@ def _workflow_put(w: World) -> None:
     w.template()
     w.call("workflow_put", 201, key="flow", body={"category": "transactional", "steps": STEPS})
     w.call("workflow_put", 400, key="flow", body={"category": "transactional", "steps": [{"id": "a", "type": "x"}]})
+    _promotion_required()
+    w.call("workflow_put", 409, key="flow", body={"category": "transactional", "steps": STEPS})
+
+
+def _workflow_rollback(w: World) -> None:
+    w.workflow("flow")
+    w.call("workflow_put", 201, key="flow", body={"category": "transactional", "steps": STEPS[:1]})
+    w.call("workflow_rollback", 201, key="flow", body={"version": 1})
+    w.call("workflow_rollback", 400, key="flow", body={"version": 3})  # the latest already
+    w.call("workflow_rollback", 404, key="flow", body={"version": 9})
+
+
+def _promotion_list(w: World) -> None:
+    assert w.call("promotion_list", 200)["results"] == []
+    _, test = w.client(mode="test")
+    w.call("template_put", 201, http=test, key="shipped", body={"category": "transactional", "content": CONTENT})
+    w.call("layout_put", 201, http=test, key="brand", body={"html": "<div>{{ content }}</div>"})
+    w.call("promotion_apply", 200, http=test, body={"items": [{"kind": "layout", "key": "brand"}]})
+    w.call("layout_put", 201, http=test, key="brand", body={"html": "<p>{{ content }}</p>"})
+    listed = w.call("promotion_list", 200)["results"]
+    assert [(c["kind"], c["live_version"]) for c in listed] == [("layout", 1), ("template", None)]
+
+
+def _promotion_apply(w: World) -> None:
+    _, test = w.client(mode="test")
+    w.call("template_put", 201, http=test, key="shipped", body={"category": "transactional", "content": CONTENT})
+    items = [{"kind": "template", "key": "shipped"}, {"kind": "layout", "key": "nope"}, {"kind": "widget"}]
+    results = w.call("promotion_apply", 200, body={"items": items})["results"]
+    assert [r["status"] for r in results] == [200, 404, 400]
+    w.call("promotion_apply", 400, body={"items": []})
 
 
 def _workflow_get(w: World) -> None:
@@ -903,11 +959,16 @@ CALLS: dict[str, Callable[[World], None]] = {
     "template_put": _template_put,
     "template_preview": _template_preview,
     "template_version_get": _template_version_get,
+    "template_rollback": _template_rollback,
     "layout_put": _layout_put,
     "layout_get": _layout_get,
+    "layout_rollback": _layout_rollback,
     "workflows_list": _workflows_list,
     "workflow_put": _workflow_put,
     "workflow_get": _workflow_get,
+    "workflow_rollback": _workflow_rollback,
+    "promotion_list": _promotion_list,
+    "promotion_apply": _promotion_apply,
     "recipients_list": _recipients_list,
     "recipient_get": _recipient_get,
     "recipient_put": _recipient_put,

@@ -12,10 +12,16 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 
+from channels_app import services as pipeline
+from channels_app.models import SandboxMessage
+from notifier.deliveries.models import Delivery, Notification
+from notifier.deliveries.selectors import delivery_rendered
+from notifier.inbox import fanout as inbox_fanout
 from preferences.models import Recipient, Suppression, Topic
 from projects.models import Environment
 from projects.services import project_create
 from templates_app.models import Template
+from tests.conftest import purge_all_queues
 
 CONTENT = {
     "en": {
@@ -139,6 +145,45 @@ def test_the_suppression_list_of_one_project_does_not_suppress_another(keys: dic
         assert email_of(api)["status"] == "suppressed"
     wide = Suppression.objects.get(address="bounced@example.com")
     assert b_api.delete(f"/api/v1/suppressions/{wide.pk}").status_code == 404
+
+
+@pytest.mark.django_db
+def test_each_environment_sends_its_own_template_and_layout_of_the_same_key_and_version(
+    keys: dict[str, tuple[Any, Any]],
+) -> None:
+    """The send workers, the fan-out's in-app rendering and the admin's re-rendering run outside any scope."""
+    purge_all_queues()  # the sends publish to this namespace's queues
+    (_, live), (_, test) = keys["a"], keys["a_test"]
+    sent: dict[str, Any] = {}
+    for api, word in ((test, "staging"), (live, "production")):
+        # Test's layout has the higher version number: the newest of any environment would be test's.
+        for _ in range(2 if api is test else 1):
+            layout = {"html": f"<div>{word} {{{{ content }}}}</div>"}
+            assert api.put("/api/v1/layouts/brand", layout, format="json").status_code == 201
+        email = {"subject": word, "html": "<p>{{ name }}</p>"}
+        content = {"en": {"email": email, "inapp": {"title": word, "body": "Hi"}}}
+        body = {"category": "transactional", "content": content, "layout": "brand"}
+        assert api.put("/api/v1/templates/welcome", body, format="json").status_code == 201
+        assert api.put("/api/v1/recipients/u-1", {"email": "u1@example.com"}, format="json").status_code == 201
+        answer = api.post(
+            "/api/v1/notifications",
+            {"recipient": {"user_id": "u-1"}, "template": "welcome", "channels": ["email"], "payload": {"name": "Ann"}},
+            format="json",
+        )
+        assert answer.status_code == 202, answer.content
+        sent[word] = answer.json()
+    for word, answer in sent.items():
+        [delivery_id] = [d["id"] for d in answer["deliveries"]]
+        pipeline.deliver([delivery_id])
+        delivery = Delivery.objects.get(pk=delivery_id)
+        assert delivery.status == "sent", delivery.last_error
+        email = SandboxMessage.objects.get(delivery_id=delivery_id).content
+        assert (email["subject"], email["text"]) == (word, f"{word}\n\nAnn")
+        Delivery.objects.filter(pk=delivery_id).update(template_version=None)  # re-rendered from the notification
+        assert delivery_rendered(delivery=Delivery.objects.get(pk=delivery_id))["parts"]["subject"] == word
+        notification = Notification.objects.get(pk=answer["id"])
+        inapp = inbox_fanout.contents(notification, ["en"]).by_locale["en"]
+        assert inapp is not None and inapp["title"] == word
 
 
 @pytest.mark.django_db

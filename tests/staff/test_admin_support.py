@@ -114,7 +114,7 @@ def test_search_is_served_by_indexes() -> None:
     terms = {
         "email": ("c77@example.com", ["delivery_address_hash", "recipient_email_idx", "delivery_recipient_idx"]),
         "phone": ("+15550000077", ["delivery_address_hash", "recipient_phone_idx"]),
-        "user id": ("u-77", ["preferences_recipient_user_id", "delivery_recipient_idx"]),  # unique index
+        "user id": ("u-77", ["recipient_user_environment_uniq", "delivery_recipient_idx"]),  # unique index
         "provider message id": ("m-email77", ["delivery_provider_msg_idx"]),
         "dedup key": ("dk-77", ["notification_dedup_idx", "delivery_target_uniq"]),
     }
