@@ -340,12 +340,12 @@ class TemplateAdmin(OwnedAdmin):
     readonly_fields = ("published_version", "owner", "created_at", "updated_at")
     inlines = [TemplateVersionInline]
 
-    @admin.display(description="owner")
+    @admin.display(description="made by")
     def owner(self, obj: Template) -> str:
-        """Say who may change it over the API: its API client, or staff (templates:admin keys may change any)."""
+        """Say who made it: an API client over the API, or staff; every key of its environment may change it."""
         if obj.pk is None or obj.owner_client_id is None:
-            return "staff (over the API only keys with templates:admin change it)"
-        return f"API client #{obj.owner_client_id} (others change it only with templates:admin)"
+            return "staff (in the admin or by a command)"
+        return f"API client #{obj.owner_client_id} (over the API)"
 
     def get_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:  # type: ignore[override]  # a list[str] is one of django-stubs' list | tuple shapes, but list is invariant
         """Show the publish box only to those allowed to publish."""

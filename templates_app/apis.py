@@ -91,9 +91,8 @@ class TemplatePutApi(APIView):
             actor=_actor(request),
             allowed_categories=getattr(request.user, "allowed_categories", None),
             audit_actor=request.user,
-            # The caller owns what it creates; changing what another client or staff owns needs templates:admin.
+            # Recorded as who made a new template; any key of the environment with `templates` may change it.
             client_id=request.user.pk,
-            template_admin="templates:admin" in (getattr(request.user, "scopes", None) or ()),
             layout=data.get("layout") or "",
         )
         return Response(TemplatePutOutputSerializer(version).data, status=status.HTTP_201_CREATED)

@@ -220,7 +220,6 @@ def template_put(
     allowed_categories: list[str] | None = None,
     audit_actor: Any = None,
     client_id: int | None = None,
-    template_admin: bool = False,
     layout: str = "",
 ) -> TemplateVersion:
     """Create a new version of a template (creating the template if new), published unless `publish` is false.
@@ -232,9 +231,10 @@ def template_put(
     With an `audit_actor` (API client or staff user) the new version is written to the audit log.
     `layout` names the email layout of the new version ("" for the category's default).
 
-    `client_id` is the calling API client's (None for staff and commands): a template it creates is its own,
-    and an existing one it may change only if it owns it or `template_admin` (the `templates:admin` scope);
-    otherwise a 403 `template_owned_by_another_client` or `template_owned_by_staff`.
+    `client_id` is the calling API client's (None for staff and commands), recorded on a template it creates as
+    who made it (`owner_client_id`). It grants nothing: within a project environment every key with the
+    `templates` scope changes and publishes any of its templates (the scope narrows the lookup to that
+    environment, so another project's or environment's template is never found here).
     """
     layout = layout or ""
     if layout and not Layout.objects.filter(key=layout).exists():
@@ -253,8 +253,6 @@ def template_put(
             key=key, defaults={"category": category, "default_locale": default_locale, "owner_client_id": client_id}
         )
         template = Template.objects.select_for_update().get(pk=template.pk)
-        if client_id is not None and not created and not template_admin:
-            check_template_owner(template=template, client_id=client_id)
         before = {"category": template.category, "published_version": template.published_version_id}
         if allowed_categories and template.category not in allowed_categories:
             raise ApiError(403, "category_forbidden", f"This API client may not use category '{template.category}'.")
@@ -282,21 +280,6 @@ def template_put(
     logger.info("template %s version %s created by %s (published=%s)", key, version.version, actor or "-", publish)
     version.template = template
     return version
-
-
-def check_template_owner(*, template: Template, client_id: int) -> None:
-    """Refuse (403) an API client's change of a template that another client or staff owns."""
-    if template.owner_client_id == client_id:
-        return
-    whose = "another API client" if template.owner_client_id is not None else "staff (made in the admin)"
-    code = "template_owned_by_another_client" if template.owner_client_id is not None else "template_owned_by_staff"
-    raise ApiError(
-        403,
-        code,
-        f"Template '{template.key}' belongs to {whose}; changing or publishing it needs the 'templates:admin' "
-        "scope. Sending it needs only what its category allows.",
-        {"key": [f"belongs to {whose}; needs the 'templates:admin' scope"]},
-    )
 
 
 def _publish(*, template: Template, version: TemplateVersion, category: str, default_locale: str) -> None:
