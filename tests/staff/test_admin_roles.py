@@ -12,6 +12,7 @@ from django.urls import reverse
 
 from audit.models import AuditEntry
 from notifier.staff.roles import ROLE_PERMISSIONS
+from projects.models import DEFAULT_LIVE_ENVIRONMENT_ID
 from templates_app.models import Template
 from templates_app.services import template_put
 from tests.factories import make_delivery
@@ -85,7 +86,8 @@ def test_marketing_sees_only_optional_templates_and_campaigns_not_deliveries(mon
     promo = template_put(key="promo", category="marketing", default_locale="en", content=SMS)
     listing = client.get(reverse("admin:templates_app_template_changelist")).content.decode()
     assert "promo" in listing and ">otp<" not in listing
-    assert client.get(reverse("admin:templates_app_template_change", args=[otp.template.pk])).status_code == 302
+    # Not theirs to see: a 404, as an object of a project they are not a member of.
+    assert client.get(reverse("admin:templates_app_template_change", args=[otp.template.pk])).status_code == 404
     assert client.get(reverse("admin:templates_app_template_change", args=[promo.template.pk])).status_code == 200
     assert client.get(reverse("admin:templates_app_templateversion_publish", args=[otp.pk])).status_code == 404
     assert client.get(reverse("admin:campaigns_campaign_changelist")).status_code == 200
@@ -94,6 +96,7 @@ def test_marketing_sees_only_optional_templates_and_campaigns_not_deliveries(mon
     response = client.post(
         reverse("admin:templates_app_template_add"),
         {
+            "environment": str(DEFAULT_LIVE_ENVIRONMENT_ID),
             "key": "otp2",
             "category": "security",
             "default_locale": "en",
