@@ -134,3 +134,29 @@ def test_every_admin_change_is_in_the_audit_log(monkeypatch: pytest.MonkeyPatch)
         str(v1.template.pk),
     )
     assert AuditEntry.objects.filter(action="template.describe", actor_name="sue").exists()
+
+
+def test_create_staff_user_with_a_project_makes_a_member_of_it_in_the_role(monkeypatch: pytest.MonkeyPatch) -> None:
+    from projects.models import Membership
+    from projects.scoping import owner_scope
+    from projects.selectors import environment_of
+    from projects.services import project_create
+    from tests.factories import make_api_client
+
+    project_create(slug="shop")
+    with owner_scope(environment_of(project="shop", mode="live").pk):
+        shop = make_delivery(client=make_api_client(environment=environment_of(project="shop", mode="live")))
+    default = make_delivery()
+    monkeypatch.setenv("STAFF_USER_PASSWORD", "pw-role-123456")
+    out = io.StringIO()
+    call_command("create_staff_user", "sam", "--role", "support", "--project", "shop", stdout=out)
+    assert "in project shop" in out.getvalue()
+    user = User.objects.get(username="sam")
+    assert list(Membership.objects.filter(user=user).values_list("project__slug", "role")) == [("shop", "support")]
+    assert not user.groups.exists()
+    client = Client()
+    assert client.login(username="sam", password="pw-role-123456")
+    assert client.get(reverse("admin:deliveries_delivery_change", args=[shop.pk])).status_code == 200
+    assert client.get(reverse("admin:deliveries_delivery_change", args=[default.pk])).status_code == 404
+    with pytest.raises(Exception, match="No project 'nowhere'"):
+        call_command("create_staff_user", "kim", "--role", "support", "--project", "nowhere", stdout=io.StringIO())
