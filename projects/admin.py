@@ -21,7 +21,7 @@ from django.http import Http404, HttpRequest
 
 from projects.models import Environment, Membership, Project
 from projects.scoping import owner_scope
-from projects.selectors import default_project_id, environment_id_of, owner_path_of, project_id_of, project_lookup
+from projects.selectors import default_project_id, environment_id_of, owner_path_of, project_id_of
 
 
 def member_project_ids(user: Any, *perms: str) -> list[int] | None:
@@ -51,9 +51,14 @@ def narrow_to_projects(queryset: QuerySet[Any], projects: list[int] | None, *, s
     if projects is None:
         return queryset
     model = queryset.model
-    condition = Q(**{project_lookup(model) + "__in": projects})
+    path = owner_path_of(model)
+    if path is None:
+        raise ValueError(f"{model._meta.label} is not owned by a project environment")
+    # By environment ids rather than a join to the projects: the delivery log is filtered on its own column.
+    environments = list(Environment.objects.filter(project_id__in=projects).values_list("id", flat=True))
+    condition = Q(**{f"{path}__in": environments})
     if shared and getattr(model._default_manager, "shared_null", False):
-        condition |= Q(**{f"{owner_path_of(model)}__isnull": True})
+        condition |= Q(**{f"{path}__isnull": True})
     return queryset.filter(condition)
 
 

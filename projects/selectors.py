@@ -35,14 +35,6 @@ def owner_path_of(model: type[models.Model]) -> str | None:
     return "environment_id" if "environment" in names and model is not Environment else None
 
 
-def project_lookup(model: type[models.Model]) -> str:
-    """Return the lookup of an owned model's project id (`environment__project_id`, `client__environment__...`)."""
-    path = owner_path_of(model)
-    if path is None:
-        raise ValueError(f"{model._meta.label} is not owned by a project environment")
-    return path.removesuffix("_id") + "__project_id"
-
-
 def environment_id_of(row: models.Model) -> int | None:
     """Return the environment id of an owned row, following its owner path through its parents (None: none)."""
     path = owner_path_of(type(row))
