@@ -335,3 +335,25 @@ def test_the_dashboard_counts_only_the_members_projects(world: dict[str, Any]) -
     assert email["failed"] == 2 and dict(everything.context["dead_letters_pending"]) == {"email": 2}
     assert "chart-queue-history" in everything.content.decode()
     assert world["bob"].get(reverse("notifier-dashboard")).status_code == 403
+
+
+def test_a_new_api_keys_environment_is_chosen_and_gives_its_mode(world: dict[str, Any]) -> None:
+    blog_test = environment_of(project="blog", mode="test")
+    add = reverse("admin:clients_apiclient_add")
+    form = {"name": "blog-staging", "scopes": ["send"], "is_active": "on", "environment": blog_test.pk}
+    assert world["root"].post(add, form).status_code == 200  # the page that shows the new key once
+    made = ApiClient.objects.get(name="blog-staging")
+    assert (made.environment_id, made.mode) == (blog_test.pk, "test")
+    # A member given API clients chooses among their projects' environments, and must choose one.
+    bob = User.objects.get(username="bob")
+    bob.user_permissions.add(*Permission.objects.filter(codename__in=["add_apiclient", "view_apiclient"]))
+    page = world["bob"].get(add)
+    assert {str(env) for env in page.context["adminform"].form.fields["environment"].queryset} == {
+        "blog/live",
+        "blog/test",
+    }
+    refused = world["bob"].post(add, {**form, "name": "x", "environment": ""})
+    assert refused.status_code == 200 and "environment" in refused.context["adminform"].form.errors
+    refused = world["bob"].post(add, {**form, "name": "x", "environment": world["shop"].live.pk})
+    assert refused.status_code == 200 and "environment" in refused.context["adminform"].form.errors
+    assert not ApiClient.objects.filter(name="x").exists()
