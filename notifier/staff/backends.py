@@ -8,11 +8,11 @@ holds if the role the user has in the template's project holds that permission. 
 user holds a permission (what its lists show).
 
 - A **member** of projects (projects.Membership) holds, in each of those projects, the permissions of the
-  role's group (the "Support" or "Marketing" group, made from notifier/staff/roles.py, adjustable in the
-  admin's Groups like any group) and those granted to them personally (user permissions), and nothing in
-  other projects. Their groups do not count: a member of several projects has no single role. Asked without
-  an object (may they open the deliveries' list at all, the admin's index, the dashboard's link), they hold
-  what any of their roles holds.
+  role (its list in notifier/staff/roles.py, from which the migration made the "Support" and "Marketing"
+  groups) and those granted to them personally (user permissions), and nothing in other projects. Their
+  groups do not count: a member of several projects has no single role. Asked without an object (may they
+  open the deliveries' list at all, the admin's index, the dashboard's link), they hold what any of their
+  roles holds.
 - A staff user who is a member of **no project** keeps their groups and permissions, on the project `default`
   (which is what every staff user saw before projects).
 - Superusers hold everything (Django's own rule, before any backend is asked).
@@ -25,9 +25,8 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib.auth.backends import ModelBackend
-from django.contrib.auth.models import Permission
 
-from notifier.staff.roles import ROLES
+from notifier.staff.roles import ROLE_PERMISSIONS, ROLES
 from projects.models import Membership
 from projects.selectors import default_project_id, project_id_of
 
@@ -40,17 +39,8 @@ def _roles(user: Any) -> dict[int, str]:
 
 
 def _role_permissions(user: Any) -> dict[str, set[str]]:
-    """Return the permissions ("app.codename") of each role the user holds somewhere, from the roles' groups."""
-    if not hasattr(user, "_project_role_perms"):
-        groups = {ROLES[role]: role for role in set(_roles(user).values()) if role in ROLES}
-        found: dict[str, set[str]] = {role: set() for role in groups.values()}
-        rows = Permission.objects.filter(group__name__in=list(groups)).values_list(
-            "group__name", "content_type__app_label", "codename"
-        )
-        for group, app_label, codename in rows:
-            found[groups[group]].add(f"{app_label}.{codename}")
-        user._project_role_perms = found
-    return user._project_role_perms
+    """Return the permissions ("app.codename") of each role the user holds somewhere (notifier/staff/roles.py)."""
+    return {role: set(ROLE_PERMISSIONS[ROLES[role]]) for role in set(_roles(user).values()) if role in ROLES}
 
 
 class ProjectRoleBackend(ModelBackend):
