@@ -109,6 +109,10 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 
+# Staff permissions per project: a member's role applies to the objects of the project it was given in
+# (notifier/staff/backends.py; docs/admin.md, "Projects and roles"). Otherwise Django's ModelBackend.
+AUTHENTICATION_BACKENDS = ["notifier.staff.backends.ProjectRoleBackend"]
+
 ROOT_URLCONF = "config.urls"
 WSGI_APPLICATION = "config.wsgi.application"
 

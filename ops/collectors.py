@@ -76,15 +76,13 @@ def collect_outbox_state() -> tuple[int, float] | None:
         return None
 
 
-def collect_pending_dead_letters() -> dict[str, int] | None:
-    """Return pending dead letters per channel; None if the database is unreachable."""
+def collect_pending_dead_letters(environment_ids: list[int] | None = None) -> dict[str, int] | None:
+    """Return pending dead letters per channel (of `environment_ids` only, if given); None if the database is down."""
     try:
-        rows = (
-            DeadLetter.objects.filter(status=DeadLetter.Status.PENDING)
-            .values("channel")
-            .annotate(n=Count("id"))
-            .order_by()
-        )
+        pending = DeadLetter.objects.filter(status=DeadLetter.Status.PENDING)
+        if environment_ids is not None:
+            pending = pending.filter(delivery__environment_id__in=environment_ids)
+        rows = pending.values("channel").annotate(n=Count("id")).order_by()
         return {row["channel"]: int(row["n"]) for row in rows}
     except Exception as exc:
         logger.warning("dead letter count failed", extra={"error": type(exc).__name__})

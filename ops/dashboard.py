@@ -3,6 +3,11 @@
 Deliveries and provider errors are charted from the event history; queue depths, dead letters and breaker
 states from the samples beat takes every minute (ops/series.py), all over the last 24 hours.
 
+A superuser sees the installation. A staff member sees the counts of their projects only (those where they may
+see the dashboard): deliveries, provider errors and pending dead letters of those projects' environments. The
+broker's queue depths, its dead-letter queues and the sampled history of both count every project's messages,
+so they are left out for members; the breakers' states are shown (a provider's health, not anyone's counts).
+
 Mounted by config/urls.py before admin.site.urls, wrapped in admin.site.admin_view (staff only):
     path("admin/notifier/dashboard/", admin.site.admin_view(dashboard_view), name="notifier-dashboard"),
 """
@@ -15,7 +20,7 @@ from typing import Any
 from django.conf import settings
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
-from django.db.models import Count
+from django.db.models import Count, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils import timezone
@@ -23,18 +28,25 @@ from django.utils import timezone
 from core.charts import COLOURS, bar_chart, line_chart, state_strip
 from notifier.deliveries.models import DeliveryEvent
 from notifier.deliveries.selectors import event_counts_by_bucket
-from notifier.staff.roles import may_see_dashboard
+from notifier.staff.roles import DASHBOARD_PERMISSION, may_see_dashboard
 from ops.collectors import collect_pending_dead_letters, collect_queue_depths
 from ops.series import breaker_series, breaker_states, number_series, ops_samples, total_series
+from projects.admin import member_project_ids
+from projects.models import Environment, Project
 
 WINDOW = timedelta(hours=1)
 OUTCOMES = ("sent", "delivered", "failed", "bounced", "suppressed", "deferred")
 
 
-def channel_outcomes(since: Any) -> list[dict[str, Any]]:
+def _of(events: QuerySet[DeliveryEvent], environments: list[int] | None) -> QuerySet[DeliveryEvent]:
+    """Narrow delivery events to the deliveries of `environments` (None: all)."""
+    return events if environments is None else events.filter(delivery__environment_id__in=environments)
+
+
+def channel_outcomes(since: Any, environments: list[int] | None = None) -> list[dict[str, Any]]:
     """Count status transitions per channel since `since` (from the event history; BRIN on its time)."""
     rows = (
-        DeliveryEvent.objects.filter(at__gte=since, status__in=OUTCOMES)
+        _of(DeliveryEvent.objects.filter(at__gte=since, status__in=OUTCOMES), environments)
         .values("delivery__channel", "status")
         .annotate(n=Count("id"))
         .order_by()
@@ -57,14 +69,18 @@ def bucket_starts(since: Any, now: Any) -> list[Any]:
     return [start + timedelta(minutes=BUCKET_MINUTES * i) for i in range(count)]
 
 
-def outcome_series(since: Any, now: Any) -> tuple[list[Any], dict[str, dict[str, list[float]]]]:
+def outcome_series(
+    since: Any, now: Any, environments: list[int] | None = None
+) -> tuple[list[Any], dict[str, dict[str, list[float]]]]:
     """Return bucket starts and, per channel and outcome, deliveries per minute (averaged per 5-minute bucket).
 
-    One grouped query over the event history (BRIN on its time).
+    One grouped query over the event history (BRIN on its time); `environments`: only theirs (None: all).
     """
     labels = bucket_starts(since, now)
     count = len(labels)
-    rows = event_counts_by_bucket(labels[0], "channel", OUTCOMES, bucket_seconds=BUCKET_MINUTES * 60)
+    rows = event_counts_by_bucket(
+        labels[0], "channel", OUTCOMES, bucket_seconds=BUCKET_MINUTES * 60, environment_ids=environments
+    )
     series: dict[str, dict[str, list[float]]] = {
         channel: {status: [0.0] * count for status in OUTCOMES} for channel in settings.CHANNELS
     }
@@ -74,10 +90,10 @@ def outcome_series(since: Any, now: Any) -> tuple[list[Any], dict[str, dict[str,
     return labels, series
 
 
-def provider_errors(since: datetime) -> dict[str, int]:
-    """Count failed and bounced outcomes per provider since `since`."""
+def provider_errors(since: datetime, environments: list[int] | None = None) -> dict[str, int]:
+    """Count failed and bounced outcomes per provider since `since` (of `environments` only, if given)."""
     rows = (
-        DeliveryEvent.objects.filter(at__gte=since, status__in=("failed", "bounced"))
+        _of(DeliveryEvent.objects.filter(at__gte=since, status__in=("failed", "bounced")), environments)
         .values("delivery__provider")
         .annotate(n=Count("id"))
         .order_by()
@@ -85,11 +101,15 @@ def provider_errors(since: datetime) -> dict[str, int]:
     return {row["delivery__provider"] or "(none)": row["n"] for row in rows}
 
 
-def provider_error_series(labels: list[Any]) -> dict[str, list[float]]:
+def provider_error_series(labels: list[Any], environments: list[int] | None = None) -> dict[str, list[float]]:
     """Return failed and bounced outcomes per provider and 5-minute bucket over the buckets `labels`."""
     series: dict[str, list[float]] = {}
     for bucket, provider, _, n in event_counts_by_bucket(
-        labels[0], "provider", ("failed", "bounced"), bucket_seconds=BUCKET_MINUTES * 60
+        labels[0],
+        "provider",
+        ("failed", "bounced"),
+        bucket_seconds=BUCKET_MINUTES * 60,
+        environment_ids=environments,
     ):
         if 0 <= bucket < len(labels):
             series.setdefault(provider or "(none)", [0.0] * len(labels))[bucket] += n
@@ -100,9 +120,25 @@ def provider_error_series(labels: list[Any]) -> dict[str, list[float]]:
 TOP_QUEUES = 5
 
 
-def history_charts(labels: list[Any]) -> dict[str, Any]:
-    """Draw queue depths, dead letters and breaker states over the sampled day, and provider errors."""
+def history_charts(labels: list[Any], environments: list[int] | None = None) -> dict[str, Any]:
+    """Draw queue depths, dead letters and breaker states over the sampled day, and provider errors.
+
+    For a member (`environments` given): provider errors of their environments and the breakers only; the
+    sampled queues and dead letters are the installation's.
+    """
     samples = ops_samples(since=labels[0])
+    errors = provider_error_series(labels, environments)
+    error_history = line_chart(
+        errors or {"errors": [0.0] * len(labels)},
+        labels=labels,
+        title="Provider errors per 5 minutes, last 24 hours",
+        width=470,
+    )
+    breaker_history = state_strip(
+        breaker_series(samples, labels), labels=labels, title="Circuit breakers, last 24 hours"
+    )
+    if environments is not None:
+        return {"samples": len(samples), "error_history": error_history, "breaker_history": breaker_history}
     queues = number_series(samples, labels, "queues")
     busiest = sorted(queues, key=lambda q: max((v or 0 for v in queues[q]), default=0), reverse=True)
     shown = {"all queues": total_series(samples, labels, "queues")}
@@ -111,29 +147,22 @@ def history_charts(labels: list[Any]) -> dict[str, Any]:
         "pending (database)": total_series(samples, labels, "dead_pending"),
         "in dead-letter queues": total_series(samples, labels, "dead_queues"),
     }
-    errors = provider_error_series(labels)
     return {
         "samples": len(samples),
         "queue_history": line_chart(
             shown, labels=labels, title="Queue depth (ready messages), last 24 hours", width=470
         ),
         "dead_history": line_chart(dead, labels=labels, title="Dead letters, last 24 hours", width=470),
-        "error_history": line_chart(
-            errors or {"errors": [0.0] * len(labels)},
-            labels=labels,
-            title="Provider errors per 5 minutes, last 24 hours",
-            width=470,
-        ),
-        "breaker_history": state_strip(
-            breaker_series(samples, labels), labels=labels, title="Circuit breakers, last 24 hours"
-        ),
+        "error_history": error_history,
+        "breaker_history": breaker_history,
     }
 
 
 def dashboard_charts(context: dict[str, Any]) -> dict[str, Any]:
     """Draw the dashboard's charts as server-side SVG (core/charts.py): no script, no CDN."""
+    environments = context["environments"]
     now = timezone.now()
-    labels, series = outcome_series(now - CHART_WINDOW, now)
+    labels, series = outcome_series(now - CHART_WINDOW, now, environments)
     per_channel = [
         {
             "channel": channel,
@@ -151,10 +180,16 @@ def dashboard_charts(context: dict[str, Any]) -> dict[str, Any]:
     breaker_colours = {b["provider"]: COLOURS.get(b["state"], "#999999") for b in context["breakers"]}
     return {
         "per_channel": per_channel,
-        **history_charts(labels),
+        **history_charts(labels, environments),
         "queues": bar_chart(queues, title="Queue depth now (ready messages)", width=420),
-        "dead": bar_chart(dead, title="Dead letters now (pending, and in dead queues)", width=420),
-        "provider_errors": bar_chart(provider_errors(now - CHART_WINDOW), title="Provider errors, 24 hours"),
+        "dead": bar_chart(
+            dead,
+            title="Dead letters now (pending, and in dead queues)" if environments is None else "Dead letters now",
+            width=420,
+        ),
+        "provider_errors": bar_chart(
+            provider_errors(now - CHART_WINDOW, environments), title="Provider errors, 24 hours"
+        ),
         "breakers": bar_chart(
             {f"{b['provider']} ({b['state']})": 1 for b in context["breakers"]},
             title="Circuit breakers now",
@@ -164,18 +199,21 @@ def dashboard_charts(context: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def dashboard_context() -> dict[str, Any]:
-    """Gather everything the dashboard shows."""
+def dashboard_context(environments: list[int] | None = None) -> dict[str, Any]:
+    """Gather everything the dashboard shows: the installation's, or only `environments`' counts (a member's)."""
     since = timezone.now() - WINDOW
-    depths = collect_queue_depths()
+    # The broker's queues hold every project's messages: counted for superusers only.
+    depths = collect_queue_depths() if environments is None else {}
     queues: list[dict[str, Any]] = [
         {"name": name, "messages": messages, "consumers": consumers}
         for name, (messages, consumers) in sorted((depths or {}).items())
     ]
-    pending = collect_pending_dead_letters()
+    pending = collect_pending_dead_letters(environments)
     return {
+        "environments": environments,
+        "installation": environments is None,
         "since": since,
-        "outcomes": channel_outcomes(since),
+        "outcomes": channel_outcomes(since, environments),
         "outcome_names": OUTCOMES,
         "broker_up": depths is not None,
         "work_queues": [q for q in queues if not q["name"].startswith("dead.")],
@@ -186,9 +224,9 @@ def dashboard_context() -> dict[str, Any]:
     }
 
 
-def dashboard_view_context() -> dict[str, Any]:
-    """Return the dashboard's tables and its charts."""
-    context = dashboard_context()
+def dashboard_view_context(environments: list[int] | None = None) -> dict[str, Any]:
+    """Return the dashboard's tables and its charts (of `environments` only, if given)."""
+    context = dashboard_context(environments)
     context["charts"] = dashboard_charts(context)
     return context
 
@@ -197,9 +235,15 @@ def dashboard_view(request: HttpRequest) -> HttpResponse:
     """Render the operations dashboard inside the admin's layout (403 for a role that may not see it)."""
     if not may_see_dashboard(request.user):
         raise PermissionDenied
+    # A member sees the projects where their role may see the dashboard; a superuser the installation.
+    projects = member_project_ids(request.user, DASHBOARD_PERMISSION)
+    environments = None
+    if projects is not None:
+        environments = list(Environment.objects.filter(project_id__in=projects).values_list("id", flat=True))
     context = {
         **admin.site.each_context(request),
         "title": "Operations dashboard",
-        **dashboard_view_context(),
+        "projects": [] if projects is None else list(Project.objects.filter(pk__in=projects).order_by("slug")),
+        **dashboard_view_context(environments),
     }
     return TemplateResponse(request, "admin/ops/dashboard.html", context)

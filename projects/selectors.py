@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from django.db import models
+
+from core.config_cache import cached
 from projects.models import DEFAULT_PROJECT_SLUG, Environment, Project
 
 
@@ -32,3 +37,63 @@ def promotion_required(*, environment_id: int) -> Project | None:
         .first()
     )
     return found.project if found is not None else None
+
+
+def owner_path_of(model: type[models.Model]) -> str | None:
+    """Return the lookup of an owned model's environment id (`environment_id`, `client__environment_id`), or None.
+
+    None: the model is not owned (projects, configuration, the audit log).
+    """
+    path = getattr(model._default_manager, "owner_path", None)
+    if path is not None:
+        return str(path)
+    names = {field.name for field in model._meta.concrete_fields}
+    # Owned without a narrowing manager (API clients: authentication reads every environment's keys).
+    return "environment_id" if "environment" in names and model is not Environment else None
+
+
+def environment_id_of(row: models.Model) -> int | None:
+    """Return the environment id of an owned row, following its owner path through its parents (None: none)."""
+    path = owner_path_of(type(row))
+    if path is None:
+        return None
+    value: Any = row
+    for name in path.split("__"):
+        value = getattr(value, name, None)
+        if value is None:
+            return None
+    return int(value)
+
+
+def environment_project_id(environment_id: int) -> int | None:
+    """Return the project of an environment (cached per process: an environment never changes project)."""
+
+    def load() -> int | None:
+        return Environment.objects.filter(pk=environment_id).values_list("project_id", flat=True).first()
+
+    return cached("environment-project", str(environment_id), load)
+
+
+def project_id_of(row: Any) -> tuple[bool, int | None]:
+    """Return whether `row` belongs to projects at all, and the id of its project.
+
+    (True, id) for a project, an environment or an owned row; (True, None) for an owned row without an owner
+    (an installation-wide suppression); (False, None) for anything else.
+    """
+    if isinstance(row, Project):
+        return True, row.pk
+    if isinstance(row, Environment):
+        return True, row.project_id
+    if not isinstance(row, models.Model) or owner_path_of(type(row)) is None:
+        return False, None
+    environment_id = environment_id_of(row)
+    return True, None if environment_id is None else environment_project_id(environment_id)
+
+
+def default_project_id() -> int | None:
+    """Return the id of the project `default` (what a staff user who is a member of no project sees)."""
+
+    def load() -> int | None:
+        return Project.objects.filter(slug=DEFAULT_PROJECT_SLUG).values_list("id", flat=True).first()
+
+    return cached("default-project", DEFAULT_PROJECT_SLUG, load)

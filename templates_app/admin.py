@@ -15,7 +15,7 @@ from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
@@ -27,9 +27,11 @@ from rest_framework.exceptions import ValidationError
 
 from audit.services import audit_record
 from core.categories import is_optional
-from projects.admin import OwnedAdmin, PromotionAdmin, version_rollback_link
+from projects.admin import OwnedAdmin, PromotionAdmin, member_project_ids, version_rollback_link
+from projects.models import Environment
 from projects.promotion import Reader
 from projects.scoping import owner_id, owner_scope
+from projects.selectors import environment_id_of
 from templates_app import admin_editor as editor
 from templates_app.layouts import render_all
 from templates_app.models import Layout, LayoutVersion, Template, TemplateVersion
@@ -53,6 +55,9 @@ from templates_app.sms import sms_info, sms_preview
 
 HEADER_FIELDS = ("key", "category", "default_locale")
 PUBLISH_PERMISSION = "templates_app.publish_template"
+OPTIONAL_ONLY_PERMISSION = "templates_app.edit_optional_templates_only"
+# An environment id no row has (ids start at 1): a scope in which nothing of any project is found.
+NO_ENVIRONMENT = 0
 
 
 def _pretty(value: Any) -> str:
@@ -115,9 +120,14 @@ class TemplateForm(forms.ModelForm):
         help_text="The email layout the HTML is placed in (none: the category's default layout, if it has one).",
     )
 
+    # Set by TemplateAdmin.get_form for the user: the projects whose templates they may add (their layouts are
+    # offered before an environment is chosen; None: all), and those where they edit optional categories only.
+    layout_projects: list[int] | None = None
+    optional_only_projects: list[int] = []
+
     class Meta:
         model = Template
-        fields = ("key", "category", "default_locale", "description")
+        fields = ("environment", "key", "category", "default_locale", "description")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -126,9 +136,15 @@ class TemplateForm(forms.ModelForm):
             ("", "—"),
             *((c, c) for c in editor.known_channels()),
         ]
+        # The layouts of the template's environment (a layout is named by key within it).
+        layouts = Layout.objects.order_by("key")
+        if self.instance.pk:
+            layouts = layouts.filter(environment_id=self.instance.environment_id)
+        elif self.layout_projects is not None:
+            layouts = layouts.filter(environment__project_id__in=self.layout_projects)
         cast(forms.ChoiceField, self.fields["layout"]).choices = [
             ("", "—"),
-            *((key, key) for key in Layout.objects.order_by("key").values_list("key", flat=True)),
+            *((key, key) for key in dict.fromkeys(layouts.values_list("key", flat=True))),
         ]
         self.latest_content: dict[str, Any] | None = None
         self.latest_layout = ""
@@ -185,6 +201,15 @@ class TemplateForm(forms.ModelForm):
             strip=False,
         )
 
+    def _check_in_environment(self, environment: Any, data: dict[str, Any]) -> None:
+        """Check what depends on the template's project environment: its layout, and the user's categories there."""
+        category = data.get("category")
+        if environment.project_id in self.optional_only_projects and category and not is_optional(category):
+            self.add_error("category", f"In {environment.project} you may edit templates of optional categories only.")
+        layout = data.get("layout") or ""
+        if layout and not Layout.objects.filter(environment=environment, key=layout).exists():
+            self.add_error("layout", f"No layout '{layout}' in {environment}.")
+
     def editor_blocks(self) -> list[dict[str, Any]]:
         """Return the blocks with their bound fields, for the change form's template."""
         out = []
@@ -207,6 +232,9 @@ class TemplateForm(forms.ModelForm):
     def clean(self) -> dict[str, Any]:
         """Read the blocks and validate the new version exactly as template_put will, errors beside fields."""
         data = cast(dict[str, Any], super().clean())  # ModelForm.clean returns cleaned_data, never None
+        environment = self.instance.environment if self.instance.pk else data.get("environment")
+        if environment is not None:
+            self._check_in_environment(environment, data)
         posted_any = self.is_bound and bool(editor.posted_blocks(self.data))
         if not posted_any and self.latest_content is not None:
             content: dict[str, Any] | None = self.latest_content
@@ -294,18 +322,43 @@ class TemplateVersionInline(admin.TabularInline):
         return _version_links(obj, can_publish=False)
 
     def get_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:  # type: ignore[override]  # a list[str] is one of django-stubs' list | tuple shapes, but list is invariant
-        """Offer publish and roll-back links only to those allowed to publish."""
-        return _with_links(list(self.fields), request)
+        """Offer publish and roll-back links only to those allowed to publish (in the template's project)."""
+        return _with_links(list(self.fields), request, obj)
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
-        return _with_links(list(self.readonly_fields), request)
+        return _with_links(list(self.readonly_fields), request, obj)
 
 
-def _with_links(fields: list[str], request: HttpRequest) -> list[str]:
-    """Swap the links column for its view-only twin when the user may not publish."""
-    if request.user.has_perm(PUBLISH_PERMISSION):
+def _with_links(fields: list[str], request: HttpRequest, obj: Any = None) -> list[str]:
+    """Swap the links column for its view-only twin when the user may not publish (`obj`'s, or in any project)."""
+    if request.user.has_perm(PUBLISH_PERMISSION, obj):
         return fields
     return ["view_links" if name == "links" else name for name in fields]
+
+
+def optional_only_projects(request: HttpRequest) -> list[int]:
+    """Return the projects where the user edits templates of optional categories only (their role there)."""
+    # Superusers hold every permission, this narrowing one too: it does not apply to them.
+    return [] if request.user.is_superuser else member_project_ids(request.user, OPTIONAL_ONLY_PERMISSION) or []
+
+
+def _optional_categories() -> list[str]:
+    return [c for c in settings.NOTIFIER_CATEGORIES if is_optional(c)]
+
+
+def _without_closed_categories(queryset: QuerySet[Any], request: HttpRequest, lookup: str) -> QuerySet[Any]:
+    """Leave out the templates (by `lookup`, the path to the template) the user's role keeps them from.
+
+    Where a member edits optional categories only (Marketing), the other templates of that project are not
+    theirs to see; elsewhere all are.
+    """
+    restricted = optional_only_projects(request)
+    if not restricted:
+        return queryset
+    closed = Q(**{f"{lookup}environment__project_id__in": restricted}) & ~Q(
+        **{f"{lookup}category__in": _optional_categories()}
+    )
+    return queryset.exclude(closed)
 
 
 def _is_current(version: TemplateVersion) -> bool:
@@ -368,54 +421,65 @@ class TemplateAdmin(PromotionAdmin):
         )
         return version.version
 
-    @admin.display(description="owner")
+    @admin.display(description="made by")
     def owner(self, obj: Template) -> str:
-        """Say who may change it over the API: its API client, or staff (templates:admin keys may change any)."""
+        """Say who made it: an API client over the API, or staff; every key of its environment may change it."""
         if obj.pk is None or obj.owner_client_id is None:
-            return "staff (over the API only keys with templates:admin change it)"
-        return f"API client #{obj.owner_client_id} (others change it only with templates:admin)"
+            return "staff (in the admin or by a command)"
+        return f"API client #{obj.owner_client_id} (over the API)"
 
     def get_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:  # type: ignore[override]  # a list[str] is one of django-stubs' list | tuple shapes, but list is invariant
-        """Show the publish box only to those allowed to publish."""
-        fields = ["key", "category", "default_locale", "layout", "description", "published_version", "owner"]
-        if request.user.has_perm(PUBLISH_PERMISSION):
+        """Show the publish box only to those allowed to publish (in the template's project, if it exists)."""
+        fields = [
+            "environment", "key", "category", "default_locale", "layout", "description", "published_version", "owner"
+        ]  # fmt: skip
+        if request.user.has_perm(PUBLISH_PERMISSION, obj):
             fields.extend(["publish", "promotion"] if obj is not None else ["publish"])
         return [*fields, "add_locale", "add_channel", "created_at", "updated_at"]
 
     def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
-        """Offer a user who may edit only some categories just those in the category field."""
+        """Tell the form the user's projects; offer one who may edit only some categories just those."""
         form = super().get_form(request, obj, change=change, **kwargs)
-        allowed = editable_categories(request.user)
-        if allowed is None:
-            return form
-
-        categories: list[str] = allowed  # narrowed here; the class body below does not see the check
+        restricted = optional_only_projects(request)
+        addable = self.projects_where(request, "add")
+        # Only some categories where the template is (or, for a new one, wherever the user may add templates);
+        # a new template's environment is checked against the user's role there when the form is cleaned.
+        narrow = request.user.has_perm(OPTIONAL_ONLY_PERMISSION, obj) if obj is not None else bool(restricted)
+        if obj is None and addable is not None:
+            narrow = narrow and set(addable) <= set(restricted)
+        categories = _optional_categories() if narrow and not request.user.is_superuser else None
 
         # `form` is the class get_form built at run time: mypy sees a variable, not a class.
-        class RestrictedTemplateForm(form):  # type: ignore[misc, valid-type]
+        class ProjectTemplateForm(form):  # type: ignore[misc, valid-type]
+            layout_projects = addable
+            optional_only_projects = restricted
+
             def __init__(self, *args: Any, **kwargs: Any) -> None:
                 super().__init__(*args, **kwargs)
-                cast(forms.ChoiceField, self.fields["category"]).choices = [(c, c) for c in categories]
+                if categories is not None:
+                    cast(forms.ChoiceField, self.fields["category"]).choices = [(c, c) for c in categories]
 
-        return RestrictedTemplateForm
+        return ProjectTemplateForm
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Template]:
-        """Limit a user who may edit only some categories (the Marketing role) to those."""
-        qs = super().get_queryset(request)
-        allowed = editable_categories(request.user)
-        return qs if allowed is None else qs.filter(category__in=allowed)
+        """Limit a member who may edit only some categories in a project (the Marketing role) to those there."""
+        return _without_closed_categories(super().get_queryset(request), request, "")
 
     @admin.display(description="published version", ordering="published_version__version")
     def published(self, obj: Template) -> str:
         return f"v{obj.published_version.version}" if obj.published_version else "—"
 
     def save_model(self, request: HttpRequest, obj: Template, form: TemplateForm, change: bool) -> None:
-        """Write through the services: a new version when the content or header changed, else the description."""
-        allowed = editable_categories(request.user)
-        if allowed is not None and form.cleaned_data["category"] not in allowed:
-            raise PermissionDenied
+        """Write through the services, in the template's environment: a new version, else the description."""
+        with self.owned(request, obj, change=change):
+            self._save(request, obj, form, change)
+
+    def _save(self, request: HttpRequest, obj: Template, form: TemplateForm, change: bool) -> None:
+        if request.user.has_perm(OPTIONAL_ONLY_PERMISSION, obj) and not request.user.is_superuser:
+            if not is_optional(form.cleaned_data["category"]):
+                raise PermissionDenied
         if form.creates_version:
-            publish = bool(form.cleaned_data.get("publish")) and request.user.has_perm(PUBLISH_PERMISSION)
+            publish = bool(form.cleaned_data.get("publish")) and request.user.has_perm(PUBLISH_PERMISSION, obj)
             before = obj.published_version.version if change and obj.published_version else None
             # In the template's own environment: the admin runs outside any scope, and other environments have
             # templates of the same key.
@@ -464,9 +528,13 @@ class TemplateAdmin(PromotionAdmin):
         """Add what the editor's template needs: the preview's URL, a sample payload, the locales."""
         form = context["adminform"].form
         content = form.latest_content or {}
+        preview_url = reverse("admin:templates_app_template_preview_draft")
+        if form.instance.pk:
+            # The preview renders in the template's environment (its layouts); a new one's comes with the form.
+            preview_url += f"?template={form.instance.pk}"
         context.update(
             {
-                "preview_url": reverse("admin:templates_app_template_preview_draft"),
+                "preview_url": preview_url,
                 "sample_payload": _pretty({name: f"[{name}]" for name in template_variables(content)}),
                 "editor_locales": list(dict.fromkeys(locale for locale, _ in form.blocks)),
             }
@@ -477,6 +545,26 @@ class TemplateAdmin(PromotionAdmin):
         """Render the form's unsaved content with a sample payload; errors come back by field name."""
         if not (self.has_view_permission(request) or self.has_add_permission(request)):
             raise PermissionDenied
+        environment_id = self._preview_environment(request)
+        with owner_scope(environment_id):
+            return self._preview_draft(request)
+
+    def _preview_environment(self, request: HttpRequest) -> int | None:
+        """Return the environment a draft previews in: its template's, or the one chosen in a new one's form."""
+        template_id = str(request.GET.get("template") or "")
+        if template_id.isdigit():
+            template = get_object_or_404(self.get_queryset(request), pk=template_id)
+            return environment_id_of(template)
+        posted = str(request.POST.get("environment") or "")
+        projects = self.projects_where(request, "add")
+        environments = Environment.objects.filter(pk=posted) if posted.isdigit() else Environment.objects.none()
+        if projects is not None:
+            environments = environments.filter(project_id__in=projects)
+        found = environments.values_list("id", flat=True).first()
+        # A member who has not chosen an environment yet previews in none of them: no layout is found.
+        return found if found is not None else (None if projects is None else NO_ENVIRONMENT)
+
+    def _preview_draft(self, request: HttpRequest) -> JsonResponse:
         default_locale = str(request.POST.get("default_locale") or "en")
         try:
             payload = json.loads(request.POST.get("preview_payload") or "{}")
@@ -548,13 +636,6 @@ class TemplateAdmin(PromotionAdmin):
         return TemplateResponse(request, "admin/templates_app/template/diff.html", context)
 
 
-def editable_categories(user: Any) -> list[str] | None:
-    """Return the template categories a user may edit (None: all), from their `edit_optional_templates` role."""
-    if user.is_superuser or not user.has_perm("templates_app.edit_optional_templates_only"):
-        return None
-    return [c for c in settings.NOTIFIER_CATEGORIES if is_optional(c)]
-
-
 class PreviewForm(forms.Form):
     """A sample payload and locale to render a version with."""
 
@@ -607,15 +688,18 @@ class TemplateVersionAdmin(OwnedAdmin):
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
-    def get_queryset(self, request: HttpRequest) -> QuerySet[TemplateVersion]:
-        """Limit a user who may edit only some categories (the Marketing role) to those templates' versions."""
-        qs = super().get_queryset(request)
-        allowed = editable_categories(request.user)
-        return qs if allowed is None else qs.filter(template__category__in=allowed)
+    action_permissions = {"publish": PUBLISH_PERMISSION}
 
-    def has_publish_permission(self, request: HttpRequest) -> bool:
-        """Publishing changes what every sender gets, so it takes its own permission (not the editor's)."""
-        return request.user.has_perm(PUBLISH_PERMISSION)
+    def get_queryset(self, request: HttpRequest) -> QuerySet[TemplateVersion]:
+        """Limit a member who may edit only some categories in a project (the Marketing role) to those there."""
+        return _without_closed_categories(super().get_queryset(request), request, "template__")
+
+    def has_publish_permission(self, request: HttpRequest, obj: TemplateVersion | None = None) -> bool:
+        """Publishing changes what every sender gets, so it takes its own permission (not the editor's).
+
+        With a version: in its template's project; without: in any of the user's projects.
+        """
+        return self.may(request, "publish", obj)
 
     status = TemplateVersionInline.status
     content_json = TemplateVersionInline.content_json
@@ -626,10 +710,10 @@ class TemplateVersionAdmin(OwnedAdmin):
         return _with_links(list(self.list_display), request)
 
     def get_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:  # type: ignore[override]  # a list[str] is one of django-stubs' list | tuple shapes, but list is invariant
-        return _with_links(list(self.fields), request)
+        return _with_links(list(self.fields), request, obj)
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
-        return _with_links(list(self.readonly_fields), request)
+        return _with_links(list(self.readonly_fields), request, obj)
 
     @admin.action(description="Publish the selected version (or roll back to it)", permissions=["publish"])
     def publish_version(self, request: HttpRequest, queryset: QuerySet[TemplateVersion]) -> HttpResponse | None:
@@ -672,7 +756,7 @@ class TemplateVersionAdmin(OwnedAdmin):
         version = get_object_or_404(
             self.get_queryset(request).select_related("template__published_version"), pk=object_id
         )
-        if not self.has_publish_permission(request):
+        if not self.has_publish_permission(request, version):
             raise PermissionDenied
         template_url = reverse("admin:templates_app_template_change", args=[version.template_id])
         if request.method == "POST":
@@ -710,9 +794,11 @@ class TemplateVersionAdmin(OwnedAdmin):
             form = PreviewForm(request.POST)
             if form.is_valid():
                 try:
-                    rendered = render_all(
-                        version, locale=form.cleaned_data["locale"], payload=form.cleaned_data["payload"]
-                    )
+                    # In the template's environment: its layouts are found by key there.
+                    with owner_scope(environment_id_of(version)):
+                        rendered = render_all(
+                            version, locale=form.cleaned_data["locale"], payload=form.cleaned_data["payload"]
+                        )
                 except RenderError as exc:
                     error = exc.message
                 else:
@@ -737,7 +823,7 @@ class TemplateVersionAdmin(OwnedAdmin):
             "form": form,
             "results": results,
             "error": error,
-            "can_publish": self.has_publish_permission(request) and not _is_current(version),
+            "can_publish": self.has_publish_permission(request, version) and not _is_current(version),
             "publish_url": reverse("admin:templates_app_templateversion_publish", args=[version.pk]),
             "template_url": reverse("admin:templates_app_template_change", args=[version.template_id]),
         }
@@ -770,7 +856,7 @@ class LayoutForm(forms.ModelForm):
 
     class Meta:
         model = Layout
-        fields = ("key",)
+        fields = ("environment", "key")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -829,7 +915,7 @@ class LayoutAdmin(PromotionAdmin):
     list_display = ("key", "updated_at")
     search_fields = ("key",)
     readonly_fields = ("promotion", "created_at", "updated_at")
-    fields = ("key", "html", "text", "promotion", "created_at", "updated_at")
+    fields = ("environment", "key", "html", "text", "promotion", "created_at", "updated_at")
     inlines = [LayoutVersionInline]
     promotion_kind = "layout"
 
@@ -865,8 +951,8 @@ class LayoutAdmin(PromotionAdmin):
         return False
 
     def save_model(self, request: HttpRequest, obj: Layout, form: LayoutForm, change: bool) -> None:
-        """Write the new version through the service (which audits it), in the layout's own environment."""
-        with owner_scope(owner_id(obj)):
+        """Write the new version through the service (which audits it), in the layout's environment."""
+        with self.owned(request, obj, change=change):
             version = layout_put(
                 key=obj.key,
                 html=form.cleaned_data["html"],

@@ -54,11 +54,6 @@ def _actor(request: Request) -> str:
     return f"api:{getattr(request.user, 'name', '')}"
 
 
-def _template_admin(request: Request) -> bool:
-    """Say whether the caller may change templates that another client or staff owns (`templates:admin`)."""
-    return "templates:admin" in (getattr(request.user, "scopes", None) or ())
-
-
 class TemplateListApi(APIView):
     """GET /templates: every template, oldest first, keyset-paginated."""
 
@@ -104,9 +99,8 @@ class TemplatePutApi(APIView):
             actor=_actor(request),
             allowed_categories=getattr(request.user, "allowed_categories", None),
             audit_actor=request.user,
-            # The caller owns what it creates; changing what another client or staff owns needs templates:admin.
+            # Recorded as who made a new template; any key of the environment with `templates` may change it.
             client_id=request.user.pk,
-            template_admin=_template_admin(request),
             layout=data.get("layout") or "",
             enforce_promotion=True,
         )
@@ -143,7 +137,6 @@ class TemplateRollbackApi(APIView):
                 audit_actor=request.user,
                 client_id=request.user.pk,
                 allowed_categories=getattr(request.user, "allowed_categories", None),
-                template_admin=_template_admin(request),
             )
         except TemplateNotFound as exc:
             raise _not_found(exc) from None

@@ -16,9 +16,9 @@ class Template(models.Model):
     category = models.CharField(max_length=64)
     default_locale = models.CharField(max_length=35, default="en")
     description = models.TextField(blank=True, default="")
-    # The API client that created it over the API; only that client (or a key with `templates:admin`) may
-    # change it there. Null: staff-owned (made in the admin or by bootstrap_demo). A plain id, not a foreign
-    # key: API clients live in notifier, which sits above this app.
+    # Who made it: the API client that created it over the API, or null for staff (the admin, bootstrap_demo).
+    # Information only: every key of the environment with the `templates` scope may change it. A plain id, not
+    # a foreign key: API clients live in notifier, which sits above this app.
     owner_client_id = models.BigIntegerField(null=True, blank=True, db_index=True)
     # The version used when a request does not pin one. Only a published version is ever used.
     published_version = models.ForeignKey(

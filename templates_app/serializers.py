@@ -88,8 +88,9 @@ class TemplateOutputSerializer(serializers.Serializer):
     published = serializers.SerializerMethodField()
     versions = serializers.SerializerMethodField()
     owner = serializers.SerializerMethodField(
-        help_text="Who may change it over the API: `you` (the calling client), `another_client` or `staff` "
-        "(made in the admin); the last two need the `templates:admin` scope."
+        help_text="Who made it: `you` (the calling client), `another_client` (another key of this project "
+        "environment) or `staff` (made in the admin or by a command). Information only: every key of the "
+        "environment with the `templates` scope changes and publishes any of its templates."
     )
 
     def get_owner(self, obj: Template) -> str:

@@ -230,7 +230,6 @@ def template_put(
     allowed_categories: list[str] | None = None,
     audit_actor: Any = None,
     client_id: int | None = None,
-    template_admin: bool = False,
     layout: str = "",
     audit_action: str = "template.version_create",
     audit_changes: Mapping[str, Any] | None = None,
@@ -249,9 +248,10 @@ def template_put(
     `enforce_promotion`: the call is a direct change (an API key's PUT), refused with a 409 `promotion_required`
     in a live environment whose project changes live only by promotion from test.
 
-    `client_id` is the calling API client's (None for staff and commands): a template it creates is its own,
-    and an existing one it may change only if it owns it or `template_admin` (the `templates:admin` scope);
-    otherwise a 403 `template_owned_by_another_client` or `template_owned_by_staff`.
+    `client_id` is the calling API client's (None for staff and commands), recorded on a template it creates as
+    who made it (`owner_client_id`). It grants nothing: within a project environment every key with the
+    `templates` scope changes and publishes any of its templates (the scope narrows the lookup to that
+    environment, so another project's or environment's template is never found here).
     """
     if enforce_promotion:
         direct_change_check(kind="template", key=key)
@@ -272,8 +272,6 @@ def template_put(
             key=key, defaults={"category": category, "default_locale": default_locale, "owner_client_id": client_id}
         )
         template = Template.objects.select_for_update().get(pk=template.pk)
-        if client_id is not None and not created and not template_admin:
-            check_template_owner(template=template, client_id=client_id)
         before = {"category": template.category, "published_version": template.published_version_id}
         if allowed_categories and template.category not in allowed_categories:
             raise ApiError(403, "category_forbidden", f"This API client may not use category '{template.category}'.")
@@ -301,21 +299,6 @@ def template_put(
     logger.info("template %s version %s created by %s (published=%s)", key, version.version, actor or "-", publish)
     version.template = template
     return version
-
-
-def check_template_owner(*, template: Template, client_id: int) -> None:
-    """Refuse (403) an API client's change of a template that another client or staff owns."""
-    if template.owner_client_id == client_id:
-        return
-    whose = "another API client" if template.owner_client_id is not None else "staff (made in the admin)"
-    code = "template_owned_by_another_client" if template.owner_client_id is not None else "template_owned_by_staff"
-    raise ApiError(
-        403,
-        code,
-        f"Template '{template.key}' belongs to {whose}; changing or publishing it needs the 'templates:admin' "
-        "scope. Sending it needs only what its category allows.",
-        {"key": [f"belongs to {whose}; needs the 'templates:admin' scope"]},
-    )
 
 
 def _publish(*, template: Template, version: TemplateVersion, category: str, default_locale: str) -> None:
@@ -436,13 +419,12 @@ def template_promote(
     audit_actor: Any = None,
     client_id: int | None = None,
     allowed_categories: list[str] | None = None,
-    template_admin: bool = False,
 ) -> TemplateVersion:
     """Publish the test environment's published version of a template as live's next version; return it.
 
     `environment_id` is the caller's (either environment of the project). The live template is changed as by
-    template_put with the same `client_id`, `allowed_categories` and `template_admin` (an API client may change
-    only what it owns, or anything with `templates:admin`); a layout the version names must exist in live.
+    template_put with the same `client_id` and `allowed_categories`; a layout the version names must exist in
+    live.
     Raises ApiError 404 (no such template in test) or 400 (`nothing_to_promote`, or what template_put refuses).
     """
 
@@ -458,7 +440,6 @@ def template_promote(
             allowed_categories=allowed_categories,
             audit_actor=audit_actor,
             client_id=client_id,
-            template_admin=template_admin,
             audit_action="template.promote",
             audit_changes={"test_version": [None, test.version]},
         )
@@ -477,12 +458,11 @@ def template_rollback(
     audit_actor: Any = None,
     client_id: int | None = None,
     allowed_categories: list[str] | None = None,
-    template_admin: bool = False,
 ) -> TemplateVersion:
     """Publish an earlier version of a template again as its next version (in the scope's environment).
 
     The new version has the earlier one's content and layout, with the template's current category and default
-    locale; it is written as by template_put (ownership, categories, validation). Raises TemplateNotFound for an
+    locale; it is written as by template_put (categories, validation). Raises TemplateNotFound for an
     unknown key or version, ApiError 400 `already_published` when that version is the published one.
     """
     template = template_get(key=key)
@@ -505,7 +485,6 @@ def template_rollback(
         allowed_categories=allowed_categories,
         audit_actor=audit_actor,
         client_id=client_id,
-        template_admin=template_admin,
         audit_action="template.rollback",
         audit_changes={"rolled_back_to": [None, version]},
     )

@@ -68,6 +68,11 @@ class CampaignForm(forms.ModelForm):
         data = cast(dict[str, Any], super().clean())  # ModelForm.clean returns cleaned_data, never None
         if self.instance.pk and self.instance.status not in EDITABLE:
             raise forms.ValidationError(f"A {self.instance.status} campaign cannot be changed; pause or cancel it.")
+        client, topic = data.get("client"), data.get("topic")
+        # A campaign's client, topic and template are of one project environment (the template is looked up in
+        # the client's by campaign_validate below).
+        if client and topic and topic.environment_id != client.environment_id:
+            self.add_error("topic", f"The topic must be of {client.environment}, the client's environment.")
         if data.get("client") and data.get("template_key"):
             try:
                 campaign_validate(
@@ -119,6 +124,7 @@ class CampaignAdmin(OwnedAdmin):
     list_select_related = ("topic",)
     readonly_fields = ("status", "periodic_task", "last_run_at", "progress")
     actions = ("pause", "resume", "cancel")
+    action_permissions = {verb: f"campaigns.{verb}_campaign" for verb in ("pause", "resume", "cancel")}
 
     @admin.display(description="Progress")
     def progress(self, obj: Campaign) -> str:
@@ -135,18 +141,19 @@ class CampaignAdmin(OwnedAdmin):
 
     # Pausing, resuming and cancelling change a running send's outcome for every subscriber: each takes its
     # own permission (campaigns.pause_campaign, ...), not merely the right to see or edit the campaign.
-    def has_pause_permission(self, request: HttpRequest) -> bool:
-        return _staff(request).has_perm("campaigns.pause_campaign")
+    # With a campaign: in its project (the member's role there); without: in any of the user's projects.
+    def has_pause_permission(self, request: HttpRequest, obj: Campaign | None = None) -> bool:
+        return self.may(request, "pause", obj)
 
-    def has_resume_permission(self, request: HttpRequest) -> bool:
-        return _staff(request).has_perm("campaigns.resume_campaign")
+    def has_resume_permission(self, request: HttpRequest, obj: Campaign | None = None) -> bool:
+        return self.may(request, "resume", obj)
 
-    def has_cancel_permission(self, request: HttpRequest) -> bool:
-        return _staff(request).has_perm("campaigns.cancel_campaign")
+    def has_cancel_permission(self, request: HttpRequest, obj: Campaign | None = None) -> bool:
+        return self.may(request, "cancel", obj)
 
-    def _may(self, request: HttpRequest, verb: str) -> bool:
-        """Return whether the staff user holds the permission of `verb` (pause, resume or cancel)."""
-        return verb in CONTROL_VERBS and bool(getattr(self, f"has_{verb}_permission")(request))
+    def _may(self, request: HttpRequest, verb: str, campaign: Campaign) -> bool:
+        """Return whether the staff user holds the permission of `verb` (pause, resume or cancel) on `campaign`."""
+        return verb in CONTROL_VERBS and bool(getattr(self, f"has_{verb}_permission")(request, campaign))
 
     def _apply(self, request: HttpRequest, queryset: QuerySet[Campaign], service: Any, verb: str) -> None:
         for campaign in queryset:
@@ -196,11 +203,14 @@ class CampaignAdmin(OwnedAdmin):
         if not self.has_add_permission(request):
             raise PermissionDenied
         preview: dict[str, Any] = {}
+        # The clients, topics and templates of the projects where the user may create campaigns.
+        projects = self.projects_where(request, "add")
         if request.method != "POST":
-            form = CampaignWizardForm(initial={"step": 1, "time_zone": "UTC", "rate_per_second": 100, "payload": "{}"})
+            initial = {"step": 1, "time_zone": "UTC", "rate_per_second": 100, "payload": "{}"}
+            form = CampaignWizardForm(initial=initial, projects=projects)
             step = 1
         else:
-            form = CampaignWizardForm(request.POST)
+            form = CampaignWizardForm(request.POST, projects=projects)
             step = int(request.POST.get("step") or 1) if str(request.POST.get("step") or "1").isdigit() else 1
             step = min(max(step, 1), 4)
             if "_back" in request.POST:
@@ -302,7 +312,9 @@ class CampaignAdmin(OwnedAdmin):
 
     def progress_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         """Show a campaign's live progress: counts, rate, charts, and pause, resume, cancel."""
-        campaign = get_object_or_404(Campaign.objects.select_related("topic"), pk=object_id)
+        if not self.has_view_permission(request):
+            raise PermissionDenied  # campaigns are not for this role at all
+        campaign = get_object_or_404(self.get_queryset(request).select_related("topic"), pk=object_id)
         if not self.has_view_permission(request, campaign):
             raise PermissionDenied
         progress = campaign_progress(campaign=campaign)
@@ -315,11 +327,11 @@ class CampaignAdmin(OwnedAdmin):
             "rate": campaign_rate(campaign),
             "charts": progress_charts(campaign, progress),
             "live": campaign.status in (Campaign.Status.SCHEDULED, Campaign.Status.RUNNING),
-            "can_pause": self._may(request, "pause")
+            "can_pause": self._may(request, "pause", campaign)
             and campaign.status in pausable_from(campaign)
             and (campaign.status != Campaign.Status.DONE or progress["pending"] > 0),
-            "can_resume": self._may(request, "resume") and campaign.status == Campaign.Status.PAUSED,
-            "can_cancel": self._may(request, "cancel")
+            "can_resume": self._may(request, "resume", campaign) and campaign.status == Campaign.Status.PAUSED,
+            "can_cancel": self._may(request, "cancel", campaign)
             and campaign.status not in (Campaign.Status.CANCELLED, Campaign.Status.DONE),
         }
         return TemplateResponse(request, "admin/campaigns/campaign/progress.html", context)
@@ -327,8 +339,10 @@ class CampaignAdmin(OwnedAdmin):
     def control_view(self, request: HttpRequest, object_id: str, verb: str) -> HttpResponse:
         """Pause, resume or cancel one campaign from its progress page (the campaign services), audited."""
         services = {"pause": campaign_pause, "resume": campaign_resume, "cancel": campaign_cancel}
-        campaign = get_object_or_404(Campaign, pk=object_id)
-        if verb not in services or not self._may(request, verb):
+        if verb not in services or not self.may(request, verb):
+            raise PermissionDenied  # in none of the user's projects
+        campaign = get_object_or_404(self.get_queryset(request), pk=object_id)
+        if not self._may(request, verb, campaign):
             raise PermissionDenied
         before = campaign.status
         try:

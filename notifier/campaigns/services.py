@@ -36,6 +36,7 @@ from notifier.dispatch import fanout
 from notifier.dispatch.localtime import is_zone, local_instant, parse_wall_clock
 from preferences.models import Topic
 from preferences.services import recipient_upsert
+from projects.scoping import as_client_owner
 from templates_app.selectors import TemplateNotFound, template_version_resolve
 
 logger = logging.getLogger(__name__)
@@ -69,6 +70,7 @@ def _parse_crontab(expression: str) -> list[str]:
     return parts
 
 
+@as_client_owner
 def campaign_validate(
     *,
     client: ApiClient,
@@ -111,6 +113,7 @@ def campaign_validate(
     return category
 
 
+@as_client_owner
 def campaign_create(
     *,
     client: ApiClient,
@@ -414,6 +417,7 @@ def campaign_cancel(*, campaign: Campaign) -> int:
     return cancelled
 
 
+@as_client_owner
 def campaign_test_send(
     *, client: ApiClient, template: str, category: str, payload: dict[str, Any], staff_user_id: str, email: str
 ) -> Notification:

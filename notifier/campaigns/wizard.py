@@ -16,7 +16,7 @@ from typing import Any, cast
 
 from django import forms
 from django.conf import settings
-from django.db.models import Count
+from django.db.models import Count, QuerySet
 from django.db.models.functions import TruncMinute
 from django.utils import timezone
 
@@ -27,6 +27,7 @@ from notifier.clients.models import ApiClient
 from notifier.deliveries.models import Delivery
 from notifier.dispatch.localtime import local_instant
 from preferences.models import Subscription, Topic
+from projects.scoping import owner_id, owner_scope
 from templates_app.layouts import render_all
 from templates_app.models import Template
 from templates_app.rendering import RenderError
@@ -45,17 +46,45 @@ ZONE, RECIPIENT = "zone", "recipient"
 LAST_ZONE = "Etc/GMT+12"
 
 
-def topic_choices() -> list[tuple[str, str]]:
-    """Return the topics with their subscriber counts, for the audience step."""
-    topics = Topic.objects.annotate(subscribers=Count("subscriptions")).order_by("key")
-    return [(t.key, f"{t.key} — {t.subscribers} subscriber{'s' if t.subscribers != 1 else ''}") for t in topics]
+def _in_projects(queryset: QuerySet[Any], projects: list[int] | None) -> QuerySet[Any]:
+    """Narrow rows that carry an environment to `projects` (None: every project, for a superuser)."""
+    return queryset if projects is None else queryset.filter(environment__project_id__in=projects)
 
 
-def template_choices() -> list[tuple[str, str]]:
-    """Return the published templates of optional categories (what a campaign may send)."""
+def topic_choices(projects: list[int] | None = None) -> list[tuple[str, Any]]:
+    """Return the topics of `projects` with their subscriber counts, grouped by project environment.
+
+    A campaign's topic is its client's environment's topic of that key (checked in `check`): the groups show
+    which environments have it.
+    """
+    topics = _in_projects(Topic.objects.select_related("environment__project"), projects)
+    topics = topics.annotate(subscribers=Count("subscriptions")).order_by("environment__project__slug", "key")
+    groups: dict[str, list[tuple[str, str]]] = {}
+    for t in topics:
+        label = f"{t.key} — {t.subscribers} subscriber{'s' if t.subscribers != 1 else ''}"
+        groups.setdefault(str(t.environment), []).append((t.key, label))
+    return list(groups.items())
+
+
+def template_choices(projects: list[int] | None = None, environment_id: int | None = None) -> list[tuple[str, str]]:
+    """Return the published templates of optional categories (what a campaign may send) of one environment.
+
+    Without the environment (no client chosen yet): those of every environment of `projects`, each key once.
+    """
     optional = [c for c in settings.NOTIFIER_CATEGORIES if is_optional(c)]
-    templates = Template.objects.filter(category__in=optional, published_version__isnull=False).order_by("key")
-    return [(t.key, f"{t.key} ({t.category})") for t in templates]
+    templates = Template.objects.filter(category__in=optional, published_version__isnull=False)
+    if environment_id is not None:
+        templates = templates.filter(environment_id=environment_id)
+    else:
+        templates = _in_projects(templates, projects)
+    return list(dict.fromkeys((t.key, f"{t.key} ({t.category})") for t in templates.order_by("key")))
+
+
+class ClientChoiceField(forms.ModelChoiceField):
+    """An API client, named with its project environment."""
+
+    def label_from_instance(self, obj: Any) -> str:
+        return f"{obj.name} ({obj.environment})"
 
 
 class CampaignWizardForm(forms.Form):
@@ -63,12 +92,14 @@ class CampaignWizardForm(forms.Form):
 
     step = forms.IntegerField(widget=forms.HiddenInput, min_value=1, max_value=4, initial=1)
     name = forms.CharField(required=False, max_length=255)
-    client = forms.ModelChoiceField(
-        queryset=ApiClient.objects.filter(is_active=True).order_by("name"),
+    client = ClientChoiceField(
+        queryset=ApiClient.objects.none(),
         required=False,
-        help_text="The service the campaign is sent as.",
+        help_text="The service the campaign is sent as: its project environment's topic and template are used.",
     )
-    topic = forms.ChoiceField(required=False, choices=())
+    topic = forms.ChoiceField(
+        required=False, choices=(), help_text="A topic of the client's project environment (grouped by environment)."
+    )
     template = forms.ChoiceField(required=False, choices=())
     channels = forms.MultipleChoiceField(
         required=False,
@@ -104,10 +135,21 @@ class CampaignWizardForm(forms.Form):
         required=False, min_value=1, max_value=100_000, initial=100, help_text="Rate cap: messages per second."
     )
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, projects: list[int] | None = None, **kwargs: Any) -> None:
+        """Offer the clients, topics and templates of `projects` (None: of every project, for a superuser)."""
         super().__init__(*args, **kwargs)
-        cast(forms.ChoiceField, self.fields["topic"]).choices = [("", "—"), *topic_choices()]
-        cast(forms.ChoiceField, self.fields["template"]).choices = [("", "—"), *template_choices()]
+        clients = _in_projects(ApiClient.objects.filter(is_active=True), projects)
+        client_field = cast(forms.ModelChoiceField, self.fields["client"])
+        client_field.queryset = clients.select_related("environment__project").order_by("name")
+        # Once a client is chosen (steps 2 on), the templates offered are its environment's.
+        chosen = (
+            clients.filter(pk=self.data.get("client")).first() if str(self.data.get("client", "")).isdigit() else None
+        )
+        cast(forms.ChoiceField, self.fields["topic"]).choices = [("", "—"), *topic_choices(projects)]
+        cast(forms.ChoiceField, self.fields["template"]).choices = [
+            ("", "—"),
+            *template_choices(projects, chosen.environment_id if chosen else None),
+        ]
         cast(forms.ChoiceField, self.fields["time_zone"]).choices = [
             (z, z) for z in sorted(zoneinfo.available_timezones())
         ]
@@ -130,6 +172,17 @@ class CampaignWizardForm(forms.Form):
         for name in names:
             if name in REQUIRED and data.get(name) in (None, ""):
                 self.add_error(name, "This field is required.")
+        client = data.get("client")
+        # A campaign's client, topic and template are of one project environment: the client's.
+        if "topic" in names and client and data.get("topic"):
+            if not Topic.objects.filter(environment_id=client.environment_id, key=data["topic"]).exists():
+                self.add_error(
+                    "topic", f"No topic '{data['topic']}' in {client.environment}, the client's environment."
+                )
+        if "template" in names and client and data.get("template") and self.template_obj() is None:
+            self.add_error(
+                "template", f"No template '{data['template']}' in {client.environment}, the client's environment."
+            )
         if "payload" in names:
             try:
                 payload = json.loads(data.get("payload") or "{}")
@@ -173,9 +226,13 @@ class CampaignWizardForm(forms.Form):
         return self._wall_clock().isoformat(timespec="seconds") if self.at_recipient_time() else ""
 
     def template_obj(self) -> Template | None:
-        """Return the chosen template."""
+        """Return the chosen template, of the chosen client's environment."""
         key = self.cleaned_data.get("template")
-        return Template.objects.select_related("published_version__template").filter(key=key).first() if key else None
+        client = self.cleaned_data.get("client")
+        if not key or client is None:
+            return None
+        found = Template.objects.select_related("published_version__template")
+        return found.filter(environment_id=client.environment_id, key=key).first()
 
 
 def sample_preview(form: CampaignWizardForm) -> dict[str, Any]:
@@ -184,7 +241,7 @@ def sample_preview(form: CampaignWizardForm) -> dict[str, Any]:
     if template is None or template.published_version is None:
         return {}
     subscription = (
-        Subscription.objects.filter(topic__key=form.cleaned_data.get("topic"))
+        Subscription.objects.filter(topic__environment_id=owner_id(template), topic__key=form.cleaned_data.get("topic"))
         .select_related("recipient")
         .order_by("id")
         .first()
@@ -192,7 +249,9 @@ def sample_preview(form: CampaignWizardForm) -> dict[str, Any]:
     recipient = subscription.recipient if subscription else None
     locale = (recipient.locale if recipient else "") or template.default_locale
     try:
-        rendered = render_all(template.published_version, locale=locale, payload=form.parsed_payload())
+        # In the template's environment: its layouts are found by key there.
+        with owner_scope(owner_id(template)):
+            rendered = render_all(template.published_version, locale=locale, payload=form.parsed_payload())
     except RenderError as exc:
         return {"error": exc.message, "recipient": recipient}
     wanted = form.cleaned_data.get("channels") or list(rendered)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from django import forms
 from django.contrib import admin
+from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.urls import reverse
@@ -17,8 +18,7 @@ from notifier.clients.models import ApiClient
 from notifier.clients.rate_limit import parse_rate
 from notifier.clients.services import api_client_assign_key, api_client_rotate_key, webhook_secret_problem
 from projects.admin import OwnedAdmin
-from projects.models import DEFAULT_PROJECT_SLUG, Project
-from projects.selectors import ProjectNotFound, environment_of
+from projects.models import DEFAULT_PROJECT_SLUG, Environment
 
 
 def mode_badge(mode: str) -> str:
@@ -42,35 +42,43 @@ class ApiClientForm(forms.ModelForm):
     class Meta:
         model = ApiClient
         fields = (
-            "name", "mode", "scopes", "allowed_categories", "rate_limit", "webhook_url", "webhook_secret", "is_active"
+            "environment", "name", "mode", "scopes", "allowed_categories", "rate_limit", "webhook_url",
+            "webhook_secret", "is_active",
         )  # fmt: skip
-        help_texts = {"mode": "Test: the whole pipeline runs, but every delivery goes to the sandbox provider."}
-
-    # On add only: the key belongs to this project's environment of its mode (fixed afterwards, as the mode).
-    project = forms.ModelChoiceField(
-        queryset=Project.objects.all(),
-        required=False,
-        help_text="The project the key belongs to (default: the project 'default'); its mode picks the environment.",
-    )
+        help_texts = {
+            "environment": "The project environment the key belongs to, and everything it makes; its name is the "
+            "key's mode. Left empty: the default project's environment of the mode below.",
+            "mode": "Test: the whole pipeline runs, but every delivery goes to the sandbox provider.",
+        }
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         if "mode" in self.fields:  # only on add: the mode is read-only afterwards
             self.fields["mode"].required = False  # left out, a client is live, as with create_api_client
+        if "environment" in self.fields:  # only on add, as the mode
+            self.fields["environment"].required = False
 
     def clean_mode(self) -> str:
         return self.cleaned_data.get("mode") or ApiClient.Mode.LIVE
 
     def clean(self) -> dict[str, Any]:
-        cleaned = super().clean() or {}
-        if self.instance.pk is None:  # on change the form has no project (ApiClientAdmin.get_fields)
-            project = cleaned.get("project")
-            slug = project.slug if project is not None else DEFAULT_PROJECT_SLUG
-            try:
-                self.instance.environment = environment_of(project=slug, mode=cleaned.get("mode") or "live")
-            except ProjectNotFound as exc:
-                raise forms.ValidationError({"project": str(exc)}) from None
-        return cleaned
+        """Make the mode the environment's name; with no environment, take the default project's of the mode."""
+        data = cast(dict[str, Any], super().clean())  # ModelForm.clean returns cleaned_data, never None
+        if "environment" not in self.fields:
+            return data
+        environment = data.get("environment")
+        if environment is None:
+            # What the user may choose (OwnedAdmin narrows the field to their projects).
+            offered = cast("QuerySet[Environment]", cast(forms.ModelChoiceField, self.fields["environment"]).queryset)
+            environment = offered.filter(
+                project__slug=DEFAULT_PROJECT_SLUG, name=data.get("mode") or ApiClient.Mode.LIVE
+            ).first()
+            if environment is None:  # a member of projects other than `default`
+                self.add_error("environment", "Choose the project environment the key belongs to.")
+                return data
+            data["environment"] = environment
+        data["mode"] = environment.name
+        return data
 
     def clean_rate_limit(self) -> str:
         value = (self.cleaned_data.get("rate_limit") or "").strip()
@@ -108,11 +116,6 @@ class ApiClientAdmin(AuditedAdminMixin, OwnedAdmin):
         # The mode is chosen once: a notification's mode is its client's, so a later change would relabel history.
         fields = tuple(super().get_readonly_fields(request, obj))
         return (*fields, "mode") if obj is not None else fields
-
-    def get_fields(self, request: HttpRequest, obj: ApiClient | None = None) -> Any:
-        fields = super().get_fields(request, obj)
-        # The project is chosen on add only; afterwards the key's environment shows, read-only.
-        return [f for f in fields if f != "project"] if obj is not None else fields
 
     @admin.display(description="mode", ordering="mode")
     def mode_badge(self, obj: ApiClient) -> str:

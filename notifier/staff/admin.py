@@ -6,7 +6,7 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.urls import URLPattern, path, reverse
@@ -39,6 +39,7 @@ from notifier.staff.support import (
 )
 from preferences.models import Suppression
 from projects.admin import OwnedAdmin
+from projects.scoping import owner_id
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -124,6 +125,12 @@ class DeliveryAdmin(OwnedAdmin, ReadOnlyAdmin):
     show_full_result_count = False
     readonly_fields = ("version_used",)
     actions = ("resend_selected", "cancel_selected")
+    action_permissions = {
+        "resend": "deliveries.resend_delivery",
+        "cancel": "deliveries.cancel_delivery",
+        "suppress": "preferences.add_suppression",
+        "unsuppress": "preferences.delete_suppression",
+    }
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Delivery], search_term: str
@@ -142,17 +149,19 @@ class DeliveryAdmin(OwnedAdmin, ReadOnlyAdmin):
         url = reverse("admin:templates_app_templateversion_preview", args=[obj.template_version_id])
         return format_html('<a href="{}">{}</a>', url, obj.template_version)
 
-    def has_resend_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm("deliveries.resend_delivery")
+    # With a delivery: in its project (the member's role there); without: in any of the user's projects (what
+    # the list offers; a list action then runs on the selected deliveries of the projects that allow it).
+    def has_resend_permission(self, request: HttpRequest, obj: Delivery | None = None) -> bool:
+        return self.may(request, "resend", obj)
 
-    def has_cancel_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm("deliveries.cancel_delivery")
+    def has_cancel_permission(self, request: HttpRequest, obj: Delivery | None = None) -> bool:
+        return self.may(request, "cancel", obj)
 
-    def has_suppress_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm("preferences.add_suppression")
+    def has_suppress_permission(self, request: HttpRequest, obj: Delivery | None = None) -> bool:
+        return self.may(request, "suppress", obj)
 
-    def has_unsuppress_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm("preferences.delete_suppression")
+    def has_unsuppress_permission(self, request: HttpRequest, obj: Delivery | None = None) -> bool:
+        return self.may(request, "unsuppress", obj)
 
     @admin.action(description="Resend the selected deliveries", permissions=["resend"])
     def resend_selected(self, request: HttpRequest, queryset: QuerySet[Delivery]) -> None:
@@ -189,15 +198,19 @@ class DeliveryAdmin(OwnedAdmin, ReadOnlyAdmin):
 
     def act_view(self, request: HttpRequest, object_id: str, action: str) -> HttpResponse:
         """Apply one action to one delivery from its page, then show the page (or the new delivery's)."""
-        delivery = get_object_or_404(Delivery.objects.select_related("notification__client", "recipient"), pk=object_id)
-        allowed = {
+        check = {
             "resend": self.has_resend_permission,
             "cancel": self.has_cancel_permission,
             "suppress": self.has_suppress_permission,
             "unsuppress": self.has_unsuppress_permission,
-        }[action](request)
-        if not allowed:
-            raise PermissionDenied
+        }[action]
+        if not check(request):
+            raise PermissionDenied  # in none of the user's projects
+        delivery = get_object_or_404(
+            self.get_queryset(request).select_related("notification__client", "recipient"), pk=object_id
+        )
+        if not check(request, delivery):
+            raise PermissionDenied  # not in this delivery's project
         target = delivery.pk
         try:
             if action == "resend":
@@ -227,16 +240,21 @@ class DeliveryAdmin(OwnedAdmin, ReadOnlyAdmin):
     ) -> HttpResponse:
         """Add the story of the delivery: timeline, content as sent, compliance, and what can be done."""
         delivery = (
-            Delivery.objects.select_related("notification__client", "recipient", "template_version__template")
+            self.get_queryset(request)
+            .select_related("notification__client", "recipient", "template_version__template")
             .filter(pk=object_id)
             .first()
         )
         context = dict(extra_context or {})
         if delivery is not None and self.has_view_permission(request, delivery):
-            suppressed = (
-                bool(delivery.address)
-                and Suppression.objects.filter(channel=delivery.channel, address=delivery.address).exists()
+            # The delivery's environment's entries and the installation-wide ones; only the former may be removed.
+            entries = Suppression.objects.filter(
+                Q(environment_id=owner_id(delivery)) | Q(environment__isnull=True),
+                channel=delivery.channel,
+                address=delivery.address,
             )
+            owned = bool(delivery.address) and entries.filter(environment_id=owner_id(delivery)).exists()
+            suppressed = owned or (bool(delivery.address) and entries.exists())
             context.update(
                 {
                     "delivery": delivery,
@@ -245,10 +263,12 @@ class DeliveryAdmin(OwnedAdmin, ReadOnlyAdmin):
                     "compliance": delivery_compliance(delivery=delivery),
                     "resends": list(delivery.resends.order_by("id").values_list("pk", "status")),
                     "address_suppressed": suppressed,
-                    "can_resend": self.has_resend_permission(request) and delivery.status in RESENDABLE,
-                    "can_cancel": self.has_cancel_permission(request) and delivery.status in CANCELLABLE,
-                    "can_suppress": self.has_suppress_permission(request) and bool(delivery.address) and not suppressed,
-                    "can_unsuppress": self.has_unsuppress_permission(request) and suppressed,
+                    "can_resend": self.has_resend_permission(request, delivery) and delivery.status in RESENDABLE,
+                    "can_cancel": self.has_cancel_permission(request, delivery) and delivery.status in CANCELLABLE,
+                    "can_suppress": self.has_suppress_permission(request, delivery)
+                    and bool(delivery.address)
+                    and not suppressed,
+                    "can_unsuppress": self.has_unsuppress_permission(request, delivery) and owned,
                 }
             )
         return super().change_view(request, object_id, form_url, context)

@@ -4,6 +4,9 @@ A resend is a new notification (a copy of the original: same client, category, t
 and locale, no dedup key) with one delivery linked to the old one by `resent_from`. It goes through the same
 compliance decision as any accepted delivery, now: an address suppressed since, an opt-out or quiet hours
 apply to the resend too.
+
+Each action runs in the delivery's project environment (the admin has no scope of its own): the resend's
+notification, the compliance decision and the suppression list are that environment's.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from notifier.deliveries.planning import channel_addresses
 from notifier.deliveries.status import record_events, transition
 from preferences.models import Suppression
 from preferences.services import suppression_add, suppression_remove
-from projects.scoping import owner_id
+from projects.scoping import owner_id, owner_scope
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +55,7 @@ def delivery_resend(*, delivery: Delivery, actor: Any) -> Delivery:
             or delivery.address
         )
     now = timezone.now()
-    with transaction.atomic():
+    with owner_scope(owner_id(delivery)), transaction.atomic():
         notification = Notification.objects.create(
             client=original.client,
             category=original.category,
@@ -118,8 +121,13 @@ def delivery_address_suppress(*, delivery: Delivery, actor: Any, reason: str = "
 
 
 def delivery_address_unsuppress(*, delivery: Delivery, actor: Any) -> bool:
-    """Take the delivery's address off its channel's suppression list; return whether it was on it. Audited."""
-    suppression = Suppression.objects.filter(channel=delivery.channel, address=delivery.address).first()
+    """Take the delivery's address off its environment's suppression list; return whether it was on it. Audited.
+
+    An installation-wide entry (a provider's bounce or complaint) stays: it protects every project's sending.
+    """
+    suppression = Suppression.objects.filter(
+        environment_id=owner_id(delivery), channel=delivery.channel, address=delivery.address
+    ).first()
     if suppression is None:
         return False
     suppression_remove(suppression=suppression, audit_actor=actor)

@@ -196,6 +196,5 @@ class PromotionApi(APIView):
             audit_actor=request.user,
             client_id=request.user.pk,
             allowed_categories=getattr(request.user, "allowed_categories", None),
-            template_admin="templates:admin" in (getattr(request.user, "scopes", None) or ()),
         )
         return Response(PromotionOutput({"results": results}).data)

@@ -225,14 +225,13 @@ def promotion_apply(
     audit_actor: Any = None,
     client_id: int | None = None,
     allowed_categories: list[str] | None = None,
-    template_admin: bool = False,
 ) -> list[PromotionResult]:
     """Promote each item ({"kind", "key"}) from the project's test environment to its live one; results in order.
 
     `environment_id` is the caller's, either environment of the project. Items are written in dependency order
     (layouts, templates, workflows: PROMOTION_READERS), so one call carries a template with the layout it names,
     whatever their order in the request; each is its own transaction, and one that fails (malformed, unknown
-    kind or key, nothing to promote, refused by validation in live, a template the client may not change) fails
+    kind or key, nothing to promote, refused by validation in live) fails
     alone with the error a call for it alone would have had.
     """
     promoters: dict[str, Callable[[str], Any]] = {
@@ -241,7 +240,7 @@ def promotion_apply(
         ),
         "template": lambda key: template_promote(
             key=key, environment_id=environment_id, actor=actor, audit_actor=audit_actor, client_id=client_id,
-            allowed_categories=allowed_categories, template_admin=template_admin,
+            allowed_categories=allowed_categories,
         ),
         "workflow": lambda key: workflow_promote(
             key=key, environment_id=environment_id, actor=actor, audit_actor=audit_actor

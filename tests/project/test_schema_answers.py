@@ -443,8 +443,8 @@ def _template_put(w: World) -> None:
     w.call("template_put", 201, key="shipped", body=body)
     w.call("template_put", 201, key="shipped", body={**body, "publish": False, "layout": None})
     w.call("template_put", 400, key="shipped", body={**body, "category": "nonsense"})
-    _, narrow = w.client(scopes=["templates"])
-    w.call("template_put", 403, http=narrow, key="shipped", body=body)  # another client's template
+    _, marketing_only = w.client(scopes=["templates"], categories=["marketing"])
+    w.call("template_put", 403, http=marketing_only, key="shipped", body=body)  # a category the key may not use
     _promotion_required()
     w.call("template_put", 409, key="shipped", body=body)
 

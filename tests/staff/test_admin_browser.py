@@ -237,7 +237,8 @@ def _wizard_start(driver: WebDriver, base: str, name: str) -> None:
     driver.get(f"{base}/admin/campaigns/campaign/add/")
     wait(driver).until(ec.presence_of_element_located((By.ID, "wizard-form")))
     driver.find_element(By.NAME, "name").send_keys(name)
-    Select(driver.find_element(By.NAME, "client")).select_by_visible_text("marketing-tool")
+    # A client is offered with its project environment: a campaign's topic and template are that environment's.
+    Select(driver.find_element(By.NAME, "client")).select_by_visible_text("marketing-tool (default/live)")
 
 
 def _wizard_next(driver: WebDriver) -> None:

@@ -12,6 +12,7 @@ from django.urls import reverse
 
 from audit.models import AuditEntry
 from notifier.staff.roles import ROLE_PERMISSIONS
+from projects.models import DEFAULT_LIVE_ENVIRONMENT_ID
 from templates_app.models import Template
 from templates_app.services import template_put
 from tests.factories import make_delivery
@@ -85,7 +86,8 @@ def test_marketing_sees_only_optional_templates_and_campaigns_not_deliveries(mon
     promo = template_put(key="promo", category="marketing", default_locale="en", content=SMS)
     listing = client.get(reverse("admin:templates_app_template_changelist")).content.decode()
     assert "promo" in listing and ">otp<" not in listing
-    assert client.get(reverse("admin:templates_app_template_change", args=[otp.template.pk])).status_code == 302
+    # Not theirs to see: a 404, as an object of a project they are not a member of.
+    assert client.get(reverse("admin:templates_app_template_change", args=[otp.template.pk])).status_code == 404
     assert client.get(reverse("admin:templates_app_template_change", args=[promo.template.pk])).status_code == 200
     assert client.get(reverse("admin:templates_app_templateversion_publish", args=[otp.pk])).status_code == 404
     assert client.get(reverse("admin:campaigns_campaign_changelist")).status_code == 200
@@ -94,6 +96,7 @@ def test_marketing_sees_only_optional_templates_and_campaigns_not_deliveries(mon
     response = client.post(
         reverse("admin:templates_app_template_add"),
         {
+            "environment": str(DEFAULT_LIVE_ENVIRONMENT_ID),
             "key": "otp2",
             "category": "security",
             "default_locale": "en",
@@ -131,3 +134,29 @@ def test_every_admin_change_is_in_the_audit_log(monkeypatch: pytest.MonkeyPatch)
         str(v1.template.pk),
     )
     assert AuditEntry.objects.filter(action="template.describe", actor_name="sue").exists()
+
+
+def test_create_staff_user_with_a_project_makes_a_member_of_it_in_the_role(monkeypatch: pytest.MonkeyPatch) -> None:
+    from projects.models import Membership
+    from projects.scoping import owner_scope
+    from projects.selectors import environment_of
+    from projects.services import project_create
+    from tests.factories import make_api_client
+
+    project_create(slug="shop")
+    with owner_scope(environment_of(project="shop", mode="live").pk):
+        shop = make_delivery(client=make_api_client(environment=environment_of(project="shop", mode="live")))
+    default = make_delivery()
+    monkeypatch.setenv("STAFF_USER_PASSWORD", "pw-role-123456")
+    out = io.StringIO()
+    call_command("create_staff_user", "sam", "--role", "support", "--project", "shop", stdout=out)
+    assert "in project shop" in out.getvalue()
+    user = User.objects.get(username="sam")
+    assert list(Membership.objects.filter(user=user).values_list("project__slug", "role")) == [("shop", "support")]
+    assert not user.groups.exists()
+    client = Client()
+    assert client.login(username="sam", password="pw-role-123456")
+    assert client.get(reverse("admin:deliveries_delivery_change", args=[shop.pk])).status_code == 200
+    assert client.get(reverse("admin:deliveries_delivery_change", args=[default.pk])).status_code == 404
+    with pytest.raises(Exception, match="No project 'nowhere'"):
+        call_command("create_staff_user", "kim", "--role", "support", "--project", "nowhere", stdout=io.StringIO())

@@ -13,6 +13,7 @@ from django.urls import reverse
 from audit.models import AuditEntry
 from channels_app.models import SandboxMessage
 from notifier.deliveries.models import Delivery
+from projects.models import DEFAULT_LIVE_ENVIRONMENT_ID
 from templates_app.layouts import html_to_text
 from templates_app.models import LayoutVersion
 from templates_app.services import layout_put, template_put
@@ -206,6 +207,7 @@ def test_admin_preview_shows_the_laid_out_email(staff: Client) -> None:
 def test_admin_saves_a_layout_as_a_new_audited_version(staff: Client) -> None:
     add = reverse("admin:templates_app_layout_add")
     inline = {"versions-TOTAL_FORMS": "0", "versions-INITIAL_FORMS": "0"}
+    inline["environment"] = str(DEFAULT_LIVE_ENVIRONMENT_ID)  # a new layout's project environment
     response = staff.post(add, {"key": "brand", "html": "<p>{{ content }}</p>", "text": "", **inline})
     assert response.status_code == 302, response.context["adminform"].form.errors
     bad = staff.post(add, {"key": "other", "html": "<p>no slot</p>", "text": "", **inline})

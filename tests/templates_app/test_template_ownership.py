@@ -1,4 +1,8 @@
-"""Template ownership: a client owns what it creates over the API; others send it, templates:admin changes it."""
+"""Templates are shared within a project environment: every key of it with `templates` changes and publishes any.
+
+`owner_client_id` only says who made a template; `templates:admin` grants nothing more than `templates`. A
+template of another project, or of the other environment of the same project, is not found (404).
+"""
 
 from __future__ import annotations
 
@@ -9,12 +13,13 @@ import pytest
 
 from audit.models import AuditEntry
 from core.scopes import SCOPES
+from projects.services import project_create
 from templates_app.models import Template
 from templates_app.services import template_put
 from tests import factories
 
 CONTENT = {"en": {"email": {"subject": "Reset your password", "text": "Use {{ link }}"}}}
-PHISH = {"en": {"email": {"subject": "Reset your password", "text": "Log in at https://evil.example/{{ link }}"}}}
+CHANGED = {"en": {"email": {"subject": "Reset your password now", "text": "Use {{ link }} today"}}}
 WRITER = ["send", "templates"]
 
 
@@ -25,31 +30,46 @@ def put(api: Any, key: str, content: dict[str, Any] = CONTENT, publish: bool = T
 
 @pytest.fixture
 def clients(api_client_factory: Callable[..., tuple[Any, Any]]) -> dict[str, tuple[Any, Any]]:
+    project_create(slug="other", name="Other")
     return {
         "auth": api_client_factory(name="auth-service", scopes=WRITER),
         "shop": api_client_factory(name="shop-service", scopes=WRITER),
         "admin": api_client_factory(name="template-admin", scopes=[*WRITER, "templates:admin"]),
+        "only-admin": api_client_factory(name="only-admin", scopes=["send", "templates:admin"]),
+        "staging": api_client_factory(name="auth-staging", scopes=WRITER, mode="test"),
+        "other": api_client_factory(name="other-service", scopes=[*WRITER, "templates:admin"], project="other"),
     }
 
 
 @pytest.mark.django_db
-def test_another_client_cannot_change_or_publish_a_template_but_may_send_it(clients: Any) -> None:
-    (auth, auth_api), (_, shop_api) = clients["auth"], clients["shop"]
+def test_two_clients_of_one_environment_share_a_template(clients: Any) -> None:
+    (auth, auth_api), (shop, shop_api) = clients["auth"], clients["shop"]
     assert put(auth_api, "password_reset").status_code == 201
+
+    # A draft by the other key, then published by it: both allowed, as for the key that made it.
+    draft = put(shop_api, "password_reset", CHANGED, publish=False)
+    assert draft.status_code == 201, draft.content
+    assert draft.json()["version"] == 2 and draft.json()["published"] is False
+    published = put(shop_api, "password_reset", CHANGED)
+    assert published.status_code == 201, published.content
+    shown = auth_api.get("/api/v1/templates/password_reset").json()
+    assert shown["published_version"] == 3 and shown["published"]["content"] == CHANGED
+    # Who made it stays who made it: changing is not taking over, and it decides nothing.
     template = Template.objects.get(key="password_reset")
     assert template.owner_client_id == auth.pk
+    assert shown["owner"] == "you"
+    assert shop_api.get("/api/v1/templates/password_reset").json()["owner"] == "another_client"
 
-    for publish in (True, False):  # neither a published version nor a draft
-        refused = put(shop_api, "password_reset", PHISH, publish=publish)
-        assert refused.status_code == 403, refused.content
-        error = refused.json()["error"]
-        assert error["code"] == "template_owned_by_another_client"
-        assert "templates:admin" in error["message"] and "key" in error["fields"]
-    template.refresh_from_db()
-    assert template.versions.count() == 1 and template.published_version.content == CONTENT
-    assert not AuditEntry.objects.filter(actor_name="shop-service").exists()
+    entries = list(AuditEntry.objects.filter(target_type="template", target_id="password_reset").order_by("id"))
+    assert [(e.actor_name, e.action) for e in entries] == [
+        ("auth-service", "template.version_create"),
+        ("shop-service", "template.version_create"),
+        ("shop-service", "template.version_create"),
+    ]
+    assert entries[0].changes["owner_client_id"] == [None, auth.pk]
+    assert entries[2].actor_type == "client" and entries[2].actor_id == str(shop.pk)
 
-    # Sending it is not changing it: the other client's categories decide, as for any template.
+    # And sends it, its categories permitting.
     factories.make_recipient(user_id="u-1", email="u-1@example.com")
     sent = shop_api.post(
         "/api/v1/notifications",
@@ -58,67 +78,63 @@ def test_another_client_cannot_change_or_publish_a_template_but_may_send_it(clie
     )
     assert sent.status_code == 202, sent.content
 
-    assert auth_api.get("/api/v1/templates/password_reset").json()["owner"] == "you"
-    assert shop_api.get("/api/v1/templates/password_reset").json()["owner"] == "another_client"
-    assert put(auth_api, "password_reset", {"en": {"email": {"subject": "v2", "text": "t"}}}).status_code == 201
-
 
 @pytest.mark.django_db
-def test_templates_admin_changes_any_template_and_the_audit_log_says_who(clients: Any) -> None:
-    (auth, auth_api), (admin, admin_api) = clients["auth"], clients["admin"]
-    assert put(auth_api, "password_reset").status_code == 201
-    changed = put(admin_api, "password_reset", {"en": {"email": {"subject": "Reset", "text": "New {{ link }}"}}})
-    assert changed.status_code == 201, changed.content
-    template = Template.objects.get(key="password_reset")
-    assert template.published_version.version == 2
-    assert template.owner_client_id == auth.pk  # changing is not taking over
-
-    entries = list(AuditEntry.objects.filter(target_type="template", target_id="password_reset").order_by("id"))
-    assert [(e.actor_name, e.action) for e in entries] == [
-        ("auth-service", "template.version_create"),
-        ("template-admin", "template.version_create"),
-    ]
-    assert entries[0].changes["owner_client_id"] == [None, auth.pk]
-    assert entries[1].actor_type == "client" and entries[1].actor_id == str(admin.pk)
-    assert entries[1].changes["version"] == [None, 2]
-
-
-@pytest.mark.django_db
-def test_staff_owned_templates_change_over_the_api_only_with_templates_admin(clients: Any) -> None:
-    # Made in the admin or by bootstrap_demo: no client.
+def test_a_template_made_by_staff_is_changed_by_any_key_of_its_environment(clients: Any) -> None:
+    # Made in the admin or by bootstrap_demo: no client made it.
     template_put(key="order_shipped", category="transactional", default_locale="en", content=CONTENT)
-    assert Template.objects.get(key="order_shipped").owner_client_id is None
-    (_, auth_api), (_, admin_api) = clients["auth"], clients["admin"]
-
-    refused = put(auth_api, "order_shipped", PHISH)
-    assert refused.status_code == 403 and refused.json()["error"]["code"] == "template_owned_by_staff"
+    _, auth_api = clients["auth"]
     assert auth_api.get("/api/v1/templates/order_shipped").json()["owner"] == "staff"
-    assert put(admin_api, "order_shipped", PHISH).status_code == 201
-    assert Template.objects.get(key="order_shipped").owner_client_id is None
+    changed = put(auth_api, "order_shipped", CHANGED)
+    assert changed.status_code == 201, changed.content
+    template = Template.objects.get(key="order_shipped")
+    assert template.published_version.version == 2 and template.owner_client_id is None
 
 
 @pytest.mark.django_db
-def test_staff_change_a_client_owned_template_without_taking_it_over(clients: Any) -> None:
+def test_a_client_of_another_project_or_environment_does_not_see_it(clients: Any) -> None:
+    (_, auth_api), (_, other_api), (_, staging_api) = clients["auth"], clients["other"], clients["staging"]
+    assert put(auth_api, "password_reset").status_code == 201
+    mine = Template.objects.get(key="password_reset")
+
+    for api in (other_api, staging_api):  # another project (even with templates:admin); the same project's test
+        missing = api.get("/api/v1/templates/password_reset")
+        assert missing.status_code == 404 and missing.json()["error"]["code"] == "template_not_found"
+        assert api.get("/api/v1/templates/password_reset/versions/1").status_code == 404
+        assert "password_reset" not in {t["key"] for t in api.get("/api/v1/templates").json()["results"]}
+        # The same key there is a template of its own: the first one is untouched.
+        assert put(api, "password_reset", CHANGED).status_code == 201
+    assert Template.objects.filter(key="password_reset").count() == 3
+    mine.refresh_from_db()
+    assert mine.versions.count() == 1 and mine.published_version.content == CONTENT
+    assert auth_api.get("/api/v1/templates/password_reset").json()["published"]["content"] == CONTENT
+
+
+@pytest.mark.django_db
+def test_templates_admin_grants_nothing_more_than_templates(clients: Any) -> None:
+    (_, auth_api), (_, admin_api), (_, only_admin_api) = clients["auth"], clients["admin"], clients["only-admin"]
+    assert "templates:admin" in SCOPES  # kept: keys that hold it keep working
+    assert put(auth_api, "password_reset").status_code == 201
+    assert put(admin_api, "password_reset", CHANGED).status_code == 201  # as any key with templates
+    # Without `templates` it allows nothing at all.
+    for answer in (only_admin_api.get("/api/v1/templates/password_reset"), put(only_admin_api, "password_reset")):
+        assert answer.status_code == 403 and answer.json()["error"]["code"] == "scope_missing"
+        assert answer.json()["error"]["fields"]["scope"] == ["templates"]
+    assert Template.objects.get(key="password_reset").versions.count() == 2
+
+
+@pytest.mark.django_db
+def test_staff_change_a_client_made_template_and_the_admin_says_who_made_it(clients: Any, staff: Any) -> None:
     auth, auth_api = clients["auth"]
     assert put(auth_api, "password_reset").status_code == 201
-    staff_user = factories.make_staff_user("editor", superuser=True)
+    editor = factories.make_staff_user("editor", superuser=True)
     version = template_put(
-        key="password_reset", category="transactional", default_locale="en", content=PHISH, audit_actor=staff_user
+        key="password_reset", category="transactional", default_locale="en", content=CHANGED, audit_actor=editor
     )
     assert version.version == 2 and Template.objects.get(key="password_reset").owner_client_id == auth.pk
-
-
-@pytest.mark.django_db
-def test_the_demo_key_keeps_every_scope_including_templates_admin() -> None:
-    assert "templates:admin" in SCOPES
-
-
-@pytest.mark.django_db
-def test_the_admin_shows_whose_template_it_is(clients: Any, staff: Any) -> None:
-    auth, auth_api = clients["auth"]
-    assert put(auth_api, "password_reset").status_code == 201
     template_put(key="order_shipped", category="transactional", default_locale="en", content=CONTENT)
-    owned = staff.get(f"/admin/templates_app/template/{Template.objects.get(key='password_reset').pk}/change/")
-    assert owned.status_code == 200 and f"API client #{auth.pk}".encode() in owned.content
-    staff_owned = staff.get(f"/admin/templates_app/template/{Template.objects.get(key='order_shipped').pk}/change/")
-    assert b"staff (over the API only keys with templates:admin change it)" in staff_owned.content
+    made = staff.get(f"/admin/templates_app/template/{Template.objects.get(key='password_reset').pk}/change/")
+    assert made.status_code == 200 and f"API client #{auth.pk} (over the API)".encode() in made.content
+    by_staff = staff.get(f"/admin/templates_app/template/{Template.objects.get(key='order_shipped').pk}/change/")
+    assert b"staff (in the admin or by a command)" in by_staff.content
+    assert b"templates:admin" not in made.content + by_staff.content

@@ -13,6 +13,7 @@ from django.test import Client
 from django.urls import path, reverse
 
 from audit.models import AuditEntry
+from projects.models import DEFAULT_LIVE_ENVIRONMENT_ID
 from templates_app.admin_editor import field_name, part_to_text
 from templates_app.models import Template, TemplateVersion
 from templates_app.services import template_put
@@ -44,6 +45,8 @@ def _form(template: Template | None, content: dict[str, Any] | None = None, **fi
     """Return the POST data of the template change form, with the versions inline's management form."""
     existing = template.versions.count() if template else 0
     data = {
+        # A new template's project environment (the default project's live one); fixed afterwards.
+        "environment": str(DEFAULT_LIVE_ENVIRONMENT_ID) if template is None else None,
         "key": template.key if template else "",
         "category": template.category if template else "transactional",
         "default_locale": template.default_locale if template else "en",
