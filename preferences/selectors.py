@@ -26,6 +26,11 @@ def recipient_get(*, user_id: str, include_erased: bool = False) -> Recipient | 
     return qs.first()
 
 
+def recipient_environment_id(*, recipient_id: int) -> int | None:
+    """Return the environment that owns the recipient with this id, or None if there is no such recipient."""
+    return Recipient.objects.filter(pk=recipient_id).values_list("environment_id", flat=True).first()
+
+
 def recipient_for_send(*, user_id: str) -> Recipient | None:
     """Return the recipient `user_id` as it is, erased ones too, or None: one raw query, an accept's hottest read.
 

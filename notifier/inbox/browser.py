@@ -44,7 +44,9 @@ from notifier.inbox.serializers import (
 )
 from notifier.inbox.services import inbox_token_create
 from notifier.inbox.tokens import InboxPrincipal, inbox_token_verify
+from preferences.selectors import recipient_environment_id
 from preferences.services import preference_link, recipient_ensure
+from projects.scoping import enter_request_owner
 
 if TYPE_CHECKING:
     from rest_framework.permissions import _PermissionClass
@@ -70,6 +72,14 @@ class InboxTokenAuthentication(authentication.BaseAuthentication):
         principal = inbox_token_verify(token)
         if principal is None:
             raise exceptions.AuthenticationFailed("Invalid or expired inbox token.")
+        environment_id = principal.environment_id
+        if environment_id is None:  # a token minted before tokens named their owner
+            environment_id = recipient_environment_id(recipient_id=principal.recipient_id)
+            if environment_id is None:
+                raise exceptions.AuthenticationFailed("Invalid or expired inbox token.")
+        # The token's recipient's environment is the request's owner, as an API key's is (projects.scoping): the
+        # views find the inbox by the token's user id, which names another recipient in every other environment.
+        enter_request_owner(environment_id)
         return principal, token
 
     def authenticate_header(self, request: Request) -> str:
