@@ -33,6 +33,7 @@ from notifier.inbox.apis import (
     InboxReadAllApi,
     _recipient_or_404,
 )
+from notifier.inbox.selectors import inbox_recipient_get
 from notifier.inbox.serializers import (
     InboxItemSerializer,
     InboxMeOutput,
@@ -46,7 +47,9 @@ from notifier.inbox.services import inbox_token_create
 from notifier.inbox.tokens import InboxPrincipal, inbox_token_verify
 from preferences.selectors import recipient_environment_id
 from preferences.services import preference_link, recipient_ensure
-from projects.scoping import enter_request_owner
+from projects.models import DEFAULT_PROJECT_SLUG
+from projects.scoping import enter_request_owner, owner_scope
+from projects.selectors import ProjectNotFound, environment_of
 
 if TYPE_CHECKING:
     from rest_framework.permissions import _PermissionClass
@@ -276,10 +279,22 @@ justify-content:space-between;align-items:center;max-width:40rem}}</style></head
 
 
 def demo_page(request: HttpRequest) -> HttpResponse:
-    """Show the widget for one recipient (the demo user by default). Development only: it mints tokens freely."""
+    """Show the widget for one recipient (the demo user by default). Development only: it mints tokens freely.
+
+    The recipient is the one of `?project=` (`default` unless given), in its live environment (`?mode=test`: its
+    test environment): a user id names a recipient in every project environment.
+    """
     if not (settings.DEBUG or settings.INBOX_DEMO_ENABLED):
         raise Http404
-    recipient = _recipient_or_404(request.GET.get("user_id") or settings.INBOX_DEMO_USER_ID)
+    mode = "test" if request.GET.get("mode") == "test" else "live"
+    try:
+        environment = environment_of(project=request.GET.get("project") or DEFAULT_PROJECT_SLUG, mode=mode)
+    except ProjectNotFound:
+        raise Http404 from None
+    with owner_scope(environment.pk):
+        recipient = inbox_recipient_get(user_id=request.GET.get("user_id") or settings.INBOX_DEMO_USER_ID)
+    if recipient is None:
+        raise Http404
     token, _ = inbox_token_create(recipient=recipient, ttl_seconds=settings.INBOX_TOKEN_DEFAULT_TTL_SECONDS)
     base_url = request.build_absolute_uri("/").rstrip("/")
     # ?locale=de shows the widget in another language than the recipient's own.

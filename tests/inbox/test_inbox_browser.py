@@ -7,6 +7,7 @@ namespace's database and broker; the widget test drives Debian's headless Chromi
 from __future__ import annotations
 
 import json
+import re
 import socket
 import threading
 import time
@@ -16,6 +17,7 @@ from typing import Any
 
 import pytest
 from django.core import signing
+from django.test import Client
 from rest_framework.test import APIClient
 
 from notifier.accepting.services import notification_accept
@@ -120,6 +122,25 @@ def test_a_token_opens_the_inbox_of_its_own_environments_recipient_of_that_user_
     claims = {"r": theirs.pk, "u": "twice", "e": int(time.time()) + 600}
     token = signing.dumps(claims, salt=INBOX_TOKEN_SALT, compress=True)
     assert bearer_client(token).get("/inbox/v1/me").json()["locale"] == "de"
+
+
+@pytest.mark.django_db
+def test_the_demo_page_shows_the_recipient_of_the_project_environment_asked_for(settings: Any) -> None:
+    settings.INBOX_DEMO_ENABLED = True
+    project = project_create(slug="elsewhere")
+    make_recipient(user_id="twice", locale="en")  # the default project's live one
+    make_recipient(user_id="twice", locale="de", environment=project.environments.get(name="test"))
+
+    def locale_of(query: str) -> str:
+        page = Client().get(f"/inbox/demo/?user_id=twice{query}")
+        assert page.status_code == 200, page.content[:300]
+        token = re.search(r'token="([^"]+)"', page.content.decode()).group(1)
+        return str(bearer_client(token).get("/inbox/v1/me").json()["locale"])
+
+    assert locale_of("") == "en"
+    assert locale_of("&project=elsewhere&mode=test") == "de"
+    assert Client().get("/inbox/demo/?user_id=twice&project=elsewhere").status_code == 404  # none in its live one
+    assert Client().get("/inbox/demo/?user_id=twice&project=nowhere").status_code == 404
 
 
 @pytest.mark.django_db
