@@ -24,6 +24,7 @@ from preferences.compliance import FREQUENCIES
 from preferences.models import Recipient
 from preferences.serializers import PreferencesSerializer, _zones
 from preferences.translations import label, language_for, strings
+from projects.scoping import owner_scope
 
 HHMM = re.compile(r"^([01]\d|2[0-3]):([0-5]\d)(?::[0-5]\d)?$")
 
@@ -196,11 +197,19 @@ def _page(
 def preference_center_view(request: HttpRequest, token: str) -> HttpResponse:
     """GET shows the recipient's preferences; POST saves them and redirects back to the page."""
     try:
-        user_id = services.preference_token_read(token)
+        user_id, environment_id = services.preference_token_read(token)
     except signing.SignatureExpired:
         return _error_page(request, expired=True, status=410)
     except signing.BadSignature:
         return _error_page(request, expired=False, status=404)
+    # The link's environment is the page's owner, as an API key's is its request's (projects.scoping): the same
+    # user id names another recipient in every other project environment.
+    with owner_scope(environment_id):
+        return _preference_center(request, user_id)
+
+
+def _preference_center(request: HttpRequest, user_id: str) -> HttpResponse:
+    """Show or save the preferences of the recipient `user_id` of the scope's environment."""
     recipient = selectors.recipient_get(user_id=user_id)
     if recipient is None:
         return _error_page(request, expired=False, status=404)

@@ -9,7 +9,7 @@ from django.db.models import QuerySet
 
 from core.db import RowLoader, bound_cursor
 from preferences.models import Recipient, Subscription, Suppression, Topic
-from projects.scoping import owner_default
+from projects.scoping import owner_default, scope_environment_id
 
 _RECIPIENT = RowLoader(Recipient)
 _RECIPIENTS_BY_USER_ID = (
@@ -19,11 +19,17 @@ _RECIPIENTS_BY_USER_ID = (
 
 
 def recipient_get(*, user_id: str, include_erased: bool = False) -> Recipient | None:
-    """Return the recipient `user_id`, or None if unknown (or erased, unless `include_erased`)."""
-    qs = Recipient.objects.filter(user_id=user_id)
+    """Return the recipient `user_id` of the scope's environment, or None if unknown (or erased, unless asked)."""
+    # Every project environment may have a recipient `user_id`: found only within one (an API key's, a link's).
+    qs = Recipient.objects.filter(environment_id=scope_environment_id(), user_id=user_id)
     if not include_erased:
         qs = qs.filter(erased_at__isnull=True)
     return qs.first()
+
+
+def recipient_environment_id(*, recipient_id: int) -> int | None:
+    """Return the environment that owns the recipient with this id, or None if there is no such recipient."""
+    return Recipient.objects.filter(pk=recipient_id).values_list("environment_id", flat=True).first()
 
 
 def recipient_for_send(*, user_id: str) -> Recipient | None:

@@ -22,7 +22,8 @@ from core.categories import is_optional
 from preferences.models import Device, Recipient, Subscription, Suppression, Topic
 from preferences.selectors import recipient_for_send
 from preferences.signals import recipient_erased
-from projects.scoping import current_environment_id, owner_scope
+from projects.models import DEFAULT_LIVE_ENVIRONMENT_ID
+from projects.scoping import current_environment_id, owner_id, owner_scope
 
 # What a caller may set on a recipient through recipient_upsert(); user_id and erased_at are managed here.
 RECIPIENT_FIELDS = frozenset(
@@ -326,13 +327,15 @@ def _unsubscribe_mac(payload: str) -> str:
 
 
 def unsubscribe_token(*, recipient: Recipient, category: str) -> str:
-    """Return a signed, URL-safe token naming a recipient and a category: `<base64 user_id/category>.<hmac>`.
+    """Return a signed, URL-safe token naming a recipient and a category: `<base64 user_id/category>.<env>.<hmac>`.
 
     One HMAC, not django.core.signing's JSON, timestamp and base62: every optional email of a campaign carries
-    one, so this is on the send path of every such delivery.
+    one, so this is on the send path of every such delivery. The recipient's environment is signed with it: the
+    same user id names another recipient in every other project environment.
     """
     payload = urlsafe_b64encode(f"{recipient.user_id}/{category}".encode()).rstrip(b"=").decode()
-    return f"{payload}.{_unsubscribe_mac(payload)}"
+    signed = f"{payload}.{owner_id(recipient)}"
+    return f"{signed}.{_unsubscribe_mac(signed)}"
 
 
 def unsubscribe_url(*, recipient: Recipient, category: str) -> str:
@@ -346,19 +349,26 @@ def unsubscribe_url(*, recipient: Recipient, category: str) -> str:
     return f"{base}/unsubscribe/{unsubscribe_token(recipient=recipient, category=category)}"
 
 
-def unsubscribe_token_read(token: str) -> tuple[str, str]:
-    """Return the (user_id, category) a token names; raise signing.BadSignature when it is not ours."""
-    payload, _, mac = token.rpartition(".")
-    if payload and ":" not in token:
-        if not constant_time_compare(mac, _unsubscribe_mac(payload)):
+def unsubscribe_token_read(token: str) -> tuple[str, str, int]:
+    """Return the (user_id, category, environment id) a token names; raise signing.BadSignature when it is not ours.
+
+    A link sent before links named their environment names a recipient of the default project's live
+    environment, where every recipient was then.
+    """
+    signed, _, mac = token.rpartition(".")
+    if signed and ":" not in token:
+        if not constant_time_compare(mac, _unsubscribe_mac(signed)):
             raise signing.BadSignature("unsubscribe token signature does not match")
+        payload, _, owner = signed.partition(".")
         user_id, _, category = urlsafe_b64decode(payload + "=" * (-len(payload) % 4)).decode().rpartition("/")
-        return user_id, category
+        if owner and not owner.isdigit():
+            raise signing.BadSignature("malformed unsubscribe token")
+        return user_id, category, int(owner) if owner else DEFAULT_LIVE_ENVIRONMENT_ID
     # Links sent before the compact format were django.core.signing tokens; they keep working.
     data = signing.loads(token, salt=UNSUBSCRIBE_SALT)
     if not isinstance(data, dict) or not isinstance(data.get("r"), str) or not isinstance(data.get("c"), str):
         raise signing.BadSignature("malformed unsubscribe token")
-    return data["r"], data["c"]
+    return data["r"], data["c"], DEFAULT_LIVE_ENVIRONMENT_ID
 
 
 PREFERENCES_SALT = "preferences.center"
@@ -369,39 +379,48 @@ def _preference_signer(secret: str) -> signing.Signer:
     return signing.Signer(key=secret, salt=PREFERENCES_SALT)
 
 
-def preference_token(*, user_id: str, expires_at: int) -> str:
-    """Return the signed token naming a recipient until `expires_at` (a Unix time): `<b64 user_id>.<b62 expiry>:<sig>`.
+def preference_token(*, user_id: str, environment_id: int, expires_at: int) -> str:
+    """Return the signed token naming a recipient until `expires_at` (a Unix time).
 
-    django.core.signing with a salt of its own, signing a compact string rather than JSON (sign_object() costs
-    about twice as much, and every optional email carries a link, so this is on the send path). The expiry
-    travels inside the signed value: each link has its own lifetime, which one `max_age` could not express.
+    `<b64 user_id>.<b62 expiry>.<b62 environment id>:<sig>`: django.core.signing with a salt of its own, signing
+    a compact string rather than JSON (sign_object() costs about twice as much, and every optional email carries
+    a link, so this is on the send path). The expiry travels inside the signed value: each link has its own
+    lifetime, which one `max_age` could not express. So does the recipient's environment: the same user id names
+    another recipient in every other project environment.
     """
     payload = urlsafe_b64encode(user_id.encode()).rstrip(b"=").decode()
-    return _preference_signer(settings.SECRET_KEY).sign(f"{payload}.{signing.b62_encode(expires_at)}")
+    value = f"{payload}.{signing.b62_encode(expires_at)}.{signing.b62_encode(environment_id)}"
+    return _preference_signer(settings.SECRET_KEY).sign(value)
 
 
 def preference_link(*, recipient: Recipient, ttl_seconds: int) -> tuple[str, dt.datetime]:
     """Return a signed URL to the recipient's preference center, valid for `ttl_seconds`, and when it expires."""
     expires = timezone.now().replace(microsecond=0) + dt.timedelta(seconds=ttl_seconds)
-    token = preference_token(user_id=recipient.user_id, expires_at=int(expires.timestamp()))
+    token = preference_token(
+        user_id=recipient.user_id, environment_id=owner_id(recipient), expires_at=int(expires.timestamp())
+    )
     return f"{settings.PUBLIC_BASE_URL.rstrip('/')}/preferences/{token}", expires
 
 
-def preference_token_read(token: str) -> str:
-    """Return the user_id a preference-center token names.
+def preference_token_read(token: str) -> tuple[str, int]:
+    """Return the (user_id, environment id) a preference-center token names.
 
-    Raises signing.SignatureExpired for a link past its expiry, signing.BadSignature for anything not ours.
+    Raises signing.SignatureExpired for a link past its expiry, signing.BadSignature for anything not ours. A link
+    minted before links named their environment names a recipient of the default project's live environment,
+    where every recipient was then.
     """
     value = _preference_signer(settings.SECRET_KEY).unsign(token)
-    payload, _, expiry = value.partition(".")
+    payload, _, rest = value.partition(".")
+    expiry, _, owner = rest.partition(".")
     try:
         user_id = urlsafe_b64decode(payload + "=" * (-len(payload) % 4)).decode()
         expires_at = signing.b62_decode(expiry)
+        environment_id = signing.b62_decode(owner) if owner else DEFAULT_LIVE_ENVIRONMENT_ID
     except (ValueError, UnicodeDecodeError):
         raise signing.BadSignature("malformed preference token") from None
     if expires_at <= timezone.now().timestamp():
         raise signing.SignatureExpired("preference link expired")
-    return user_id
+    return user_id, environment_id
 
 
 def preferences_save_by_recipient(

@@ -11,6 +11,7 @@ from django.views.decorators.http import require_http_methods
 
 from core.categories import is_optional
 from preferences import selectors, services
+from projects.scoping import owner_scope
 
 
 def _page(request: HttpRequest, status: int = 200, **context: object) -> HttpResponse:
@@ -28,9 +29,17 @@ def _page(request: HttpRequest, status: int = 200, **context: object) -> HttpRes
 def unsubscribe_view(request: HttpRequest, token: str) -> HttpResponse:
     """GET shows a confirm page (link scanners must not unsubscribe anyone); POST unsubscribes."""
     try:
-        user_id, category = services.unsubscribe_token_read(token)
+        user_id, category, environment_id = services.unsubscribe_token_read(token)
     except signing.BadSignature:
         return _page(request, 404, error="The unsubscribe link is invalid or incomplete.")
+    # The link's environment is the page's owner, as an API key's is its request's (projects.scoping): the same
+    # user id names another recipient in every other project environment.
+    with owner_scope(environment_id):
+        return _unsubscribe(request, user_id, category)
+
+
+def _unsubscribe(request: HttpRequest, user_id: str, category: str) -> HttpResponse:
+    """Confirm, or do, the unsubscribe of the recipient `user_id` of the scope's environment from `category`."""
     recipient = selectors.recipient_get(user_id=user_id)
     if recipient is None or not is_optional(category):
         return _page(request, 404, error="There is nothing to unsubscribe from with this link.")

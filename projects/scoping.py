@@ -47,6 +47,19 @@ def current_environment_id() -> int | None:
     return _owner.get()
 
 
+def scope_environment_id() -> int:
+    """Return the environment of the work at hand; raise LookupError outside any scope.
+
+    For lookups by a name the caller chose (a user id): every project environment may have a row of that name,
+    and outside a scope the lookup would find any of them (as the inbox token's and the signed links' pages did
+    before they entered their recipient's scope). Such a lookup fails loudly instead.
+    """
+    found = _owner.get()
+    if found is None:
+        raise LookupError("a lookup by a caller's name outside any owner's scope (projects.scoping.owner_scope)")
+    return found
+
+
 def owner_default() -> int:
     """Return the owner a new row gets when its code names none: the scope's, else the default live environment."""
     found = _owner.get()

@@ -35,6 +35,7 @@ from notifier.inbox.apis import (
     _recipient_or_404,
 )
 from notifier.inbox.rate_limit import InboxTokenRateThrottle
+from notifier.inbox.selectors import inbox_recipient_get
 from notifier.inbox.serializers import (
     InboxItemSerializer,
     InboxMeOutput,
@@ -46,7 +47,11 @@ from notifier.inbox.serializers import (
 )
 from notifier.inbox.services import inbox_token_create
 from notifier.inbox.tokens import InboxPrincipal, inbox_token_verify
+from preferences.selectors import recipient_environment_id
 from preferences.services import preference_link, recipient_ensure
+from projects.models import DEFAULT_PROJECT_SLUG
+from projects.scoping import enter_request_owner, owner_scope
+from projects.selectors import ProjectNotFound, environment_of
 
 if TYPE_CHECKING:
     from rest_framework.permissions import _PermissionClass
@@ -72,6 +77,14 @@ class InboxTokenAuthentication(authentication.BaseAuthentication):
         principal = inbox_token_verify(token)
         if principal is None:
             raise exceptions.AuthenticationFailed("Invalid or expired inbox token.")
+        environment_id = principal.environment_id
+        if environment_id is None:  # a token minted before tokens named their owner
+            environment_id = recipient_environment_id(recipient_id=principal.recipient_id)
+            if environment_id is None:
+                raise exceptions.AuthenticationFailed("Invalid or expired inbox token.")
+        # The token's recipient's environment is the request's owner, as an API key's is (projects.scoping): the
+        # views find the inbox by the token's user id, which names another recipient in every other environment.
+        enter_request_owner(environment_id)
         return principal, token
 
     def authenticate_header(self, request: Request) -> str:
@@ -273,10 +286,22 @@ justify-content:space-between;align-items:center;max-width:40rem}}</style></head
 
 
 def demo_page(request: HttpRequest) -> HttpResponse:
-    """Show the widget for one recipient (the demo user by default). Development only: it mints tokens freely."""
+    """Show the widget for one recipient (the demo user by default). Development only: it mints tokens freely.
+
+    The recipient is the one of `?project=` (`default` unless given), in its live environment (`?mode=test`: its
+    test environment): a user id names a recipient in every project environment.
+    """
     if not (settings.DEBUG or settings.INBOX_DEMO_ENABLED):
         raise Http404
-    recipient = _recipient_or_404(request.GET.get("user_id") or settings.INBOX_DEMO_USER_ID)
+    mode = "test" if request.GET.get("mode") == "test" else "live"
+    try:
+        environment = environment_of(project=request.GET.get("project") or DEFAULT_PROJECT_SLUG, mode=mode)
+    except ProjectNotFound:
+        raise Http404 from None
+    with owner_scope(environment.pk):
+        recipient = inbox_recipient_get(user_id=request.GET.get("user_id") or settings.INBOX_DEMO_USER_ID)
+    if recipient is None:
+        raise Http404
     token, _ = inbox_token_create(recipient=recipient, ttl_seconds=settings.INBOX_TOKEN_DEFAULT_TTL_SECONDS)
     base_url = request.build_absolute_uri("/").rstrip("/")
     # ?locale=de shows the widget in another language than the recipient's own.

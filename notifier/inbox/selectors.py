@@ -8,6 +8,7 @@ from notifier.deliveries.models import Delivery
 from notifier.deliveries.partitions import notification_range_of_delivery
 from notifier.tracking.services import is_web_url
 from preferences.models import Recipient
+from projects.scoping import scope_environment_id
 
 INBOX_CHANNEL = "inapp"
 # An in-app delivery shows once the worker has stored it (`sent`); reading it moves it to `opened`.
@@ -16,8 +17,11 @@ READABLE_STATUSES = (Delivery.Status.SENT, Delivery.Status.DELIVERED)
 
 
 def inbox_recipient_get(*, user_id: str) -> Recipient | None:
-    """Return the recipient whose inbox this is, or None if unknown or erased."""
-    return Recipient.objects.filter(user_id=user_id, erased_at__isnull=True).first()
+    """Return the recipient of the scope's environment whose inbox this is, or None if unknown or erased."""
+    # Every project environment may have a recipient `user_id`: found only within one (an API key's, a token's).
+    return Recipient.objects.filter(
+        environment_id=scope_environment_id(), user_id=user_id, erased_at__isnull=True
+    ).first()
 
 
 def inbox_queryset(*, recipient: Recipient) -> QuerySet[Delivery]:

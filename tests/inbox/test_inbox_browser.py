@@ -7,20 +7,26 @@ namespace's database and broker; the widget test drives Debian's headless Chromi
 from __future__ import annotations
 
 import json
+import re
 import socket
 import threading
+import time
 import urllib.request
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+from django.core import signing
+from django.test import Client
 from rest_framework.test import APIClient
 
 from notifier.accepting.services import notification_accept
 from notifier.deliveries.models import Delivery
+from notifier.inbox.tokens import SALT as INBOX_TOKEN_SALT
 from notifier.inbox.tokens import inbox_token_mint
 from preferences.models import Recipient
 from preferences.services import recipient_upsert
+from projects.services import project_create
 from templates_app.services import template_put
 from tests import factories
 from tests.conftest import bearer_client, free_port, wait_for
@@ -156,6 +162,40 @@ def test_an_inbox_token_for_a_user_never_seen_creates_the_recipient_as_a_send_wo
     # A second token for the same user finds the recipient: no second row.
     assert api.post("/api/v1/recipients/first-visit/inbox-token", {}, format="json").status_code == 200
     assert Recipient.objects.filter(user_id="first-visit").count() == 1
+
+
+@pytest.mark.django_db
+def test_a_token_opens_the_inbox_of_its_own_environments_recipient_of_that_user_id() -> None:
+    """The user id `twice` names a recipient in two project environments: each token reads its own."""
+    project = project_create(slug="elsewhere")
+    ours = make_recipient(user_id="twice", locale="en")  # the default project's
+    theirs = make_recipient(user_id="twice", locale="de", environment=project.environments.get(name="live"))
+    for recipient in (ours, theirs):
+        token, _ = inbox_token_mint(recipient=recipient, ttl_seconds=600)
+        assert bearer_client(token).get("/inbox/v1/me").json()["locale"] == recipient.locale
+    # A token minted before tokens named their environment: its recipient row says which.
+    claims = {"r": theirs.pk, "u": "twice", "e": int(time.time()) + 600}
+    token = signing.dumps(claims, salt=INBOX_TOKEN_SALT, compress=True)
+    assert bearer_client(token).get("/inbox/v1/me").json()["locale"] == "de"
+
+
+@pytest.mark.django_db
+def test_the_demo_page_shows_the_recipient_of_the_project_environment_asked_for(settings: Any) -> None:
+    settings.INBOX_DEMO_ENABLED = True
+    project = project_create(slug="elsewhere")
+    make_recipient(user_id="twice", locale="en")  # the default project's live one
+    make_recipient(user_id="twice", locale="de", environment=project.environments.get(name="test"))
+
+    def locale_of(query: str) -> str:
+        page = Client().get(f"/inbox/demo/?user_id=twice{query}")
+        assert page.status_code == 200, page.content[:300]
+        token = re.search(r'token="([^"]+)"', page.content.decode()).group(1)
+        return str(bearer_client(token).get("/inbox/v1/me").json()["locale"])
+
+    assert locale_of("") == "en"
+    assert locale_of("&project=elsewhere&mode=test") == "de"
+    assert Client().get("/inbox/demo/?user_id=twice&project=elsewhere").status_code == 404  # none in its live one
+    assert Client().get("/inbox/demo/?user_id=twice&project=nowhere").status_code == 404
 
 
 @pytest.mark.django_db

@@ -16,6 +16,8 @@ from notifier.clients.services import api_client_create
 from notifier.deliveries.models import Delivery
 from preferences.models import Recipient
 from preferences.services import preference_link, preference_token, preference_token_read, recipient_upsert
+from projects.models import DEFAULT_LIVE_ENVIRONMENT_ID
+from projects.scoping import owner_id
 from templates_app.services import template_put
 from tests.conftest import wait_for
 
@@ -47,7 +49,7 @@ def test_link_api_returns_a_signed_expiring_url(api: Any, settings: Any) -> None
     assert response.status_code == 200, response.content
     body = response.json()
     token = _path(body["url"], settings).rsplit("/", 1)[1]
-    assert preference_token_read(token) == "u-link"
+    assert preference_token_read(token) == ("u-link", DEFAULT_LIVE_ENVIRONMENT_ID)
     assert body["expires_at"].endswith("Z")
     # Unknown recipients and out-of-range lifetimes are refused with the usual error shapes.
     assert api.post("/api/v1/recipients/nobody/preference-link", {}, format="json").status_code == 404
@@ -145,10 +147,13 @@ def test_tampered_expired_and_foreign_links_are_clear_4xx_pages(settings: Any) -
     assert tampered.status_code == 404 and "This link is not valid" in tampered.content.decode()
     assert Client().post(url[:-4] + "AAAA", FORM_DEFAULTS).status_code == 404
     # A token signed for another purpose (the unsubscribe salt) is not a preference link.
-    other = signing.Signer(salt="preferences.unsubscribe").sign(f"dS1iYWQ.{signing.b62_encode(2**40)}")
-    assert preference_token(user_id="u-bad", expires_at=2**40).rsplit(":", 1)[0] == other.rsplit(":", 1)[0]
+    owner = owner_id(recipient)
+    value = f"dS1iYWQ.{signing.b62_encode(2**40)}.{signing.b62_encode(owner)}"
+    other = signing.Signer(salt="preferences.unsubscribe").sign(value)
+    mine = preference_token(user_id="u-bad", environment_id=owner, expires_at=2**40)
+    assert mine.rsplit(":", 1)[0] == other.rsplit(":", 1)[0]
     assert Client().get(f"/preferences/{other}").status_code == 404
-    expired = preference_token(user_id="u-bad", expires_at=1_000_000_000)
+    expired = preference_token(user_id="u-bad", environment_id=owner, expires_at=1_000_000_000)
     page = Client(HTTP_ACCEPT_LANGUAGE="de-DE,de;q=0.9").get(f"/preferences/{expired}")
     assert page.status_code == 410 and "Dieser Link ist abgelaufen" in page.content.decode()
     # An erased recipient has no preferences to show.
@@ -156,6 +161,16 @@ def test_tampered_expired_and_foreign_links_are_clear_4xx_pages(settings: Any) -
 
     recipient_erase(recipient=recipient)
     assert Client().get(url).status_code == 404
+
+
+@pytest.mark.django_db
+def test_links_minted_before_links_named_their_environment_name_the_default_live_one() -> None:
+    recipient_upsert(user_id="u-before", quiet_start="22:00", quiet_end="07:00")
+    value = f"dS1iZWZvcmU.{signing.b62_encode(2**40)}"  # `<b64 user_id>.<b62 expiry>`, no environment
+    token = signing.Signer(salt="preferences.center").sign(value)
+    assert preference_token_read(token) == ("u-before", DEFAULT_LIVE_ENVIRONMENT_ID)
+    page = Client().get(f"/preferences/{token}")
+    assert page.status_code == 200 and 'value="22:00' in page.content.decode()
 
 
 @pytest.mark.django_db(transaction=True)
@@ -191,10 +206,10 @@ def test_sent_messages_carry_the_recipients_preference_link(start_worker: Any, s
     link = re.search(r"Benachrichtigungseinstellungen verwalten: (\S+)", email["text"]).group(1)
     assert "/unsubscribe/" in re.search(r"Abmelden: (\S+)", email["text"]).group(1)
     assert f'<a href="{link}">' in email["html"]
-    assert preference_token_read(link.rsplit("/", 1)[1]) == "u-mail"
+    assert preference_token_read(link.rsplit("/", 1)[1])[0] == "u-mail"
     # {{ preferences_url }} in a template: each recipient gets their own link, though rendering is shared.
-    assert preference_token_read(sms["text"].rsplit("/", 1)[1]) == "u-mail"
-    assert preference_token_read(sms2["text"].rsplit("/", 1)[1]) == "u-mail2"
+    assert preference_token_read(sms["text"].rsplit("/", 1)[1])[0] == "u-mail"
+    assert preference_token_read(sms2["text"].rsplit("/", 1)[1])[0] == "u-mail2"
     assert Client().get(_path(link, settings)).status_code == 200
     # Security email is not optional: no footer.
     assert "/preferences/" not in by_delivery[otp[0].pk]["text"]

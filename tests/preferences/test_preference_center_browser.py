@@ -9,6 +9,7 @@ import pytest
 
 from audit.models import AuditEntry
 from preferences.services import preference_token, recipient_upsert
+from projects.models import DEFAULT_LIVE_ENVIRONMENT_ID
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -153,7 +154,7 @@ def test_expired_and_tampered_links_show_a_4xx_page(
     driver.get(url[:-3] + "xyz")
     assert driver.find_element(By.TAG_NAME, "h1").text == "This link is not valid"
     assert driver.title == "This link is not valid"
-    expired = preference_token(user_id="u-old", expires_at=1_000_000_000)
+    expired = preference_token(user_id="u-old", environment_id=DEFAULT_LIVE_ENVIRONMENT_ID, expires_at=1_000_000_000)
     driver.get(f"{live_server.url}/preferences/{expired}")
     assert driver.find_element(By.TAG_NAME, "h1").text == "This link has expired"
     assert not driver.find_elements(By.TAG_NAME, "form")

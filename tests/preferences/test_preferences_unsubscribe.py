@@ -12,11 +12,13 @@ from preferences.compliance import evaluate
 from preferences.models import Recipient
 from preferences.services import (
     UNSUBSCRIBE_SALT,
+    _unsubscribe_mac,
     recipient_upsert,
     unsubscribe_token,
     unsubscribe_token_read,
     unsubscribe_url,
 )
+from projects.models import DEFAULT_LIVE_ENVIRONMENT_ID
 
 urlpatterns = [path("", include("preferences.unsubscribe_urls"))]
 
@@ -66,9 +68,9 @@ def test_tampered_or_foreign_tokens_are_rejected(settings: Settings) -> None:
 def test_a_token_names_its_recipient_and_category_and_any_change_breaks_it() -> None:
     recipient, _ = recipient_upsert(user_id="team/u-7")
     token = unsubscribe_token(recipient=recipient, category="social")
-    assert unsubscribe_token_read(token) == ("team/u-7", "social")
+    assert unsubscribe_token_read(token) == ("team/u-7", "social", recipient.environment_id)
     other, _ = recipient_upsert(user_id="team/u-8")
-    forged = unsubscribe_token(recipient=other, category="social").split(".")[0] + "." + token.split(".")[1]
+    forged = unsubscribe_token(recipient=other, category="social").rsplit(".", 1)[0] + "." + token.rsplit(".", 1)[1]
     with pytest.raises(signing.BadSignature):
         unsubscribe_token_read(forged)
 
@@ -76,6 +78,16 @@ def test_a_token_names_its_recipient_and_category_and_any_change_breaks_it() -> 
 def test_links_signed_in_the_earlier_format_still_work() -> None:
     recipient, _ = recipient_upsert(user_id="u-old", category_prefs={})
     token = signing.dumps({"r": "u-old", "c": "social"}, salt=UNSUBSCRIBE_SALT)
+    assert Client().post(f"/unsubscribe/{token}").status_code == 200
+    recipient.refresh_from_db()
+    assert recipient.category_prefs["social"]["enabled"] is False
+
+
+def test_compact_links_sent_before_links_named_their_environment_name_the_default_live_one() -> None:
+    recipient, _ = recipient_upsert(user_id="u-compact", category_prefs={})
+    payload = unsubscribe_token(recipient=recipient, category="social").split(".")[0]
+    token = f"{payload}.{_unsubscribe_mac(payload)}"  # `<base64 user_id/category>.<hmac>`, no environment
+    assert unsubscribe_token_read(token) == ("u-compact", "social", DEFAULT_LIVE_ENVIRONMENT_ID)
     assert Client().post(f"/unsubscribe/{token}").status_code == 200
     recipient.refresh_from_db()
     assert recipient.category_prefs["social"]["enabled"] is False

@@ -225,3 +225,21 @@ def test_a_bounce_suppresses_for_every_project_even_where_one_had_suppressed_it_
     own = suppression_add(channel="email", address="y@example.com", source="manual", environment_id=a.environment_id)
     assert own.environment_id == a.environment_id
     assert not suppressed_addresses([("email", "y@example.com")], environment_id=b.environment_id)
+
+
+def test_a_lookup_by_user_id_needs_a_scope(keys: dict[str, tuple[Any, Any]]) -> None:
+    """Outside any scope a user id names a recipient in every environment: the lookup fails instead of picking one."""
+    from notifier.inbox.selectors import inbox_recipient_get
+    from preferences.selectors import recipient_get
+    from projects.scoping import owner_scope
+
+    (a, a_api), (b, b_api) = keys["a"], keys["b"]
+    for api, email in ((a_api, "ann@a.example"), (b_api, "bob@b.example")):
+        assert api.put("/api/v1/recipients/u-1", {"email": email}, format="json").status_code == 201
+    for lookup in (recipient_get, inbox_recipient_get):
+        with pytest.raises(LookupError):
+            lookup(user_id="u-1")
+        for client, email in ((a, "ann@a.example"), (b, "bob@b.example")):
+            with owner_scope(client.environment_id):
+                found = lookup(user_id="u-1")
+            assert found is not None and found.email == email

@@ -57,7 +57,7 @@ PAYLOAD = {
 
 
 def _signed_user(link: str) -> str | None:
-    return preference_token_read(link.rstrip("/").rsplit("/", 1)[1])
+    return preference_token_read(link.rstrip("/").rsplit("/", 1)[1])[0]
 
 
 def test_a_payload_imitating_the_stand_in_is_never_replaced_by_a_signed_link(

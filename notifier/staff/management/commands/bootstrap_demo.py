@@ -63,7 +63,8 @@ class Command(BaseCommand):
                 recipient_upsert(user_id="u-42", email="u42@example.com", phone="+15005550006", locale="en")
             self.stdout.write(f"Demo API key, {mode} (also in var/{file_name}): {raw_key}")
         if settings.DEBUG or settings.INBOX_DEMO_ENABLED:
-            self.stdout.write(f"Live inbox of u-42 in a browser: {settings.INBOX_PUBLIC_URL}/inbox/demo/")
+            page = f"{settings.INBOX_PUBLIC_URL}/inbox/demo/?project={DEMO_PROJECT}"
+            self.stdout.write(f"Live inbox of u-42 in a browser: {page}")
 
     def _key(self, *, name: str, mode: str, file_name: str) -> tuple[ApiClient, str]:
         """Return the demo client `name` and its raw key (kept in var/), creating or re-keying it if needed."""
