@@ -24,6 +24,8 @@ class ApiClient(models.Model):
         on_delete=models.PROTECT,
         related_name="clients",
         default=DEFAULT_LIVE_ENVIRONMENT_ID,
+        # Rows inserted by SQL (tests, scripts) land where the ORM's unscoped rows do, as every owner column.
+        db_default=DEFAULT_LIVE_ENVIRONMENT_ID,
     )
     name = models.CharField(max_length=128, unique=True)
     key_prefix = models.CharField(max_length=16, db_index=True)

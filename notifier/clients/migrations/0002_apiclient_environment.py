@@ -15,6 +15,7 @@ class Migration(migrations.Migration):
             model_name="apiclient",
             name="environment",
             field=models.ForeignKey(
+                db_default=1,
                 default=1,
                 on_delete=django.db.models.deletion.PROTECT,
                 related_name="clients",
