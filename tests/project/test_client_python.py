@@ -526,6 +526,74 @@ def test_workflows_put_get_list_and_send(notifier: Notifier) -> None:
     assert notifier.get(sent.id).steps[0]["status"] == "pending"
 
 
+def test_promotion_from_test_to_live_and_rollbacks(server: dict[str, Any], notifier: Notifier) -> None:
+    _, test_key = api_client_create(name="py-client-test", scopes=list(SCOPES), mode="test")
+    steps = [{"id": "mail", "type": "send", "channel": "email", "template": "promo"}]
+    with Notifier(base_url=server["base_url"], api_key=test_key, retry=FAST) as staging:
+        staging.put_layout("promo-brand", html="<div>{{ content }}</div>")
+        staging.put_template("promo", category="transactional", content=CONTENT, layout="promo-brand")
+        staging.put_workflow("promo-flow", category="transactional", steps=steps)
+        candidates = {(c.kind, c.key): c for c in staging.promotions()}
+    assert {("layout", "promo-brand"), ("template", "promo"), ("workflow", "promo-flow")} <= set(candidates)
+    template = candidates["template", "promo"]
+    assert (template.test_version, template.live_version) == (1, None) and "Order {{ order_id }}" in template.diff
+    # Either environment's key may promote; the items are written layouts first, whatever their order here.
+    results = notifier.promote(
+        [
+            {"kind": "workflow", "key": "promo-flow"},
+            {"kind": "template", "key": "promo"},
+            {"kind": "layout", "key": "promo-brand"},
+            {"kind": "layout", "key": "nowhere"},
+        ]
+    )
+    assert [(r.kind, r.key, r.status, r.live_version, r.promoted) for r in results[:3]] == [
+        ("workflow", "promo-flow", 200, 1, True),
+        ("template", "promo", 200, 1, True),
+        ("layout", "promo-brand", 200, 1, True),
+    ]
+    assert (results[3].status, results[3].live_version, results[3].promoted) == (404, None, False)
+    assert isinstance(results[3].error, NotFoundError) and results[3].error.code == "not_found"
+    assert notifier.get_template("promo").published_version == 1
+    assert not {("template", "promo"), ("layout", "promo-brand")} & {(c.kind, c.key) for c in notifier.promotions()}
+
+    # Rollbacks, in live: each publishes the earlier version again as the next one.
+    notifier.put_template("promo", category="transactional", content={"en": {"email": {"subject": "v2", "text": "2"}}})
+    rolled = notifier.rollback_template("promo", version=1)
+    assert (rolled.key, rolled.version, rolled.published) == ("promo", 3, True)
+    assert notifier.get_template("promo").published_version == 3
+    assert notifier.get_template_version("promo", 3).content == CONTENT
+    with pytest.raises(NotFoundError):
+        notifier.rollback_template("promo", version=99)
+    with pytest.raises(BadRequestError) as bad:
+        notifier.rollback_template("promo", version=0)
+    assert "version" in bad.value.fields
+    notifier.put_layout("promo-brand", html="<p>{{ content }}</p>")
+    layout = notifier.rollback_layout("promo-brand", version=1)
+    assert (layout.key, layout.version) == ("promo-brand", 3)
+    assert notifier.get_layout("promo-brand").html == "<div>{{ content }}</div>"
+    notifier.put_workflow(
+        "promo-flow", category="transactional", steps=[*steps, {"id": "w", "type": "delay", "seconds": 5}]
+    )
+    workflow = notifier.rollback_workflow("promo-flow", version=1)
+    assert (workflow.key, workflow.version, len(workflow.raw["steps"])) == ("promo-flow", 3, 1)
+    with pytest.raises(NotFoundError):
+        notifier.rollback_workflow("no-such-flow", version=1)
+
+    async def via_async() -> tuple[list[str], int, int, int]:
+        async with AsyncNotifier(base_url=server["base_url"], api_key=server["api_key"], retry=FAST) as client:
+            listed = [c.key for c in await client.promotions()]
+            promoted = await client.promote([{"kind": "template", "key": "nowhere"}])
+            again = await client.rollback_template("promo", version=2)
+            layout = await client.rollback_layout("promo-brand", version=2)
+            workflow = await client.rollback_workflow("promo-flow", version=2)
+            assert promoted[0].status == 404 and isinstance(promoted[0].error, NotFoundError)
+            assert workflow.version is not None
+            return listed, again.version, layout.version, workflow.version
+
+    listed, template_version, layout_version, workflow_version = asyncio.run(via_async())
+    assert "promo" not in listed and (template_version, layout_version, workflow_version) == (4, 4, 4)
+
+
 def test_event_endpoint_lifecycle(notifier: Notifier, settings: Any) -> None:
     settings.WEBHOOK_ALLOW_PRIVATE_TARGETS = True
     created = notifier.set_event_endpoint(url="http://127.0.0.1:9/events", events=["delivery.sent"], max_batch=10)

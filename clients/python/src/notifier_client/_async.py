@@ -28,6 +28,8 @@ from notifier_client.models import (
     PreferenceLink,
     Preferences,
     Preview,
+    PromotionCandidate,
+    PromotionResult,
     Recipient,
     SandboxMessage,
     Stats,
@@ -373,6 +375,14 @@ class AsyncNotifier:
         """Return an email layout in its current version."""
         return await self.call(_core.get_layout(key))
 
+    async def rollback_template(self, key: str, *, version: int) -> TemplateVersion:
+        """Publish an earlier version of a template again, as its next version (answers that new version)."""
+        return await self.call(_core.rollback_template(key, version=version))
+
+    async def rollback_layout(self, key: str, *, version: int) -> Layout:
+        """Use an earlier version of an email layout again, as its next version (answers key and new version)."""
+        return await self.call(_core.rollback_layout(key, version=version))
+
     # --- Workflows ---------------------------------------------------------------------------------------------
 
     async def put_workflow(self, key: str, *, category: str, steps: Sequence[Mapping[str, Any]]) -> Workflow:
@@ -386,6 +396,20 @@ class AsyncNotifier:
     def workflows(self, *, limit: int | None = None) -> AsyncIterator[Workflow]:
         """Iterate over the workflows, page by page."""
         return self._iterate(_core.list_workflows, limit=limit)
+
+    async def rollback_workflow(self, key: str, *, version: int) -> Workflow:
+        """Run an earlier version of a workflow again, as its next version (answers that new version)."""
+        return await self.call(_core.rollback_workflow(key, version=version))
+
+    # --- Promotion from test to live ---------------------------------------------------------------------------
+
+    async def promotions(self) -> list[PromotionCandidate]:
+        """Return every layout, template and workflow whose test version differs from live's, with a diff."""
+        return await self.call(_core.promotions())
+
+    async def promote(self, items: Sequence[Mapping[str, Any]]) -> list[PromotionResult]:
+        """Copy each item's (`{"kind": "template", "key": ...}`) test version to live; one result per item."""
+        return await self.call(_core.promote(items))
 
     # --- Campaigns ---------------------------------------------------------------------------------------------
 

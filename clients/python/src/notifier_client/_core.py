@@ -34,6 +34,8 @@ from notifier_client.models import (
     PreferenceLink,
     Preferences,
     Preview,
+    PromotionCandidate,
+    PromotionResult,
     Recipient,
     SandboxMessage,
     Stats,
@@ -539,6 +541,17 @@ def get_layout(key: str) -> Call[Layout]:
     return Call("GET", f"layouts/{_seg(key)}", Layout.from_api)
 
 
+def rollback_template(key: str, *, version: int) -> Call[TemplateVersion]:
+    """POST /templates/{key}/rollback: publish an earlier version again, as the next version."""
+    path = f"templates/{_seg(key)}/rollback"
+    return Call("POST", path, lambda b: TemplateVersion.from_api(b, key), json={"version": int(version)})
+
+
+def rollback_layout(key: str, *, version: int) -> Call[Layout]:
+    """POST /layouts/{key}/rollback: use an earlier version again, as the next version."""
+    return Call("POST", f"layouts/{_seg(key)}/rollback", Layout.from_api, json={"version": int(version)})
+
+
 # --- Workflows ---------------------------------------------------------------------------------------------
 
 
@@ -553,9 +566,29 @@ def get_workflow(key: str) -> Call[Workflow]:
     return Call("GET", f"workflows/{_seg(key)}", Workflow.from_api)
 
 
+def rollback_workflow(key: str, *, version: int) -> Call[Workflow]:
+    """POST /workflows/{key}/rollback: run an earlier version again, as the next version."""
+    path = f"workflows/{_seg(key)}/rollback"
+    return Call("POST", path, lambda b: Workflow.from_api({"key": key, **b}), json={"version": int(version)})
+
+
 def list_workflows(*, cursor: str | None = None, limit: int | None = None) -> Call[Page[Workflow]]:
     """GET /workflows (one page)."""
     return Call("GET", "workflows", _page(Workflow.from_api), params=_query(cursor, limit=limit))
+
+
+# --- Promotion from test to live ---------------------------------------------------------------------------
+
+
+def promotions() -> Call[list[PromotionCandidate]]:
+    """GET /promotion: every layout, template and workflow whose test version differs from live's (one list)."""
+    return Call("GET", "promotion", lambda b: [PromotionCandidate.from_api(item) for item in b["results"]])
+
+
+def promote(items: Sequence[Mapping[str, Any]]) -> Call[list[PromotionResult]]:
+    """POST /promotion: copy each item's (`{"kind", "key"}`) test version to live; one result per item, in order."""
+    body = {"items": [dict(item) for item in items]}  # as given: the server checks each alone, a bad one fails alone
+    return Call("POST", "promotion", lambda b: [PromotionResult.from_api(item) for item in b["results"]], json=body)
 
 
 # --- Campaigns ---------------------------------------------------------------------------------------------

@@ -27,6 +27,8 @@ from notifier_client.models import (
     PreferenceLink,
     Preferences,
     Preview,
+    PromotionCandidate,
+    PromotionResult,
     Recipient,
     SandboxMessage,
     Stats,
@@ -370,6 +372,14 @@ class Notifier:
         """Return an email layout in its current version."""
         return self.call(_core.get_layout(key))
 
+    def rollback_template(self, key: str, *, version: int) -> TemplateVersion:
+        """Publish an earlier version of a template again, as its next version (answers that new version)."""
+        return self.call(_core.rollback_template(key, version=version))
+
+    def rollback_layout(self, key: str, *, version: int) -> Layout:
+        """Use an earlier version of an email layout again, as its next version (answers key and new version)."""
+        return self.call(_core.rollback_layout(key, version=version))
+
     # --- Workflows ---------------------------------------------------------------------------------------------
 
     def put_workflow(self, key: str, *, category: str, steps: Sequence[Mapping[str, Any]]) -> Workflow:
@@ -383,6 +393,20 @@ class Notifier:
     def workflows(self, *, limit: int | None = None) -> Iterator[Workflow]:
         """Iterate over the workflows, page by page."""
         return self._iterate(_core.list_workflows, limit=limit)
+
+    def rollback_workflow(self, key: str, *, version: int) -> Workflow:
+        """Run an earlier version of a workflow again, as its next version (answers that new version)."""
+        return self.call(_core.rollback_workflow(key, version=version))
+
+    # --- Promotion from test to live ---------------------------------------------------------------------------
+
+    def promotions(self) -> list[PromotionCandidate]:
+        """Return every layout, template and workflow whose test version differs from live's, with a diff."""
+        return self.call(_core.promotions())
+
+    def promote(self, items: Sequence[Mapping[str, Any]]) -> list[PromotionResult]:
+        """Copy each item's (`{"kind": "template", "key": ...}`) test version to live; one result per item."""
+        return self.call(_core.promote(items))
 
     # --- Campaigns ---------------------------------------------------------------------------------------------
 

@@ -6,6 +6,8 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
 
+from notifier_client.errors import NotifierError, error_for
+
 
 def parse_time(value: Any) -> dt.datetime | None:
     """Parse an ISO 8601 time as the API writes it ("...Z" or "+00:00"); None stays None."""
@@ -338,6 +340,55 @@ class Layout:
         return cls(
             key=data["key"], version=int(data["version"]), html=data.get("html") or "", text=data.get("text") or "",
             raw=data,
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class PromotionCandidate:
+    """A layout, template or workflow whose version in test differs from live's, with the diff to review."""
+
+    kind: str  # "layout", "template" or "workflow"
+    key: str
+    test_version: int
+    live_version: int | None  # None: live has none yet
+    diff: str = ""
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_api(cls, data: dict[str, Any]) -> PromotionCandidate:
+        """Build from the API's JSON."""
+        live = data.get("live_version")
+        return cls(
+            kind=data["kind"], key=data["key"], test_version=int(data["test_version"]),
+            live_version=int(live) if live is not None else None, diff=data.get("diff") or "", raw=data,
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class PromotionResult:
+    """One promoted item's result, in the item's place: live's new version, or the error this item alone had."""
+
+    kind: str
+    key: str
+    status: int  # the HTTP status this item would have had alone: 200 promoted
+    live_version: int | None = None
+    error: NotifierError | None = None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def promoted(self) -> bool:
+        """Return whether live has the item's test version now."""
+        return self.error is None
+
+    @classmethod
+    def from_api(cls, data: dict[str, Any]) -> PromotionResult:
+        """Build from the API's JSON (an item with an error gets the error class its status maps to)."""
+        status = int(data.get("status") or 200)
+        live = data.get("live_version")
+        return cls(
+            kind=data.get("kind") or "", key=data.get("key") or "", status=status,
+            live_version=int(live) if live is not None else None,
+            error=error_for(status, data) if "error" in data or status >= 400 else None, raw=data,
         )  # fmt: skip
 
 

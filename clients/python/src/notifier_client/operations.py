@@ -58,12 +58,18 @@ OPERATIONS: dict[str, str | None] = {
     "template_get": "get_template",
     "template_version_get": "get_template_version",
     "template_preview": "preview_template",
+    "template_rollback": "rollback_template",
     "layout_put": "put_layout",
     "layout_get": "get_layout",
+    "layout_rollback": "rollback_layout",
     # Workflows
     "workflows_list": "workflows",
     "workflow_put": "put_workflow",
     "workflow_get": "get_workflow",
+    "workflow_rollback": "rollback_workflow",
+    # Promotion from test to live
+    "promotion_list": "promotions",
+    "promotion_apply": "promote",
     # Campaigns
     "campaigns_list": "campaigns",
     "campaign_create": "create_campaign",
