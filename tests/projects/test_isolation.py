@@ -19,6 +19,7 @@ from notifier.deliveries.selectors import delivery_rendered
 from notifier.inbox import fanout as inbox_fanout
 from preferences.models import Recipient, Suppression, Topic
 from projects.models import Environment
+from projects.scoping import owner_id
 from projects.services import project_create
 from templates_app.models import Template
 from tests.conftest import purge_all_queues
@@ -196,7 +197,8 @@ def test_create_project_and_keys_from_the_command_line(capsys: pytest.CaptureFix
 
     client = ApiClient.objects.get(name="shop-staging")
     assert key.startswith("ntf_") and client.mode == "test"
-    assert client.environment.project.slug == "shop" and client.environment.name == "test"
+    environment = Environment.objects.select_related("project").get(pk=owner_id(client))
+    assert environment.project.slug == "shop" and environment.name == "test"
     from django.core.management.base import CommandError
 
     with pytest.raises(CommandError, match="unknown project"):
