@@ -20,6 +20,8 @@ from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from core.chat import CHAT_CHANNELS
+
 ROOT = Path(__file__).resolve().parent.parent
 # BENCH_NS gives a run its own database and vhost (several people benchmarking on one box).
 _NS = os.environ.get("BENCH_NS", "")
@@ -41,7 +43,7 @@ ENV = {
     "PYTHONUNBUFFERED": "1",
     "DJANGO_SETTINGS_MODULE": "config.settings",
 }
-SEND_QUEUES = [f"{c}.{p}" for c in ("push", "email", "sms", "inapp", "webhook") for p in ("high", "low")]
+SEND_QUEUES = [f"{c}.{p}" for c in ("push", "email", "sms", "inapp", "webhook", *CHAT_CHANNELS) for p in ("high", "low")]
 
 
 def parser(description: str) -> argparse.ArgumentParser:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 
+from core.chat import CHAT_CHANNELS
 from core.converters import ID_SCHEMA
 from core.database_url import parse_database_url
 from core.env import env
@@ -224,7 +225,8 @@ CELERY_TASK_ALWAYS_EAGER = False
 # The settings that make the broker hand-off durable are in config/celery.py; the queue topology in core/queues.py.
 
 # --- Channels, priorities and categories -------------------------------------------------------------
-CHANNELS = ["push", "email", "sms", "inapp", "webhook"]
+# The chat networks (core/chat.py: slack, teams, discord, telegram, whatsapp) are channels like the others.
+CHANNELS = ["push", "email", "sms", "inapp", "webhook", *CHAT_CHANNELS]
 # A category decides the default priority, the highest priority a request may ask for (max_priority; when left
 # out, the default priority is also the highest), whether a recipient may switch it off, and whether quiet
 # hours hold it back. A send's category is its template's (notifier/accepting/policy.py). Override with

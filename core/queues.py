@@ -22,9 +22,10 @@ from kombu.transport.native_delayed_delivery import (
     declare_native_delayed_delivery_exchanges_and_queues,
 )
 
+from core.chat import CHAT_CHANNELS
 from core.env import env
 
-CHANNELS = ("push", "email", "sms", "inapp", "webhook")
+CHANNELS = ("push", "email", "sms", "inapp", "webhook", *CHAT_CHANNELS)
 PRIORITY_QUEUES = ("high", "low")
 EXCHANGE = Exchange("notifier", type="topic", durable=True)
 DEAD_LETTER_EXCHANGE = Exchange("notifier.dlx", type="topic", durable=True)

@@ -65,6 +65,14 @@ DEFAULT_LIMITS: dict[str, dict[str, Any]] = {
     "twilio": {"rate": 100.0, "burst": 100.0, "high_reserve": 0.3},
     "sns": {"rate": 20.0, "burst": 20.0, "high_reserve": 0.3},
     "webhook": {"rate": 500.0, "burst": 500.0, "high_reserve": 0.2},
+    # Chat: Slack allows about one message per second per conversation with bursts (20/s across them is a safe
+    # start), a Teams or Discord webhook a few per second each, the Telegram Bot API 30/s, Twilio's WhatsApp
+    # senders 80/s.
+    "slack": {"rate": 20.0, "burst": 20.0, "high_reserve": 0.3},
+    "teams": {"rate": 20.0, "burst": 20.0, "high_reserve": 0.3},
+    "discord": {"rate": 30.0, "burst": 30.0, "high_reserve": 0.3},
+    "telegram": {"rate": 30.0, "burst": 30.0, "high_reserve": 0.3},
+    "twilio_whatsapp": {"rate": 80.0, "burst": 80.0, "high_reserve": 0.3},
 }
 # Fraction of the configured rate AIMD never cuts below, unless "min_rate" is given.
 DEFAULT_MIN_RATE_FRACTION = 0.05

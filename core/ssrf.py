@@ -14,6 +14,7 @@ import ipaddress
 import socket
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, NoReturn
+from urllib.parse import urlsplit
 
 import requests
 from requests.adapters import HTTPAdapter
@@ -77,6 +78,22 @@ def address_refusal(ip: IPAddress | str, *, allow_private: bool) -> str | None:
     if address.is_private or address.is_reserved or any(address in net for net in EXTRA_BLOCKED_NET_RANGES):
         return None if allow_private else "private"
     return None
+
+
+def url_refusal(url: str, *, allow_private: bool) -> str | None:
+    """Return why `url` must not be stored as a target, or None: not http(s), or a literal address refused.
+
+    A host name is not resolved here (it may change before it is used): the sender resolves and checks it on
+    every request. This is the check made when a caller hands us a URL (event endpoints, chat webhooks).
+    """
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "not an http(s) URL"
+    try:
+        ip = ipaddress.ip_address(parts.hostname.strip("[]"))
+    except ValueError:
+        return None
+    return address_refusal(ip, allow_private=allow_private)
 
 
 def resolve_target(host: str, port: int, *, allow_private: bool) -> IPAddress:

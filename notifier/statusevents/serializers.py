@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -11,19 +10,11 @@ from rest_framework import serializers
 from rest_framework.fields import SkipField
 
 from core.pagination import CursorQuerySerializer, cursor_page_serializer
-from core.ssrf import address_refusal
+from core.ssrf import url_refusal
 from notifier.statusevents.models import EventAttempt, EventEndpoint
 from notifier.statusevents.record import EVENT_STATUSES
 
 EVENT_TYPES = [f"delivery.{s}" for s in EVENT_STATUSES]
-
-
-def _address_refusal(host: str) -> str | None:
-    try:
-        ip = ipaddress.ip_address(host.strip("[]"))
-    except ValueError:
-        return None  # a name: resolved and checked on every request by the sender
-    return address_refusal(ip, allow_private=settings.WEBHOOK_ALLOW_PRIVATE_TARGETS)
 
 
 class EventEndpointInput(serializers.Serializer):
@@ -36,10 +27,10 @@ class EventEndpointInput(serializers.Serializer):
     max_batch = serializers.IntegerField(min_value=1, max_value=settings.EVENT_MAX_BATCH, default=1)
 
     def validate_url(self, value: str) -> str:
-        parts = urlsplit(value)
-        if parts.scheme not in ("http", "https"):
+        if urlsplit(value).scheme not in ("http", "https"):
             raise serializers.ValidationError("Only http and https URLs.")
-        reason = _address_refusal(parts.hostname or "")
+        # A literal address is judged now; a name is resolved and checked on every request by the sender.
+        reason = url_refusal(value, allow_private=settings.WEBHOOK_ALLOW_PRIVATE_TARGETS)
         if reason:
             raise serializers.ValidationError(f"This address is not allowed as a target ({reason}).")
         return value
