@@ -43,7 +43,8 @@ ENV = {
     "PYTHONUNBUFFERED": "1",
     "DJANGO_SETTINGS_MODULE": "config.settings",
 }
-SEND_QUEUES = [f"{c}.{p}" for c in ("push", "email", "sms", "inapp", "webhook", *CHAT_CHANNELS) for p in ("high", "low")]
+SEND_CHANNELS = ("push", "email", "sms", "inapp", "webhook", *CHAT_CHANNELS)
+SEND_QUEUES = [f"{c}.{p}" for c in SEND_CHANNELS for p in ("high", "low")]
 
 
 def parser(description: str) -> argparse.ArgumentParser:

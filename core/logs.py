@@ -45,7 +45,7 @@ SAFE_KEYS = frozenset(
 # Keys whose value is personal data or a credential as a whole, whatever it looks like.
 SENSITIVE_KEY = re.compile(
     r"(pass(word)?|secret|token|api[_-]?key|authorization|cookie|credential|signature|email|phone|address|"
-    r"webhook_url|to_address|recipient_address)",
+    r"webhook_url|to_address|recipient_address|chat)",
     re.IGNORECASE,
 )
 REDACTED = "[redacted]"

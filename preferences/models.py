@@ -18,6 +18,9 @@ class Recipient(models.Model):
     locale = models.CharField(max_length=35, blank=True, default="")
     timezone = models.CharField(max_length=64, blank=True, default="")
     webhook_url = models.URLField(max_length=2048, blank=True, default="")
+    # Chat addresses by network ({"slack": "U024BE7LH", "telegram": "123456789", "whatsapp": "+4915112345678",
+    # "teams": "https://…", "discord": "https://…"}), each checked for its network when it is set.
+    chat = models.JSONField(default=dict, blank=True, db_default={})
     # Preferences (see docs/preferences.md): global opt-out, per-channel switches {"sms": false}, per-category settings
     # {"marketing": {"enabled": true, "channels": ["email"], "frequency": "daily_digest"}}.
     opted_out = models.BooleanField(default=False)

@@ -13,7 +13,7 @@ from core.db import bound_cursor
 
 _PAGE_SQL = """
     SELECT s.id, r.id, r.user_id, r.email, r.phone, r.webhook_url, r.timezone, r.opted_out, r.channel_prefs,
-           r.category_prefs, r.quiet_start, r.quiet_end, r.erased_at, r.locale
+           r.category_prefs, r.quiet_start, r.quiet_end, r.erased_at, r.locale, r.chat
     FROM preferences_subscription s JOIN preferences_recipient r ON r.id = s.recipient_id
     WHERE s.topic_id = %s AND s.id > %s AND s.id <= %s
     ORDER BY s.id
@@ -25,7 +25,7 @@ def subscriber_page(cursor: Any, *, topic_id: int | None, after: int, upper: int
     """Return up to `size` subscribers of a topic with subscription ids in (after, upper], in id order.
 
     Each row: the subscription id, then the recipient's id, user_id, email, phone, webhook_url, timezone,
-    opted_out, channel_prefs, category_prefs, quiet_start, quiet_end, erased_at and locale.
+    opted_out, channel_prefs, category_prefs, quiet_start, quiet_end, erased_at, locale and chat addresses.
     """
     cursor.execute(_PAGE_SQL, [topic_id, after, upper, size])
     return list(cursor.fetchall())

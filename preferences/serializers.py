@@ -13,7 +13,9 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from core.categories import is_optional
+from core.chat import CHAT_CHANNELS, slack_address_error, telegram_address_error
 from core.pagination import CursorQuerySerializer, PageLimitField, cursor_page_serializer
+from core.ssrf import url_refusal
 from preferences import selectors
 from preferences.compliance import FREQUENCIES
 from preferences.models import Recipient, Topic
@@ -30,6 +32,69 @@ def _zones() -> frozenset[str]:
     return frozenset(zoneinfo.available_timezones())
 
 
+def chat_address_error(network: str, value: str) -> tuple[str, str | None]:
+    """Return the address as stored and why it is refused (None when it is valid) for one chat network."""
+    if network == "slack":
+        return value, slack_address_error(value)
+    if network == "telegram":
+        return value, telegram_address_error(value)
+    if network == "whatsapp":
+        try:
+            return phone_normalize(value), None
+        except InvalidPhoneNumber as exc:
+            return value, f"{exc} Expected E.164 such as +4915112345678."
+    # Teams and Discord: an incoming-webhook URL, judged by the SSRF guard as a webhook target is.
+    reason = url_refusal(value, allow_private=settings.WEBHOOK_ALLOW_PRIVATE_TARGETS)
+    if reason:
+        return value, f"Must be an http(s) webhook URL the service may reach ({reason})."
+    return value, None
+
+
+@extend_schema_field(
+    {
+        "type": "object",
+        "properties": {network: {"type": "string", "maxLength": 2048} for network in CHAT_CHANNELS},
+        "additionalProperties": False,
+        "nullable": True,
+    }
+)
+class ChatAddressesField(serializers.Field):
+    """A recipient's chat addresses by network; each is checked for its network, "" or null removes one."""
+
+    default_error_messages = {"invalid": "Expected an object of chat addresses by network."}
+
+    def to_internal_value(self, data: Any) -> dict[str, str]:
+        if not isinstance(data, dict):
+            self.fail("invalid")
+        errors: dict[str, list[str]] = {}
+        addresses: dict[str, str] = {}
+        for network, value in data.items():
+            if network not in CHAT_CHANNELS:
+                errors[str(network)] = [f"Unknown chat network; known: {', '.join(CHAT_CHANNELS)}."]
+                continue
+            if value is None or value == "":
+                continue
+            if not isinstance(value, str) or len(value) > 2048 or value != value.strip() or "\x00" in value:
+                errors[network] = ["Must be a string of at most 2048 characters."]
+                continue
+            stored, error = chat_address_error(network, value)
+            if error:
+                errors[network] = [error]
+            else:
+                addresses[network] = stored
+        if errors:
+            raise serializers.ValidationError(errors)
+        return addresses
+
+    def to_representation(self, value: Any) -> dict[str, str]:
+        return dict(value or {})
+
+    def validate_empty_values(self, data: Any) -> tuple[bool, Any]:
+        if data is None:
+            return True, {}
+        return super().validate_empty_values(data)
+
+
 class RecipientInputSerializer(serializers.Serializer):
     """Contact data of a recipient; fields left out keep their current value, null or "" clears them."""
 
@@ -38,6 +103,7 @@ class RecipientInputSerializer(serializers.Serializer):
     locale = serializers.CharField(max_length=35, required=False, allow_blank=True, allow_null=True)
     timezone = serializers.CharField(max_length=64, required=False, allow_blank=True, allow_null=True)
     webhook_url = serializers.URLField(max_length=2048, required=False, allow_blank=True, allow_null=True)
+    chat = ChatAddressesField(required=False, allow_null=True)
     tracking_opt_out = serializers.BooleanField(required=False)
 
     def validate_phone(self, value: str | None) -> str:
@@ -188,6 +254,7 @@ class RecipientOutputSerializer(serializers.Serializer):
     locale = serializers.CharField()
     timezone = serializers.CharField()
     webhook_url = serializers.CharField()
+    chat = serializers.DictField(child=serializers.CharField(), help_text="Chat addresses by network.")
     tracking_opt_out = serializers.BooleanField()
     devices = serializers.SerializerMethodField()
     preferences = serializers.SerializerMethodField()
@@ -222,6 +289,7 @@ class RecipientListItemSerializer(serializers.Serializer):
     locale = serializers.CharField()
     timezone = serializers.CharField()
     webhook_url = serializers.CharField()
+    chat = serializers.DictField(child=serializers.CharField(), help_text="Chat addresses by network.")
     tracking_opt_out = serializers.BooleanField()
     created_at = serializers.DateTimeField()
     updated_at = serializers.DateTimeField()

@@ -33,6 +33,7 @@ RECIPIENT_FIELDS = frozenset(
         "locale",
         "timezone",
         "webhook_url",
+        "chat",
         "opted_out",
         "tracking_opt_out",
         "channel_prefs",
@@ -44,7 +45,7 @@ RECIPIENT_FIELDS = frozenset(
 
 
 # Recipient fields an audit entry shows before and after (personal ones are masked by audit_record).
-AUDITED_RECIPIENT_FIELDS = ("email", "phone", "locale", "timezone", "webhook_url", "opted_out")
+AUDITED_RECIPIENT_FIELDS = ("email", "phone", "locale", "timezone", "webhook_url", "chat", "opted_out")
 _PREFERENCE_FIELDS = ("opted_out", "channel_prefs", "category_prefs", "quiet_start", "quiet_end")
 
 
@@ -157,6 +158,7 @@ def recipient_erase(*, recipient: Recipient, audit_actor: Any = None) -> Recipie
         recipient.email = ""
         recipient.phone = ""
         recipient.webhook_url = ""
+        recipient.chat = {}
         recipient.locale = ""
         recipient.timezone = ""
         recipient.opted_out = False

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.db import models
 
+from core.chat import CHAT_CHANNELS, CHAT_PART
 from projects.scoping import OwnedManager, owner_field
 
 
@@ -63,8 +64,9 @@ class TemplateVersion(models.Model):
 
     @property
     def channels(self) -> list[str]:
-        """Return the channels this version serves: those present in its default locale."""
-        return sorted((self.content.get(self.template.default_locale) or {}).keys())
+        """Return the channels this version serves: those present in its default locale (`chat`: every network)."""
+        keys = (self.content.get(self.template.default_locale) or {}).keys()
+        return sorted({channel for key in keys for channel in (CHAT_CHANNELS if key == CHAT_PART else (key,))})
 
 
 class Layout(models.Model):

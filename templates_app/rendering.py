@@ -37,6 +37,7 @@ from jinja2.sandbox import (
 )
 from markupsafe import Markup
 
+from core.chat import CHAT_PART, content_key
 from templates_app import bounded, budget
 from templates_app.models import TemplateVersion
 
@@ -48,9 +49,30 @@ CHANNEL_PARTS: dict[str, tuple[str, ...]] = {
     "sms": ("text",),
     "inapp": ("title", "body", "url"),
     "webhook": ("body",),
+    # One part serves every chat network (core/chat.py): its text, Slack Block Kit `blocks`, a Teams Adaptive
+    # Card `card`, a Discord `embed`, and for WhatsApp an approved Twilio `content_sid` with its `variables`.
+    CHAT_PART: ("text", "blocks", "card", "embed", "content_sid", "variables"),
 }
-# Parts that are not a single template string: push data is a flat dict of strings, a webhook body any JSON.
-STRUCTURED_PARTS: frozenset[tuple[str, str]] = frozenset({("push", "data"), ("webhook", "body")})
+# Parts that are not a single template string: push data is a flat dict of strings, a webhook body any JSON, and
+# the chat part's blocks, card, embed and variables JSON whose strings are templates.
+STRUCTURED_PARTS: frozenset[tuple[str, str]] = frozenset(
+    {
+        ("push", "data"),
+        ("webhook", "body"),
+        (CHAT_PART, "blocks"),
+        (CHAT_PART, "card"),
+        (CHAT_PART, "embed"),
+        (CHAT_PART, "variables"),
+    }
+)
+# What a missing structured part renders as (push data and the chat part's objects {}, Slack blocks []).
+_EMPTY_STRUCTURED: dict[tuple[str, str], Any] = {
+    ("push", "data"): {},
+    (CHAT_PART, "blocks"): [],
+    (CHAT_PART, "card"): {},
+    (CHAT_PART, "embed"): {},
+    (CHAT_PART, "variables"): {},
+}
 # Only this part is HTML, so only it is autoescaped; everything else is plain text or JSON.
 HTML_PARTS: frozenset[tuple[str, str]] = frozenset({("email", "html")})
 
@@ -465,7 +487,11 @@ CompiledChannel = tuple[str, tuple[tuple[str, Any], ...]]
 
 
 def _resolve_channel(version: TemplateVersion, channel: str, locale: str | None) -> CompiledChannel:
-    """Pick the locale whose content serves `channel` and return it with the channel's compiled parts."""
+    """Pick the locale whose content serves `channel` and return it with the channel's compiled parts.
+
+    A chat network is served by the content's `chat` part (core.chat.content_key).
+    """
+    channel = content_key(channel)
     parts_known = CHANNEL_PARTS.get(channel)
     if parts_known is None:
         raise RenderError(f"unknown channel '{channel}'")
@@ -683,9 +709,9 @@ def _render_compiled(
                 parts[part] = header_value(parts[part])
     finally:
         budget.finish(token)
-    for part in CHANNEL_PARTS[channel]:
+    for part in CHANNEL_PARTS[content_key(channel)]:
         if part not in parts:
-            parts[part] = {} if (channel, part) == ("push", "data") else ""
+            parts[part] = _EMPTY_STRUCTURED.get((content_key(channel), part), "")
     if channel == "push":
         parts["data"] = {str(key): str(value) for key, value in parts["data"].items()}
     return RenderedParts(parts=parts, locale=locale_used, link_marker=link_marker)

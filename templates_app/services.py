@@ -14,6 +14,7 @@ from django.utils import timezone
 from rest_framework.exceptions import ValidationError
 
 from audit.services import audit_record, diff
+from core.chat import CHAT_PART
 from core.errors import ApiError
 from core.keys import key_errors
 from projects.promotion import InUse, direct_change_check, promote
@@ -51,7 +52,14 @@ REQUIRED_PARTS: dict[str, tuple[str, ...]] = {
     "inapp": ("body",),
     "webhook": ("body",),
 }
-ONE_OF_PARTS: dict[str, tuple[str, ...]] = {"email": ("text", "html"), "push": ("title", "body")}
+# A chat message needs its text (every network's fallback), unless it is a WhatsApp template (content_sid).
+ONE_OF_PARTS: dict[str, tuple[str, ...]] = {
+    "email": ("text", "html"),
+    "push": ("title", "body"),
+    CHAT_PART: ("text", "content_sid"),
+}
+# The shape of the chat part's structured pieces: Block Kit is a list of blocks, the others objects.
+_CHAT_SHAPES: dict[str, type] = {"blocks": list, "card": dict, "embed": dict, "variables": dict}
 
 
 def canonical_locale(locale: str) -> str:
@@ -122,8 +130,9 @@ def validate_content(content: Any, *, default_locale: str) -> dict[str, Any]:
             continue
         for channel, parts in channels.items():
             channel_path = f"{path}.{channel}"
-            if channel not in settings.CHANNELS or channel not in CHANNEL_PARTS:
-                errors[channel_path] = [f"unknown channel; known: {', '.join(settings.CHANNELS)}"]
+            if channel not in CHANNEL_PARTS or (channel not in settings.CHANNELS and channel != CHAT_PART):
+                known = [c for c in settings.CHANNELS if c in CHANNEL_PARTS] + [CHAT_PART]
+                errors[channel_path] = [f"unknown channel; known: {', '.join(known)}"]
                 continue
             if not isinstance(parts, dict) or not parts:
                 errors[channel_path] = ["must be a non-empty object of parts"]
@@ -134,8 +143,13 @@ def validate_content(content: Any, *, default_locale: str) -> dict[str, Any]:
                     errors[part_path] = [f"unknown part; '{channel}' has: {', '.join(CHANNEL_PARTS[channel])}"]
                     continue
                 if (channel, part) in STRUCTURED_PARTS:
+                    shape = _CHAT_SHAPES.get(part) if channel == CHAT_PART else None
+                    if shape is not None and not isinstance(value, shape):
+                        errors[part_path] = ["must be a list" if shape is list else "must be an object"]
+                        continue
                     before = len(errors)
-                    _validate_structure(value, part_path, errors, flat_strings=channel == "push")
+                    flat = channel == "push" or (channel, part) == (CHAT_PART, "variables")
+                    _validate_structure(value, part_path, errors, flat_strings=flat)
                     if len(errors) != before:
                         continue
                 elif not isinstance(value, str):

@@ -31,6 +31,7 @@ from channels_app.providers.base import (
     RetriableError,
     SendResult,
 )
+from core.chat import CHAT_CHANNELS
 from core.db import bound_cursor, json_rows
 
 
@@ -48,7 +49,7 @@ class SandboxProvider(Provider):
     """Record messages in the database instead of sending them."""
 
     name = "sandbox"
-    channels = ("push", "email", "sms", "inapp", "webhook")
+    channels = ("push", "email", "sms", "inapp", "webhook", *CHAT_CHANNELS)
 
     def __init__(self, behaviour: str = "") -> None:
         self.rules = parse_behaviour(behaviour)

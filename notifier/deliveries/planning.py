@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
+from core.chat import is_chat
 from notifier.deliveries.models import Delivery
 from preferences.compliance import evaluate
 from preferences.models import Device, Recipient
@@ -27,6 +28,7 @@ class Addressable(Protocol):
     phone: str
     user_id: str
     webhook_url: str
+    chat: dict[str, str]
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,8 @@ def channel_addresses(
         return [recipient.user_id]
     if channel == "webhook":
         return [recipient.webhook_url or webhook_default]
+    if is_chat(channel):
+        return [(recipient.chat or {}).get(channel, "")]
     if channel == "push":
         if tokens is None:
             tokens = list(Device.objects.filter(recipient_id=recipient.pk, active=True).values_list("token", flat=True))

@@ -316,6 +316,7 @@ class _Row:
     __slots__ = (
         "category_prefs",
         "channel_prefs",
+        "chat",
         "email",
         "erased_at",
         "locale",
@@ -344,10 +345,12 @@ class _Row:
             self.quiet_end,
             self.erased_at,
             self.locale,
+            self.chat,
         ) = row
         # Django's psycopg setup hands jsonb over as text (JSONField decodes it); so do we.
         self.channel_prefs = _json(self.channel_prefs)
         self.category_prefs = _json(self.category_prefs)
+        self.chat = _json(self.chat)
 
 
 def _json(value: Any) -> Any:

@@ -18,6 +18,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from audit.services import audit_record
+from core.chat import CHAT_CHANNELS
 from notifier.accepting.services import CANCELLABLE, _plan_delivery
 from notifier.deliveries.models import Delivery, Notification
 from notifier.deliveries.outbox import publish_now
@@ -31,7 +32,7 @@ logger = logging.getLogger(__name__)
 
 # A resent message goes to the recipient's current address on these channels (support may just have fixed
 # a typo in it); a push token is device-specific, so a push resend goes to the same device.
-CURRENT_ADDRESS_CHANNELS = frozenset({"email", "sms", "inapp", "webhook"})
+CURRENT_ADDRESS_CHANNELS = frozenset({"email", "sms", "inapp", "webhook", *CHAT_CHANNELS})
 # Statuses that no longer wait for anything: resending one of these cannot make a duplicate of a pending send.
 RESENDABLE = Delivery.FINAL_STATUSES - {Delivery.Status.DIGESTED}  # a digested one went out in its digest
 
