@@ -95,6 +95,23 @@ WEBHOOK_USER_AGENT = _env.str("WEBHOOK_USER_AGENT", "Notifier-Webhooks/1.0")
 # Response bytes read from a receiver; the rest is discarded with its connection.
 WEBHOOK_MAX_RESPONSE_BYTES = _env.int("WEBHOOK_MAX_RESPONSE_BYTES", 65536)
 
+# --- Chat channels (docs/providers.md, "Chat") --------------------------------------------------------
+# Slack: the bot token of the installation's Slack app ("xoxb-…"; scopes chat:write, and chat:write.public to
+# post in channels the bot has not joined). SLACK_BASE_URL replaces https://slack.com/api/ (a stand-in in tests).
+SLACK_BOT_TOKEN = _env.str("SLACK_BOT_TOKEN")
+SLACK_BASE_URL = _env.str("SLACK_BASE_URL")
+SLACK_TIMEOUT_SECONDS = _env.float("SLACK_TIMEOUT_SECONDS", 10.0)
+# Telegram: the bot token from @BotFather; TELEGRAM_BASE_URL replaces https://api.telegram.org (tests).
+TELEGRAM_BOT_TOKEN = _env.str("TELEGRAM_BOT_TOKEN")
+TELEGRAM_BASE_URL = _env.str("TELEGRAM_BASE_URL", "https://api.telegram.org")
+TELEGRAM_TIMEOUT_SECONDS = _env.float("TELEGRAM_TIMEOUT_SECONDS", 10.0)
+# WhatsApp through Twilio (the TWILIO_* account above): the WhatsApp-enabled sender number (E.164), or a
+# Messaging Service with a WhatsApp sender (TWILIO_WHATSAPP_MESSAGING_SERVICE_SID).
+TWILIO_WHATSAPP_FROM = _env.str("TWILIO_WHATSAPP_FROM")
+TWILIO_WHATSAPP_MESSAGING_SERVICE_SID = _env.str("TWILIO_WHATSAPP_MESSAGING_SERVICE_SID")
+# Teams and Discord incoming webhooks go out through the webhook channel's guarded HTTP path (WEBHOOK_* timeouts,
+# WEBHOOK_ALLOW_PRIVATE_TARGETS, WEBHOOK_MAX_RESPONSE_BYTES); they need no credentials of their own.
+
 # --- Provider callbacks (notifier/callbacks) ---------------------------------------------------------
 # SNS topic ARNs whose SES notifications /callbacks/ses accepts (comma-separated; empty: none).
 SES_CALLBACK_TOPIC_ARNS = _env.list("SES_CALLBACK_TOPIC_ARNS")

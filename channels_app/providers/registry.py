@@ -18,6 +18,11 @@ PROVIDER_CLASSES: dict[str, str] = {
     "twilio": "channels_app.providers.twilio_sms.TwilioProvider",
     "sns": "channels_app.providers.sns_sms.SnsProvider",
     "webhook": "channels_app.providers.webhook.WebhookProvider",
+    "slack": "channels_app.providers.slack.SlackProvider",
+    "teams": "channels_app.providers.chat_webhooks.TeamsProvider",
+    "discord": "channels_app.providers.chat_webhooks.DiscordProvider",
+    "telegram": "channels_app.providers.telegram.TelegramProvider",
+    "twilio_whatsapp": "channels_app.providers.twilio_sms.TwilioWhatsAppProvider",
 }
 
 

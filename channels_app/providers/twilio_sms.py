@@ -7,6 +7,7 @@ points the real SDK at a stand-in by rewriting the origin of each request it mak
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from typing import Any, ClassVar
@@ -63,7 +64,12 @@ PERMANENT_CODES = {
     30006,  # landline or unreachable carrier
     30007,  # carrier violation (filtered)
 }
-THROTTLE_CODES = {20429, 14107, 30022}  # too many requests; SMS rate exceeded; account rate limit
+THROTTLE_CODES = {20429, 14107, 30022, 63018}  # too many requests; SMS rate; account rate; WhatsApp rate
+# WhatsApp (https://www.twilio.com/docs/whatsapp/api#error-codes): the number has no WhatsApp account or cannot be
+# reached on it (suppressed), and messages WhatsApp refuses as they are (outside the 24-hour session without an
+# approved template, a template or its variables refused, the sender not approved).
+WHATSAPP_SUPPRESS_CODES = {63003, 63024}
+WHATSAPP_PERMANENT_CODES = {63016, 63005, 63013, 63020, 63027, 63028, 63032, 63021, 63007, 21656}
 # The SDK logs each request line, query and headers at INFO; keep numbers out of our logs.
 _quiet_logger = logging.getLogger("notifier.providers.twilio.http")
 _quiet_logger.setLevel(logging.WARNING)
@@ -107,6 +113,8 @@ class TwilioProvider(Provider):
 
     name: ClassVar[str] = "twilio"
     channels: ClassVar[tuple[str, ...]] = ("sms",)
+    suppress_codes: ClassVar[frozenset[int]] = frozenset(SUPPRESS_CODES)
+    permanent_codes: ClassVar[frozenset[int]] = frozenset(PERMANENT_CODES)
 
     def __init__(
         self,
@@ -154,8 +162,8 @@ class TwilioProvider(Provider):
             pool_size=settings.PROVIDER_CONCURRENCY,
         )
 
-    def send(self, message: OutboundMessage) -> SendResult:
-        """Create the message at Twilio and return its SID."""
+    def build_params(self, message: OutboundMessage) -> dict[str, Any]:
+        """Return the Messages API parameters of an SMS: the number, the text, the sender."""
         params: dict[str, Any] = {"to": message.address, "body": message.content.get("text", "")}
         sender = message.meta.get("sms_from")
         if sender:
@@ -164,6 +172,11 @@ class TwilioProvider(Provider):
             params["messaging_service_sid"] = self.messaging_service_sid
         else:
             params["from_"] = self.from_number
+        return params
+
+    def send(self, message: OutboundMessage) -> SendResult:
+        """Create the message at Twilio and return its SID."""
+        params = self.build_params(message)
         if self.status_callback_url:
             params["status_callback"] = self.status_callback_url
         try:
@@ -202,9 +215,64 @@ class TwilioProvider(Provider):
             return RetriableError(text, code=label, retry_after=retry_after, throttled=True)
         if status >= 500:
             return RetriableError(text, code=label, retry_after=retry_after)
-        if code in PERMANENT_CODES or code in SUPPRESS_CODES:
-            return PermanentError(text, code=label, suppress=code in SUPPRESS_CODES)
+        if code in self.suppress_codes or code in self.permanent_codes:
+            return PermanentError(text, code=label, suppress=code in self.suppress_codes)
         if status in (401, 403):
             # Credentials or account trouble: not this message's fault, and fixable by an operator.
             return RetriableError(text, code=label)
         return PermanentError(text, code=label)
+
+
+class TwilioWhatsAppProvider(TwilioProvider):
+    """Send WhatsApp messages through Twilio's Messages API (`whatsapp:` addresses).
+
+    A message outside a 24-hour session must be an approved template: the chat part's `content_sid` with its
+    `variables` (Twilio Content API); otherwise its `text` is sent as a session message.
+    """
+
+    name: ClassVar[str] = "twilio_whatsapp"
+    channels: ClassVar[tuple[str, ...]] = ("whatsapp",)
+    suppress_codes: ClassVar[frozenset[int]] = frozenset(WHATSAPP_SUPPRESS_CODES)
+    permanent_codes: ClassVar[frozenset[int]] = frozenset(PERMANENT_CODES | WHATSAPP_PERMANENT_CODES)
+
+    @classmethod
+    def from_settings(cls) -> TwilioWhatsAppProvider:
+        """Build the provider from the TWILIO_* account and the TWILIO_WHATSAPP_* sender."""
+        if not settings.TWILIO_ACCOUNT_SID:
+            raise ConfigurationError("TWILIO_ACCOUNT_SID is not set")
+        if not settings.TWILIO_AUTH_TOKEN and not (settings.TWILIO_API_KEY_SID and settings.TWILIO_API_KEY_SECRET):
+            raise ConfigurationError("TWILIO_AUTH_TOKEN is not set (or TWILIO_API_KEY_SID and TWILIO_API_KEY_SECRET)")
+        if not settings.TWILIO_WHATSAPP_MESSAGING_SERVICE_SID and not settings.TWILIO_WHATSAPP_FROM:
+            raise ConfigurationError("TWILIO_WHATSAPP_FROM or TWILIO_WHATSAPP_MESSAGING_SERVICE_SID is not set")
+        return cls(
+            account_sid=settings.TWILIO_ACCOUNT_SID,
+            auth_token=settings.TWILIO_AUTH_TOKEN,
+            api_key_sid=settings.TWILIO_API_KEY_SID,
+            api_key_secret=settings.TWILIO_API_KEY_SECRET,
+            from_number=settings.TWILIO_WHATSAPP_FROM,
+            messaging_service_sid=settings.TWILIO_WHATSAPP_MESSAGING_SERVICE_SID,
+            status_callback_url=settings.TWILIO_STATUS_CALLBACK_URL,
+            base_url=settings.TWILIO_BASE_URL,
+            timeout=settings.TWILIO_TIMEOUT_SECONDS,
+            pool_size=settings.PROVIDER_CONCURRENCY,
+        )
+
+    def build_params(self, message: OutboundMessage) -> dict[str, Any]:
+        """Return the parameters of a WhatsApp message: an approved template with variables, or the text."""
+        content = message.content
+        params: dict[str, Any] = {"to": f"whatsapp:{message.address}"}
+        if self.messaging_service_sid:
+            params["messaging_service_sid"] = self.messaging_service_sid
+        else:
+            params["from_"] = f"whatsapp:{self.from_number}"
+        content_sid = str(content.get("content_sid") or "")
+        if content_sid:
+            params["content_sid"] = content_sid
+            variables = content.get("variables") or {}
+            if variables:
+                params["content_variables"] = json.dumps(
+                    {str(k): str(v) for k, v in variables.items()}, separators=(",", ":"), ensure_ascii=False
+                )
+        else:
+            params["body"] = str(content.get("text") or "")
+        return params

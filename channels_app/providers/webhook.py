@@ -138,22 +138,31 @@ class WebhookProvider(Provider):
         if not url.lower().startswith(("http://", "https://")):
             raise PermanentError("webhook URL must be http(s)", code="bad_url")
         body, headers = self.build_request(message)
+        response, _ = self.post_bounded(url, body, headers)
+        return self._outcome(response.status_code, response.headers, message)
+
+    def post_bounded(self, url: str, body: bytes, headers: dict[str, str]) -> tuple[requests.Response, bytes]:
+        """POST through the SSRF guard within the call deadline; return the response and its first bytes.
+
+        The guarded, bounded HTTP path every outgoing call to a caller-chosen URL takes (webhooks, Teams and
+        Discord incoming webhooks). Transport errors are sorted into ProviderErrors.
+        """
+        kept = bytearray()
         with CallDeadline(self.call_deadline) as call:
             response = self._post(url, body, headers, call)
             try:
                 # Drain a bounded body so the connection goes back to the pool (keep-alive); a bigger body is
                 # cut off and its connection dropped rather than read into memory. The answer is the status:
                 # a body dripped past the deadline is cut off by it (the connection is not reused).
-                received = 0
                 for chunk in response.iter_content(8192):
-                    received += len(chunk)
-                    if received > self.max_response_bytes:
+                    kept += chunk
+                    if len(kept) > self.max_response_bytes:
                         break
             except (requests.exceptions.RequestException, OSError):
                 pass
             finally:
                 response.close()
-        return self._outcome(response.status_code, response.headers, message)
+        return response, bytes(kept[: self.max_response_bytes])
 
     def _post(self, url: str, body: bytes, headers: dict[str, str], call: CallDeadline) -> requests.Response:
         """POST and return the response once its headers are in; sort transport errors."""

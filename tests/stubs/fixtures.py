@@ -15,6 +15,7 @@ import pytest
 
 from tests.stubs import aws, fcm, twilio
 from tests.stubs.aws import AwsFaultProxy, MotoServer
+from tests.stubs.chat import SLACK_TOKEN, TELEGRAM_TOKEN, ChatWebhookStub, SlackStub, TelegramStub
 from tests.stubs.config import EMAIL_FROM, SMS_FROM, WEBHOOK_SECRET
 from tests.stubs.fcm import FcmStub
 from tests.stubs.smtp import SmtpStub
@@ -127,3 +128,42 @@ def aws_env(aws_stub: AwsFaultProxy) -> dict[str, str]:
         "AWS_READ_TIMEOUT_SECONDS": "5",
         "EMAIL_FROM": EMAIL_FROM,
     }
+
+
+@pytest.fixture
+def slack_stub() -> Iterator[SlackStub]:
+    """A Slack Web API stand-in."""
+    with SlackStub() as server:
+        yield server
+
+
+@pytest.fixture
+def slack_env(slack_stub: SlackStub) -> dict[str, str]:
+    """Environment pointing SlackProvider (the real slack_sdk) at the stand-in."""
+    return {"SLACK_BOT_TOKEN": SLACK_TOKEN, "SLACK_BASE_URL": f"{slack_stub.url}/api/", "SLACK_TIMEOUT_SECONDS": "2"}
+
+
+@pytest.fixture
+def telegram_stub() -> Iterator[TelegramStub]:
+    """A Telegram Bot API stand-in."""
+    with TelegramStub() as server:
+        yield server
+
+
+@pytest.fixture
+def telegram_env(telegram_stub: TelegramStub) -> dict[str, str]:
+    """Environment pointing TelegramProvider at the stand-in."""
+    return {"TELEGRAM_BOT_TOKEN": TELEGRAM_TOKEN, "TELEGRAM_BASE_URL": telegram_stub.url}
+
+
+@pytest.fixture
+def chat_webhooks() -> Iterator[ChatWebhookStub]:
+    """Teams and Discord incoming-webhook stand-ins on one loopback server."""
+    with ChatWebhookStub() as server:
+        yield server
+
+
+@pytest.fixture
+def whatsapp_env(twilio_env: dict[str, str]) -> dict[str, str]:
+    """Environment pointing the WhatsApp provider at the Twilio stand-in, with a WhatsApp sender."""
+    return {**twilio_env, "TWILIO_WHATSAPP_FROM": "+14155238886"}

@@ -24,6 +24,12 @@ class TwilioStub(StubHTTPServer):
         if not request.route.endswith("/Messages.json"):
             return self._error(404, 20404, "The requested resource was not found")
         form = request.form()
+        if not form.get("Body") and not form.get("ContentSid"):
+            return self._error(400, 21602, "Message body is required")
+        if form.get("To", "").startswith("whatsapp:") and not (
+            form.get("From", "").startswith("whatsapp:") or form.get("MessagingServiceSid")
+        ):
+            return self._error(400, 63007, "Twilio could not find a Channel with the specified From address")
         body = {
             "sid": "SM" + uuid.uuid4().hex,
             "account_sid": ACCOUNT_SID,
