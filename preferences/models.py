@@ -6,6 +6,11 @@ from django.db import models
 
 from projects.scoping import OwnedManager, owner_field
 
+# The user_id of each environment's holder of channel-address deliveries: a send to {"chat": {"slack": "#ops"}}
+# names a team's channel, not a person, so its deliveries hang on this recipient, which no API path can name, no
+# list shows and no preference is ever set on.
+CHANNEL_ADDRESS_USER_ID = ""
+
 
 class Recipient(models.Model):
     """A person notifications are addressed to, known to callers by their own `user_id`."""

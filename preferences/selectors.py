@@ -8,7 +8,7 @@ from typing import Any
 from django.db.models import QuerySet
 
 from core.db import RowLoader, bound_cursor
-from preferences.models import Recipient, Subscription, Suppression, Topic
+from preferences.models import CHANNEL_ADDRESS_USER_ID, Recipient, Subscription, Suppression, Topic
 from projects.scoping import owner_default, scope_environment_id
 
 _RECIPIENT = RowLoader(Recipient)
@@ -81,7 +81,9 @@ def recipient_list(
     `email` and `phone` match exactly, as stored (the caller normalises them as the recipient's own fields are);
     recipient_email_idx and recipient_phone_idx serve them.
     """
-    qs: QuerySet[Recipient] = Recipient.objects.filter(pk__gt=after_id, erased_at__isnull=True)
+    qs: QuerySet[Recipient] = Recipient.objects.filter(pk__gt=after_id, erased_at__isnull=True).exclude(
+        user_id=CHANNEL_ADDRESS_USER_ID
+    )
     if email:
         qs = qs.filter(email=email)
     if phone:

@@ -23,6 +23,7 @@ from notifier.deliveries.fallback import UNTIL as FALLBACK_UNTIL
 from notifier.deliveries.models import Delivery, Notification
 from notifier.deliveries.partitions import hot_days
 from notifier.dispatch.localtime import parse_wall_clock
+from preferences.serializers import ChatAddressesField
 
 # A template or workflow key (core/keys.py), optionally pinned to a version: "key@3".
 TEMPLATE_SPEC = re.compile(rf"^{KEY}(@[1-9][0-9]*)?$")
@@ -42,9 +43,20 @@ class StrictSerializer(serializers.Serializer):
 
 
 class NotificationRecipient(serializers.Serializer):
-    """The single recipient of a notification."""
+    """The single recipient of a notification: a user, or a team's chat address without a user."""
 
-    user_id = serializers.CharField(max_length=255)
+    user_id = serializers.CharField(max_length=255, required=False)
+    chat = ChatAddressesField(
+        required=False,
+        help_text='A chat address without a user ({"slack": "#ops"}): no preferences apply. Not with user_id.',
+    )
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if ("user_id" in attrs) == ("chat" in attrs):
+            raise serializers.ValidationError({"user_id": ["Give exactly one of 'user_id' and 'chat'."]})
+        if "chat" in attrs and not attrs["chat"]:
+            raise serializers.ValidationError({"chat": ["Give at least one chat address."]})
+        return attrs
 
 
 # What a send with `workflow` may not give: the workflow's steps decide it.
@@ -54,7 +66,9 @@ WORKFLOW_DECIDES = ("channels", "send_at", "send_at_local", "strategy", "fallbac
 class NotificationInput(StrictSerializer):
     """The body of POST /api/v1/notifications (and each item of a batch)."""
 
-    recipient = NotificationRecipient(required=False, help_text="The one recipient; or give `topic` instead.")
+    recipient = NotificationRecipient(
+        required=False, help_text="The one recipient (a user, or a chat address); or give `topic` instead."
+    )
     topic = serializers.SlugField(max_length=128, required=False, help_text="Send to a topic's subscribers.")
     category = serializers.CharField(max_length=64, required=False, help_text="Default: the template's.")
     template = serializers.CharField(
@@ -67,8 +81,8 @@ class NotificationInput(StrictSerializer):
         child=serializers.ChoiceField(choices=settings.CHANNELS),
         required=False,
         allow_empty=False,
-        max_length=5,
-        help_text="Default: the template's channels.",
+        max_length=len(settings.CHANNELS),
+        help_text="Default: the template's channels (for a chat address: the networks it names).",
     )
     payload = JsonObjectField(required=False, default=dict, help_text="Template variables.")
     dedup_key = serializers.CharField(
@@ -125,6 +139,15 @@ class NotificationInput(StrictSerializer):
             raise serializers.ValidationError({"recipient": ["Give exactly one of 'recipient' and 'topic'."]})
         if ("template" in attrs) == ("workflow" in attrs):
             raise serializers.ValidationError({"template": ["Give exactly one of 'template' and 'workflow'."]})
+        chat = attrs.get("recipient", {}).get("chat")
+        if chat:
+            if "workflow" in attrs:
+                raise serializers.ValidationError({"recipient": ["A workflow runs for a user, not a chat address."]})
+            if "send_at_local" in attrs:
+                raise serializers.ValidationError({"send_at_local": ["A chat address has no time zone: use send_at."]})
+            if "channels" not in attrs:
+                # A send to a team's channel goes to the networks it names.
+                attrs["channels"] = [c for c in settings.CHANNELS if c in chat]
         if "workflow" in attrs:
             # A workflow's steps decide channels, templates and timing.
             stray = [name for name in WORKFLOW_DECIDES if name in attrs]
@@ -185,7 +208,7 @@ def send_input_fast(data: Any) -> dict[str, Any] | None:
         return None
     channels = data.get("channels", ())
     if "channels" in data and (
-        type(channels) is not list or not 0 < len(channels) <= 5
+        type(channels) is not list or not 0 < len(channels) <= len(settings.CHANNELS)
         or not all(type(c) is str and c in settings.CHANNELS for c in channels) or len(set(channels)) != len(channels)
     ):  # fmt: skip
         return None

@@ -35,7 +35,7 @@ from notifier.deliveries.status import deliveries_insert, transition
 from notifier.dispatch import localtime
 from notifier.dispatch.fanout import fanout_start
 from preferences.compliance import suppressed_addresses
-from preferences.models import Device, Recipient, Topic
+from preferences.models import CHANNEL_ADDRESS_USER_ID, Device, Recipient, Topic
 from preferences.selectors import recipients_for_send
 from preferences.services import recipient_ensure
 from projects.scoping import as_client_owner, owner_id
@@ -170,6 +170,8 @@ def notification_accept(*, client: ApiClient, data: dict[str, Any], trace_id: st
     def prepare(n: Notification) -> list[Delivery]:
         if data.get("topic"):
             return topic_notification_write(n, data["topic"])
+        if "chat" in data["recipient"]:
+            return _prepare_chat_address(n, data["recipient"]["chat"])
         return _prepare_user(n, data["recipient"]["user_id"])
 
     return notification_accept_prepared(client=client, notification=notification, prepare=prepare)
@@ -253,7 +255,8 @@ def notifications_accept_batch(
             results[index] = item
             continue
         try:
-            if item.get("topic"):
+            if item.get("topic") or "chat" in item["recipient"]:
+                # A topic's fan-out and a chat address's holder recipient are the single path's.
                 results[index] = notification_accept(client=client, data=item, trace_id=traces[index])
                 continue
             decision = notification_decide(client=client, data=item, templates=templates)
@@ -647,6 +650,33 @@ def _prepare_user(notification: Notification, user_id: str) -> list[Delivery]:
     fallback.plan_at_accept(notification, deliveries, now)
     # One statement for the notification, its deliveries and their events, as the batch path (the ORM's INSERT
     # compilation was a tenth of an accept's CPU, and each statement is a round trip).
+    deliveries_insert(deliveries, at=now, notifications=[notification])
+    fallback.after_accept(notification, deliveries, now)
+    to_publish = [(d.pk, d.channel, d.priority) for d in deliveries if d.status == Delivery.Status.QUEUED]
+    if to_publish:
+        transaction.on_commit(lambda: publish_soon(to_publish))
+    return deliveries
+
+
+def _prepare_chat_address(notification: Notification, chat: dict[str, str]) -> list[Delivery]:
+    """Write a notification to a team's chat address (no user): one delivery per network, no preferences.
+
+    The deliveries hang on the environment's holder recipient (CHANNEL_ADDRESS_USER_ID), which has no preferences,
+    quiet hours or frequency allowance; the suppression list still applies (an archived channel stays off).
+    """
+    recipient = recipient_ensure(user_id=CHANNEL_ADDRESS_USER_ID)
+    notification.recipient = recipient
+    notification.user_id = ""
+    now = timezone.now()
+    if notification.send_at and notification.send_at > now:
+        notification.status = Notification.Status.SCHEDULED
+    targets = [(channel, chat.get(channel, "")) for channel in notification.channels]
+    dead = suppressed_addresses(targets)
+    deliveries = [
+        _plan_delivery(notification, recipient, channel, address, now, suppressed=(channel, address) in dead)
+        for channel, address in targets
+    ]
+    fallback.plan_at_accept(notification, deliveries, now)
     deliveries_insert(deliveries, at=now, notifications=[notification])
     fallback.after_accept(notification, deliveries, now)
     to_publish = [(d.pk, d.channel, d.priority) for d in deliveries if d.status == Delivery.Status.QUEUED]

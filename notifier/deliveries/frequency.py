@@ -36,6 +36,7 @@ from django.db import connection
 
 from core.db import bound_cursor, json_rows
 from core.redis_guard import redis_script, rkey
+from preferences.models import CHANNEL_ADDRESS_USER_ID
 
 if TYPE_CHECKING:  # types only: the models import this module's callers
     from notifier.deliveries.models import Delivery, Notification
@@ -203,7 +204,8 @@ def recheck_on_worker(deliveries: list[Delivery], suppress: Callable[[Delivery, 
     """
     by_category: dict[str, list[Delivery]] = {}
     for d in deliveries:
-        if cap_of(d.notification.category) is not None:
+        # A team's channel address is nobody's allowance (the holder recipient is shared by every such send).
+        if cap_of(d.notification.category) is not None and d.recipient.user_id != CHANNEL_ADDRESS_USER_ID:
             by_category.setdefault(d.notification.category, []).append(d)
     if not by_category:
         return deliveries

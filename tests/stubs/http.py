@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -25,6 +26,8 @@ class RecordedRequest:
     path: str
     headers: dict[str, str]
     body: bytes
+    # When it arrived (time.monotonic()): tests check that a client waited as long as it was told to.
+    received_at: float = field(default_factory=time.monotonic)
 
     def json(self) -> Any:
         """Return the body parsed as JSON."""
