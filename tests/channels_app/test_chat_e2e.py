@@ -130,7 +130,7 @@ def test_slack_429_waits_for_retry_after_then_sends(
 ) -> None:
     api.put("/api/v1/recipients/u-429", {"chat": {"slack": "U0429TEST"}}, format="json")
     slack_stub.error("ratelimited", status=429, headers={"Retry-After": "3"}, times=1)
-    start_worker(queues=QUEUES, env={**slack_env, **PROVIDERS})
+    start_worker(queues=QUEUES, env={**slack_env, "SLACK_PROVIDERS": "slack"})
     body = _send(api, {"user_id": "u-429"}, ["slack"])
     sent = wait_for(lambda: _status(body["id"], "slack", "sent"), 60)
     assert sent.attempts == 2
@@ -150,7 +150,7 @@ def test_a_dead_teams_webhook_is_dead_lettered(
     url = f"{chat_webhooks.url}/teams/dead"
     api.put("/api/v1/recipients/u-dead", {"chat": {"teams": url}}, format="json")
     chat_webhooks.respond(503, "Service Unavailable")
-    env = {**webhook_env, **PROVIDERS, "DELIVERY_MAX_ATTEMPTS": "2", "RETRY_BACKOFF_BASE_SECONDS": "0.2"}
+    env = {**webhook_env, "TEAMS_PROVIDERS": "teams", "DELIVERY_MAX_ATTEMPTS": "2", "RETRY_BACKOFF_BASE_SECONDS": "0.2"}
     start_worker(queues=QUEUES, env=env)
     body = _send(api, {"user_id": "u-dead"}, ["teams"])
     failed = wait_for(lambda: _status(body["id"], "teams", "failed"), 60)
@@ -166,7 +166,7 @@ def test_a_dead_teams_webhook_is_dead_lettered(
 def test_fallback_from_slack_to_email(api: Any, start_worker: Any, slack_stub: SlackStub, slack_env: dict) -> None:
     api.put("/api/v1/recipients/u-fb", {"chat": {"slack": "C0ARCHIVED"}, "email": "fb@example.com"}, format="json")
     slack_stub.error("is_archived")
-    start_worker(queues=QUEUES, env={**slack_env, **PROVIDERS})
+    start_worker(queues=QUEUES, env={**slack_env, "SLACK_PROVIDERS": "slack"})
     body = _send(api, {"user_id": "u-fb"}, ["slack", "email"], strategy="fallback")
     assert {d["channel"]: d["status"] for d in body["deliveries"]} == {"slack": "queued", "email": "pending"}
     email = wait_for(lambda: _status(body["id"], "email", "sent"), 60)
@@ -183,7 +183,7 @@ def test_a_channel_address_without_a_recipient(
     api: Any, start_worker: Any, slack_stub: SlackStub, slack_env: dict[str, str]
 ) -> None:
     # Quiet hours and an opt-out on some user change nothing: no user, no preferences.
-    start_worker(queues=QUEUES, env={**slack_env, **PROVIDERS})
+    start_worker(queues=QUEUES, env={**slack_env, "SLACK_PROVIDERS": "slack"})
     body = _send(api, {"chat": {"slack": "#ops"}})
     assert [(d["channel"], d["status"]) for d in body["deliveries"]] == [("slack", "queued")]
     wait_for(lambda: _status(body["id"], "slack", "sent"), 60)
@@ -202,7 +202,7 @@ def test_a_test_key_sends_chat_to_the_sandbox(
 ) -> None:
     _, http = api_client_factory(mode="test")
     template_put(key="deploy", category="transactional", default_locale="en", content=CONTENT)
-    start_worker(queues=QUEUES, env={**slack_env, **PROVIDERS})
+    start_worker(queues=QUEUES, env={**slack_env, "SLACK_PROVIDERS": "slack"})
     body = _send(http, {"chat": {"slack": "#ops"}})
     delivery = wait_for(lambda: _status(body["id"], "slack", "sent"), 60)
     assert delivery.provider == "sandbox"
