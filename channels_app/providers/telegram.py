@@ -123,7 +123,8 @@ class TelegramProvider(Provider):
             return SendResult(provider_message_id=f"{message.address}/{result.get('message_id', '')}")
         code = f"http_{status}"
         description = str(data.get("description") or "").lower()
-        parameters = data.get("parameters") if isinstance(data.get("parameters"), dict) else {}
+        found = data.get("parameters")
+        parameters: dict[str, Any] = found if isinstance(found, dict) else {}
         if status == 429:
             retry_after = parameters.get("retry_after")
             wait = float(retry_after) if isinstance(retry_after, int | float) else parse_retry_after(retry_header)

@@ -4,6 +4,7 @@ incoming webhooks through the guarded webhook path)."""
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -97,7 +98,7 @@ def test_one_notification_reaches_a_recipient_on_all_five_networks_in_each_ones_
     body = _send(api, {"user_id": "u-chat"}, NETWORKS)
     assert {d["channel"]: d["status"] for d in body["deliveries"]} == dict.fromkeys(NETWORKS, "queued")
     for network in NETWORKS:
-        wait_for(lambda n=network: _status(body["id"], n, "sent"), 60)
+        wait_for(functools.partial(_status, body["id"], network, "sent"), 60)
 
     assert slack_stub.posts() == [
         {"channel": "U024BE7LH", "text": "Deploy v1.2 finished", "blocks": [
