@@ -13,8 +13,11 @@ import threading
 from types import TracebackType
 from typing import Any
 
+import requests
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+
+from channels_app.providers.base import DeadlineExceeded, ProviderError, RetriableError, connection_not_made
 
 _current = threading.local()
 
@@ -99,3 +102,34 @@ class DeadlineHTTPSConnectionPool(HTTPSConnectionPool):
 
 
 POOL_CLASSES = {"http": DeadlineHTTPConnectionPool, "https": DeadlineHTTPSConnectionPool}
+
+
+class DeadlinePools:
+    """Mixin for a requests adapter: its connection pools hold connections a CallDeadline can abort."""
+
+    poolmanager: Any
+
+    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+        """Build the pool manager with abortable connection pools."""
+        super().init_poolmanager(*args, **kwargs)  # type: ignore[misc]  # a mixin: the adapter's method
+        self.poolmanager.pool_classes_by_scheme = dict(POOL_CLASSES)
+
+
+def request_failure(exc: requests.exceptions.RequestException, call: CallDeadline) -> ProviderError | None:
+    """Sort a requests transport error of a call made within `call`; None for one that is no transport error.
+
+    A refused or timed-out connect sent nothing (another provider may take the message); a read timeout, a
+    connection lost after the request was written, or the deadline cut may have been acted on (`maybe_sent`).
+    """
+    if isinstance(exc, requests.exceptions.ConnectTimeout):
+        return RetriableError("connect timeout", code="connect_timeout")
+    if isinstance(exc, requests.exceptions.ReadTimeout):
+        return RetriableError("read timeout", code="read_timeout", maybe_sent=True)
+    if call.expired:
+        return DeadlineExceeded(call.seconds)
+    if isinstance(exc, requests.exceptions.ConnectionError):
+        not_made = connection_not_made(exc)
+        return RetriableError(
+            "connection refused" if not_made else "connection lost", code="connection_error", maybe_sent=not not_made
+        )
+    return None

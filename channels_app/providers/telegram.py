@@ -17,16 +17,14 @@ from requests.adapters import HTTPAdapter
 
 from channels_app.providers.base import (
     ConfigurationError,
-    DeadlineExceeded,
     OutboundMessage,
     PermanentError,
     Provider,
     RetriableError,
     SendResult,
-    connection_not_made,
     parse_retry_after,
 )
-from channels_app.providers.deadline import POOL_CLASSES, CallDeadline
+from channels_app.providers.deadline import CallDeadline, DeadlinePools, request_failure
 
 # Telegram's text limit per message; a longer one is refused for the whole message.
 TEXT_MAX = 4096
@@ -42,13 +40,8 @@ SUPPRESS_DESCRIPTIONS = (
 MAX_ANSWER_BYTES = 65536
 
 
-class _DeadlineAdapter(HTTPAdapter):
+class _DeadlineAdapter(DeadlinePools, HTTPAdapter):
     """A pooled adapter (no retries) whose connections a CallDeadline can abort."""
-
-    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
-        """Build the pool manager with abortable connection pools."""
-        super().init_poolmanager(*args, **kwargs)
-        self.poolmanager.pool_classes_by_scheme = dict(POOL_CLASSES)
 
 
 class TelegramProvider(Provider):
@@ -92,23 +85,12 @@ class TelegramProvider(Provider):
                     self._url, json=self.build_request(message), timeout=self.timeout, allow_redirects=False
                 )
                 answer = response.content[:MAX_ANSWER_BYTES]
-            except requests.exceptions.ConnectTimeout:
-                raise RetriableError("connect timeout", code="connect_timeout") from None
-            except requests.exceptions.ReadTimeout:
-                raise RetriableError("read timeout", code="read_timeout", maybe_sent=True) from None
-            except requests.exceptions.ConnectionError as exc:
-                if call.expired:
-                    raise DeadlineExceeded(call.seconds) from None
-                not_made = connection_not_made(exc)
-                raise RetriableError(
-                    "connection refused" if not_made else "connection lost",
-                    code="connection_error",
-                    maybe_sent=not not_made,
-                ) from None
-            except requests.exceptions.RequestException:
-                if call.expired:
-                    raise DeadlineExceeded(call.seconds) from None
-                raise RetriableError("request failed", code="request_error", maybe_sent=True) from None
+            except requests.exceptions.RequestException as exc:
+                # Never the exception's own text: it may quote the URL, which holds the token.
+                failure = request_failure(exc, call) or RetriableError(
+                    "request failed", code="request_error", maybe_sent=True
+                )
+                raise failure from None
         return self._outcome(response.status_code, response.headers.get("Retry-After"), answer, message)
 
     @staticmethod

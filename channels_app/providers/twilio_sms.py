@@ -143,24 +143,32 @@ class TwilioProvider(Provider):
     @classmethod
     def from_settings(cls) -> TwilioProvider:
         """Build the provider from TWILIO_* settings; name the first missing variable."""
+        account = cls.account_settings()
+        if not settings.TWILIO_MESSAGING_SERVICE_SID and not settings.TWILIO_FROM_NUMBER:
+            raise ConfigurationError("TWILIO_MESSAGING_SERVICE_SID or TWILIO_FROM_NUMBER is not set")
+        return cls(
+            **account,
+            from_number=settings.TWILIO_FROM_NUMBER,
+            messaging_service_sid=settings.TWILIO_MESSAGING_SERVICE_SID,
+        )
+
+    @staticmethod
+    def account_settings() -> dict[str, Any]:
+        """Return the account's settings (credentials, endpoint, callbacks); name the first missing variable."""
         if not settings.TWILIO_ACCOUNT_SID:
             raise ConfigurationError("TWILIO_ACCOUNT_SID is not set")
         if not settings.TWILIO_AUTH_TOKEN and not (settings.TWILIO_API_KEY_SID and settings.TWILIO_API_KEY_SECRET):
             raise ConfigurationError("TWILIO_AUTH_TOKEN is not set (or TWILIO_API_KEY_SID and TWILIO_API_KEY_SECRET)")
-        if not settings.TWILIO_MESSAGING_SERVICE_SID and not settings.TWILIO_FROM_NUMBER:
-            raise ConfigurationError("TWILIO_MESSAGING_SERVICE_SID or TWILIO_FROM_NUMBER is not set")
-        return cls(
-            account_sid=settings.TWILIO_ACCOUNT_SID,
-            auth_token=settings.TWILIO_AUTH_TOKEN,
-            api_key_sid=settings.TWILIO_API_KEY_SID,
-            api_key_secret=settings.TWILIO_API_KEY_SECRET,
-            from_number=settings.TWILIO_FROM_NUMBER,
-            messaging_service_sid=settings.TWILIO_MESSAGING_SERVICE_SID,
-            status_callback_url=settings.TWILIO_STATUS_CALLBACK_URL,
-            base_url=settings.TWILIO_BASE_URL,
-            timeout=settings.TWILIO_TIMEOUT_SECONDS,
-            pool_size=settings.PROVIDER_CONCURRENCY,
-        )
+        return {
+            "account_sid": settings.TWILIO_ACCOUNT_SID,
+            "auth_token": settings.TWILIO_AUTH_TOKEN,
+            "api_key_sid": settings.TWILIO_API_KEY_SID,
+            "api_key_secret": settings.TWILIO_API_KEY_SECRET,
+            "status_callback_url": settings.TWILIO_STATUS_CALLBACK_URL,
+            "base_url": settings.TWILIO_BASE_URL,
+            "timeout": settings.TWILIO_TIMEOUT_SECONDS,
+            "pool_size": settings.PROVIDER_CONCURRENCY,
+        }
 
     def build_params(self, message: OutboundMessage) -> dict[str, Any]:
         """Return the Messages API parameters of an SMS: the number, the text, the sender."""
@@ -238,23 +246,13 @@ class TwilioWhatsAppProvider(TwilioProvider):
     @classmethod
     def from_settings(cls) -> TwilioWhatsAppProvider:
         """Build the provider from the TWILIO_* account and the TWILIO_WHATSAPP_* sender."""
-        if not settings.TWILIO_ACCOUNT_SID:
-            raise ConfigurationError("TWILIO_ACCOUNT_SID is not set")
-        if not settings.TWILIO_AUTH_TOKEN and not (settings.TWILIO_API_KEY_SID and settings.TWILIO_API_KEY_SECRET):
-            raise ConfigurationError("TWILIO_AUTH_TOKEN is not set (or TWILIO_API_KEY_SID and TWILIO_API_KEY_SECRET)")
+        account = cls.account_settings()
         if not settings.TWILIO_WHATSAPP_MESSAGING_SERVICE_SID and not settings.TWILIO_WHATSAPP_FROM:
             raise ConfigurationError("TWILIO_WHATSAPP_FROM or TWILIO_WHATSAPP_MESSAGING_SERVICE_SID is not set")
         return cls(
-            account_sid=settings.TWILIO_ACCOUNT_SID,
-            auth_token=settings.TWILIO_AUTH_TOKEN,
-            api_key_sid=settings.TWILIO_API_KEY_SID,
-            api_key_secret=settings.TWILIO_API_KEY_SECRET,
+            **account,
             from_number=settings.TWILIO_WHATSAPP_FROM,
             messaging_service_sid=settings.TWILIO_WHATSAPP_MESSAGING_SERVICE_SID,
-            status_callback_url=settings.TWILIO_STATUS_CALLBACK_URL,
-            base_url=settings.TWILIO_BASE_URL,
-            timeout=settings.TWILIO_TIMEOUT_SECONDS,
-            pool_size=settings.PROVIDER_CONCURRENCY,
         )
 
     def build_params(self, message: OutboundMessage) -> dict[str, Any]:

@@ -22,16 +22,14 @@ from requests_hardened import Config, HTTPSession
 
 from channels_app.providers.base import (
     ConfigurationError,
-    DeadlineExceeded,
     OutboundMessage,
     PermanentError,
     Provider,
     RetriableError,
     SendResult,
-    connection_not_made,
     parse_retry_after,
 )
-from channels_app.providers.deadline import POOL_CLASSES, CallDeadline
+from channels_app.providers.deadline import CallDeadline, DeadlinePools, request_failure
 from core import webhook_secrets
 from core.ssrf import GuardedAdapter, UnsafeTargetError
 
@@ -53,13 +51,8 @@ def sign(*, secret: str, msg_id: str, timestamp: int, body: bytes) -> str:
     return f"v1,{base64.b64encode(digest).decode()}"
 
 
-class _DeadlineAdapter(GuardedAdapter):
+class _DeadlineAdapter(DeadlinePools, GuardedAdapter):
     """The SSRF-guarded adapter whose connections a CallDeadline can abort (a dripped answer is bounded)."""
-
-    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
-        """Build the pool manager with abortable connection pools."""
-        super().init_poolmanager(*args, **kwargs)
-        self.poolmanager.pool_classes_by_scheme = dict(POOL_CLASSES)
 
 
 class WebhookProvider(Provider):
@@ -173,26 +166,14 @@ class WebhookProvider(Provider):
             return response
         except UnsafeTargetError as exc:
             raise PermanentError(str(exc), code="unsafe_target") from None
-        except requests.exceptions.ConnectTimeout:
-            raise RetriableError("connect timeout", code="connect_timeout") from None
-        except requests.exceptions.ReadTimeout:
-            # The receiver has the request and may have acted on it; webhook-id lets it deduplicate.
-            raise RetriableError("read timeout", code="read_timeout", maybe_sent=True) from None
-        except requests.exceptions.ConnectionError as exc:
-            if call.expired:
-                raise DeadlineExceeded(call.seconds) from None
-            not_made = connection_not_made(exc)
-            raise RetriableError(
-                "connection refused" if not_made else "connection lost",
-                code="connection_error",
-                maybe_sent=not not_made,
-            ) from None
         except (requests.exceptions.InvalidURL, requests.exceptions.MissingSchema, ValueError):
             raise PermanentError("invalid webhook URL", code="bad_url") from None
-        except requests.exceptions.RequestException:
-            if call.expired:
-                raise DeadlineExceeded(call.seconds) from None
-            raise
+        except requests.exceptions.RequestException as exc:
+            # The receiver may have the request after a read timeout: webhook-id lets it deduplicate.
+            failure = request_failure(exc, call)
+            if failure is None:
+                raise
+            raise failure from None
 
     def _outcome(self, status: int, headers: Mapping[str, str], message: OutboundMessage) -> SendResult:
         code = f"http_{status}"

@@ -631,31 +631,12 @@ def _prepare_user(notification: Notification, user_id: str) -> list[Delivery]:
     notification.user_id = user_id
     now = timezone.now()
     localtime.apply_to_single(notification, recipient)  # send_at_local in the recipient's time zone
-    if notification.send_at and notification.send_at > now:
-        notification.status = Notification.Status.SCHEDULED
-
     targets = [
         (channel, address)
         for channel in notification.channels
         for address in channel_addresses(recipient, channel, webhook_default=notification.client.webhook_url)
     ]
-    dead = suppressed_addresses(targets)
-    deliveries = [
-        _plan_delivery(notification, recipient, channel, address, now, suppressed=(channel, address) in dead)
-        for channel, address in targets
-    ]
-    # Smarter delivery hooks (notifier/deliveries/frequency.py): the category's per-recipient cap.
-    frequency.apply_at_accept(notification, recipient, deliveries)
-    # ... and fallback between channels (notifier/fallback.py): later steps wait as pending.
-    fallback.plan_at_accept(notification, deliveries, now)
-    # One statement for the notification, its deliveries and their events, as the batch path (the ORM's INSERT
-    # compilation was a tenth of an accept's CPU, and each statement is a round trip).
-    deliveries_insert(deliveries, at=now, notifications=[notification])
-    fallback.after_accept(notification, deliveries, now)
-    to_publish = [(d.pk, d.channel, d.priority) for d in deliveries if d.status == Delivery.Status.QUEUED]
-    if to_publish:
-        transaction.on_commit(lambda: publish_soon(to_publish))
-    return deliveries
+    return _write_single(notification, recipient, targets, now, capped=True)
 
 
 def _prepare_chat_address(notification: Notification, chat: dict[str, str]) -> list[Delivery]:
@@ -667,16 +648,31 @@ def _prepare_chat_address(notification: Notification, chat: dict[str, str]) -> l
     recipient = recipient_ensure(user_id=CHANNEL_ADDRESS_USER_ID)
     notification.recipient = recipient
     notification.user_id = ""
-    now = timezone.now()
+    targets = [(channel, chat.get(channel, "")) for channel in notification.channels]
+    return _write_single(notification, recipient, targets, timezone.now(), capped=False)
+
+
+def _write_single(
+    notification: Notification, recipient: Recipient, targets: list[tuple[str, str]], now: datetime, *, capped: bool
+) -> list[Delivery]:
+    """Plan and write one notification's deliveries to `targets`, publishing the queued ones after commit.
+
+    `capped`: the category's per-recipient frequency cap applies (a person's allowance; not a team's channel).
+    """
     if notification.send_at and notification.send_at > now:
         notification.status = Notification.Status.SCHEDULED
-    targets = [(channel, chat.get(channel, "")) for channel in notification.channels]
     dead = suppressed_addresses(targets)
     deliveries = [
         _plan_delivery(notification, recipient, channel, address, now, suppressed=(channel, address) in dead)
         for channel, address in targets
     ]
+    if capped:
+        # Smarter delivery hooks (notifier/deliveries/frequency.py): the category's per-recipient cap.
+        frequency.apply_at_accept(notification, recipient, deliveries)
+    # ... and fallback between channels (notifier/fallback.py): later steps wait as pending.
     fallback.plan_at_accept(notification, deliveries, now)
+    # One statement for the notification, its deliveries and their events, as the batch path (the ORM's INSERT
+    # compilation was a tenth of an accept's CPU, and each statement is a round trip).
     deliveries_insert(deliveries, at=now, notifications=[notification])
     fallback.after_accept(notification, deliveries, now)
     to_publish = [(d.pk, d.channel, d.priority) for d in deliveries if d.status == Delivery.Status.QUEUED]
