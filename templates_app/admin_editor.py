@@ -15,6 +15,7 @@ from typing import Any
 
 from django.conf import settings
 
+from core.chat import CHAT_PART
 from templates_app.layouts import render
 from templates_app.rendering import (
     CHANNEL_PARTS,
@@ -223,5 +224,5 @@ def version_diff_table(old: Mapping[str, Any], new: Mapping[str, Any], *, old_la
 
 
 def known_channels() -> list[str]:
-    """Return the channels a block can be added for (configured and with known parts)."""
-    return [c for c in settings.CHANNELS if c in CHANNEL_PARTS]
+    """Return the channels a block can be added for (configured and with known parts; `chat` for every network)."""
+    return [c for c in settings.CHANNELS if c in CHANNEL_PARTS] + [CHAT_PART]

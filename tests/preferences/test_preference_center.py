@@ -6,6 +6,7 @@ import re
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.core import signing
 from django.test import Client
 
@@ -21,7 +22,7 @@ from projects.scoping import owner_id
 from templates_app.services import template_put
 from tests.conftest import wait_for
 
-CHANNELS = ["push", "email", "sms", "inapp", "webhook"]
+CHANNELS = list(settings.CHANNELS)
 # The page as a browser posts it for a recipient with no preferences: every box ticked, no quiet hours.
 FORM_DEFAULTS = {
     **{f"channel-{c}": "on" for c in CHANNELS},
