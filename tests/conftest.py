@@ -22,7 +22,7 @@ import pytest
 from django.conf import settings
 
 from config.celery import app as celery_app
-from core.queues import purge_queues
+from core.queues import CHANNELS, purge_queues
 
 if TYPE_CHECKING:
     pass
@@ -151,7 +151,7 @@ class ServerProcess:
 
 # A Celery worker is a ServerProcess; the name stays for the tests that annotate with it.
 WorkerProcess = ServerProcess
-ALL_SEND_QUEUES = [f"{c}.{p}" for c in ("push", "email", "sms", "inapp", "webhook") for p in ("high", "low")]
+ALL_SEND_QUEUES = [f"{c}.{p}" for c in CHANNELS for p in ("high", "low")]
 
 
 @pytest.fixture

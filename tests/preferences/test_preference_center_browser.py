@@ -69,7 +69,7 @@ def test_change_a_category_and_quiet_hours_then_the_api_shows_it(
     prefs = api.get("/api/v1/recipients/u-web/preferences").json()
     assert prefs["categories"]["marketing"]["enabled"] is False
     assert prefs["categories"]["social"]["frequency"] == "daily_digest"
-    assert prefs["categories"]["social"]["channels"] == ["push", "email", "inapp", "webhook"]
+    assert prefs["categories"]["social"]["channels"] == [c for c in settings.CHANNELS if c != "sms"]
     assert prefs["quiet_hours"] == {"start": "21:30", "end": "07:15"}
     assert api.get("/api/v1/recipients/u-web").json()["timezone"] == "Europe/Berlin"
     assert AuditEntry.objects.filter(action="preferences.update", actor_type="recipient", actor_id="u-web").exists()
