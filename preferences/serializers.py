@@ -55,7 +55,6 @@ def chat_address_error(network: str, value: str) -> tuple[str, str | None]:
         "type": "object",
         "properties": {network: {"type": "string", "maxLength": 2048} for network in CHAT_CHANNELS},
         "additionalProperties": False,
-        "nullable": True,
     }
 )
 class ChatAddressesField(serializers.Field):
