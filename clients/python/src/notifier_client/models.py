@@ -132,6 +132,7 @@ class Recipient:
     locale: str = ""
     timezone: str = ""
     webhook_url: str = ""
+    chat: dict[str, str] = field(default_factory=dict)
     devices: list[dict[str, Any]] = field(default_factory=list)
     preferences: dict[str, Any] = field(default_factory=dict)
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
@@ -151,6 +152,7 @@ class Recipient:
             locale=data.get("locale") or "",
             timezone=data.get("timezone") or "",
             webhook_url=data.get("webhook_url") or "",
+            chat=dict(data.get("chat") or {}),
             devices=list(data.get("devices") or []),
             preferences=dict(data.get("preferences") or {}),
             raw=data,
