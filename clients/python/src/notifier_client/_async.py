@@ -190,7 +190,7 @@ class AsyncNotifier:
     # --- Recipients and preferences --------------------------------------------------------------------------
 
     async def put_recipient(self, user_id: str, **fields: Any) -> Recipient:
-        """Create or update a recipient (email, phone, locale, timezone, webhook_url, chat); fields left out are kept."""
+        """Create or update a recipient (email, phone, locale, timezone, webhook_url, chat); omitted fields are kept."""
         return await self.call(_core.put_recipient(user_id, **fields))
 
     async def get_recipient(self, user_id: str) -> Recipient:

@@ -189,7 +189,7 @@ class Notifier:
     # --- Recipients and preferences --------------------------------------------------------------------------
 
     def put_recipient(self, user_id: str, **fields: Any) -> Recipient:
-        """Create or update a recipient (email, phone, locale, timezone, webhook_url, chat); fields left out are kept."""
+        """Create or update a recipient (email, phone, locale, timezone, webhook_url, chat); omitted fields are kept."""
         return self.call(_core.put_recipient(user_id, **fields))
 
     def get_recipient(self, user_id: str) -> Recipient:
