@@ -202,7 +202,13 @@ def test_a_test_key_sends_chat_to_the_sandbox(
     api_client_factory: Any, start_worker: Any, slack_stub: SlackStub, slack_env: dict[str, str]
 ) -> None:
     _, http = api_client_factory(mode="test")
-    template_put(key="deploy", category="transactional", default_locale="en", content=CONTENT)
+    # The test environment has templates of its own.
+    put = http.put(
+        "/api/v1/templates/deploy",
+        {"category": "transactional", "default_locale": "en", "content": CONTENT},
+        format="json",
+    )
+    assert put.status_code == 201, put.content
     start_worker(queues=QUEUES, env={**slack_env, "SLACK_PROVIDERS": "slack"})
     body = _send(http, {"chat": {"slack": "#ops"}})
     delivery = wait_for(lambda: _status(body["id"], "slack", "sent"), 60)
