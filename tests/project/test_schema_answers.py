@@ -56,6 +56,14 @@ CONTENT: dict[str, Any] = {
     }
 }
 EMAIL_ONLY: dict[str, Any] = {"en": {"email": {"subject": "News", "text": "Read {{ what }}"}}}
+CHAT_ONLY: dict[str, Any] = {
+    "en": {
+        "chat": {
+            "text": "Order {{ order_id }}",
+            "blocks": [{"type": "section", "text": {"type": "plain_text", "text": "{{ order_id }}"}}],
+        }
+    }
+}
 PAYLOAD = {"order_id": "A-1", "what": "this"}
 STEPS: list[dict[str, Any]] = [
     {"id": "inapp", "type": "send", "channel": "inapp", "template": "shipped"},
@@ -326,6 +334,12 @@ def _notifications_send(w: World) -> None:
     flow = w.send(template=None, workflow="shipped_flow")
     assert flow["workflow"] == "shipped_flow" and flow["steps"]
     w.send(template=None, workflow="shipped_flow", recipient=None, topic="fans")
+    # To a team's chat channels, without a user; an address the network would refuse.
+    w.template("ops", CHAT_ONLY)
+    ops = w.send(recipient={"chat": {"slack": "#ops", "telegram": "-1001234567890"}}, template="ops")
+    assert [d["channel"] for d in ops["deliveries"]] == ["slack", "telegram"]
+    assert w.call("notification_get", 200, notification_id=ops["id"])["user_id"] is None
+    w.send(400, recipient={"chat": {"slack": "ops"}}, template="ops")
     # From a test key (mode "test").
     test_client, test_http = w.client()
     ApiClient.objects.filter(pk=test_client.pk).update(mode=ApiClient.Mode.TEST)
@@ -582,8 +596,10 @@ def _recipient_get(w: World) -> None:
 
 def _recipient_put(w: World) -> None:
     body = {"email": "a@example.com", "phone": "+4915112345678", "locale": "de", "timezone": "Europe/Berlin",
-            "webhook_url": "https://hooks.example.com/a", "tracking_opt_out": True}  # fmt: skip
-    w.call("recipient_put", 201, user_id="u r+1@x", body=body)
+            "webhook_url": "https://hooks.example.com/a", "tracking_opt_out": True,
+            "chat": {"slack": "U024BE7LH", "whatsapp": "+4915112345678", "teams": "https://example.com/h"}}  # fmt: skip
+    assert w.call("recipient_put", 201, user_id="u r+1@x", body=body)["chat"]["slack"] == "U024BE7LH"
+    w.call("recipient_put", 400, user_id="u r+1@x", body={"chat": {"telegram": "not a chat"}})
     w.call("recipient_put", 200, user_id="u r+1@x", body={"email": None, "phone": ""})
     w.call("recipient_put", 400, user_id="u r+1@x", body={"timezone": "Mars/Olympus"})
 
