@@ -37,7 +37,12 @@ export interface RetryPolicy {
   maxBackoffSeconds: number;
 }
 
-export const DEFAULT_RETRY: RetryPolicy = { maxRetries: 3, budgetSeconds: 30, backoffSeconds: 0.5, maxBackoffSeconds: 8 };
+export const DEFAULT_RETRY: RetryPolicy = {
+  maxRetries: 3,
+  budgetSeconds: 30,
+  backoffSeconds: 0.5,
+  maxBackoffSeconds: 8,
+};
 
 /** Return the seconds to wait before retrying after `failure` on attempt `attempt` (0-based), or null. */
 export function retryDelay(
@@ -286,7 +291,8 @@ export class Notifier {
 
   /** Read a notification with its deliveries and their events. */
   get(notificationId: string): Promise<Notification> {
-    return this.request("get", "/api/v1/notifications/{notification_id}", { path: { notification_id: notificationId } });
+    const path = { notification_id: notificationId };
+    return this.request("get", "/api/v1/notifications/{notification_id}", { path });
   }
 
   /** Cancel what of a notification is not sent yet. */

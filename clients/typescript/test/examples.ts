@@ -25,7 +25,10 @@ export async function examples(): Promise<void> {
   for await (const message of notifier.list("/api/v1/sandbox/messages", { query: { channel: "email" } })) {
     console.log(message.address, message.content);
   }
-  const inbox = notifier.list("/api/v1/recipients/{user_id}/inbox", { path: { user_id: "u-42" }, query: { unread: true } });
+  const inbox = notifier.list("/api/v1/recipients/{user_id}/inbox", {
+    path: { user_id: "u-42" },
+    query: { unread: true },
+  });
   for await (const item of inbox) console.log(item.title);
 
   await notifier.request("put", "/api/v1/templates/{key}", {

@@ -30,7 +30,10 @@ async function collect<T>(items: AsyncIterable<T>): Promise<T[]> {
   return out;
 }
 
-async function rejects<E extends NotifierError>(promise: Promise<unknown>, Class: new (...args: never[]) => E): Promise<E> {
+async function rejects<E extends NotifierError>(
+  promise: Promise<unknown>,
+  Class: new (...args: never[]) => E,
+): Promise<E> {
   try {
     await promise;
   } catch (error) {
@@ -80,7 +83,8 @@ async function dedup(): Promise<object> {
 
 /** Each kind of failure is its class, with the API's status, code, message and fields. */
 async function errors(): Promise<object> {
-  const bad = await rejects(client.send({ recipient: "u-e", template: "shipped", category: "nonsense" }), BadRequestError);
+  const nonsense = { recipient: "u-e", template: "shipped", category: "nonsense" };
+  const bad = await rejects(client.send(nonsense), BadRequestError);
   assert.deepEqual([bad.status, bad.code], [400, "invalid"]);
   assert.ok(bad.fields["category"]?.length, JSON.stringify(bad.fields));
   const missing = await rejects(client.get("00000000-0000-0000-0000-000000000000"), NotFoundError);
@@ -99,7 +103,11 @@ async function errors(): Promise<object> {
 
 /** A batch with a bad item, the list followed across pages, a topic send and its cancellation. */
 async function batch(): Promise<object> {
-  const items = Array.from({ length: 60 }, (_, i) => ({ recipient: `u-b${i}`, ...SEND, payload: { order_id: `${i}` } }));
+  const items = Array.from({ length: 60 }, (_, i) => ({
+    recipient: `u-b${i}`,
+    ...SEND,
+    payload: { order_id: `${i}` },
+  }));
   const results = await client.sendBatch([...items, { recipient: "u-bad", template: "shipped", category: "nonsense" }]);
   assert.equal(results.length, 61);
   const accepted = results.slice(0, 60).map((r) => {
@@ -126,7 +134,8 @@ async function batch(): Promise<object> {
   assert.equal((await client.subscribe("ts-news", ["u-t1", "u-t2"])).total, 2);
   await client.unsubscribe("ts-news", "u-t2");
   assert.equal((await client.getTopic("ts-news")).subscribers, 1);
-  const topic = await client.sendTopic({ topic: "ts-news", ...SEND, payload: { order_id: "T" }, send_at: "2099-01-01T00:00:00Z" });
+  const later = "2099-01-01T00:00:00Z";
+  const topic = await client.sendTopic({ topic: "ts-news", ...SEND, payload: { order_id: "T" }, send_at: later });
   assert.equal(topic.status, "accepted");
   const cancelled = await client.cancel(topic.id);
   assert.equal(cancelled.id, topic.id);

@@ -170,7 +170,8 @@ test("an attempt that times out is a connection error", async () => {
   const silent = createServer(() => undefined); // accepts and never answers
   await new Promise<void>((resolve) => silent.listen(0, "127.0.0.1", resolve));
   const port = (silent.address() as AddressInfo).port;
-  const client = new Notifier({ baseUrl: `http://127.0.0.1:${port}`, apiKey: "k", retry: { maxRetries: 0 }, timeoutMs: 200 });
+  const baseUrl = `http://127.0.0.1:${port}`;
+  const client = new Notifier({ baseUrl, apiKey: "k", retry: { maxRetries: 0 }, timeoutMs: 200 });
   await assert.rejects(client.get("x"), NotifierConnectionError);
   silent.closeAllConnections();
   await new Promise<void>((resolve) => silent.close(() => resolve()));
