@@ -1368,9 +1368,14 @@ export interface components {
          *     * `sms` - sms
          *     * `inapp` - inapp
          *     * `webhook` - webhook
+         *     * `slack` - slack
+         *     * `teams` - teams
+         *     * `discord` - discord
+         *     * `telegram` - telegram
+         *     * `whatsapp` - whatsapp
          * @enum {string}
          */
-        ChannelEnum: "push" | "email" | "sms" | "inapp" | "webhook";
+        ChannelEnum: "push" | "email" | "sms" | "inapp" | "webhook" | "slack" | "teams" | "discord" | "telegram" | "whatsapp";
         /** @description A dead letter with its delivery's current status. */
         DeadLetterOutput: {
             readonly id: number;
@@ -1703,7 +1708,7 @@ export interface components {
         };
         /** @description The body of POST /api/v1/notifications (and each item of a batch). */
         NotificationInput: {
-            /** @description The one recipient; or give `topic` instead. */
+            /** @description The one recipient (a user, or a chat address); or give `topic` instead. */
             recipient?: components["schemas"]["NotificationRecipient"];
             /** @description Send to a topic's subscribers. */
             topic?: string;
@@ -1713,7 +1718,7 @@ export interface components {
             template?: string;
             /** @description Run a workflow instead of one template; "key@3" pins version 3. */
             workflow?: string;
-            /** @description Default: the template's channels. */
+            /** @description Default: the template's channels (for a chat address: the networks it names). */
             channels?: components["schemas"]["ChannelEnum"][];
             /** @description Template variables. */
             payload?: {
@@ -1778,9 +1783,17 @@ export interface components {
             /** @description Pass as `cursor` to get the next page; null on the last page. */
             readonly next_cursor: string | null;
         };
-        /** @description The single recipient of a notification. */
+        /** @description The single recipient of a notification: a user, or a team's chat address without a user. */
         NotificationRecipient: {
-            user_id: string;
+            user_id?: string;
+            /** @description A chat address without a user ({"slack": "#ops"}): no preferences apply. Not with user_id. */
+            chat?: {
+                slack?: string;
+                teams?: string;
+                discord?: string;
+                telegram?: string;
+                whatsapp?: string;
+            };
         };
         /** @description The body of POST /api/v1/campaigns (and, all fields optional, of PATCH). */
         PatchedCampaignInput: {
@@ -1922,6 +1935,13 @@ export interface components {
             locale?: string | null;
             timezone?: string | null;
             webhook_url?: (string) | null;
+            chat?: {
+                slack?: string;
+                teams?: string;
+                discord?: string;
+                telegram?: string;
+                whatsapp?: string;
+            } | null;
             tracking_opt_out?: boolean;
         };
         /** @description A recipient as the list shows it (`GET /recipients/{user_id}` adds devices and preferences). */
@@ -1932,6 +1952,10 @@ export interface components {
             locale: string;
             timezone: string;
             webhook_url: string;
+            /** @description Chat addresses by network. */
+            chat: {
+                [key: string]: string;
+            };
             tracking_opt_out: boolean;
             /** Format: date-time */
             created_at: string;
@@ -1946,6 +1970,10 @@ export interface components {
             locale: string;
             timezone: string;
             webhook_url: string;
+            /** @description Chat addresses by network. */
+            chat: {
+                [key: string]: string;
+            };
             tracking_opt_out: boolean;
             readonly devices: components["schemas"]["Device"][];
             readonly preferences: components["schemas"]["PreferencesOutput"];
@@ -2833,8 +2861,13 @@ export interface operations {
                  *     * `sms` - sms
                  *     * `inapp` - inapp
                  *     * `webhook` - webhook
+                 *     * `slack` - slack
+                 *     * `teams` - teams
+                 *     * `discord` - discord
+                 *     * `telegram` - telegram
+                 *     * `whatsapp` - whatsapp
                  */
-                channel?: "push" | "email" | "sms" | "inapp" | "webhook";
+                channel?: "push" | "email" | "sms" | "inapp" | "webhook" | "slack" | "teams" | "discord" | "telegram" | "whatsapp";
                 /** @description The `next_cursor` of the previous page; leave out for the first page. */
                 cursor?: string;
                 /** @description Items per page, 1 to 500 (default 50). */
@@ -7034,8 +7067,13 @@ export interface operations {
                  *     * `sms` - sms
                  *     * `inapp` - inapp
                  *     * `webhook` - webhook
+                 *     * `slack` - slack
+                 *     * `teams` - teams
+                 *     * `discord` - discord
+                 *     * `telegram` - telegram
+                 *     * `whatsapp` - whatsapp
                  */
-                channel?: "push" | "email" | "sms" | "inapp" | "webhook";
+                channel?: "push" | "email" | "sms" | "inapp" | "webhook" | "slack" | "teams" | "discord" | "telegram" | "whatsapp";
                 /** @description The `next_cursor` of the previous page; leave out for the first page. */
                 cursor?: string;
                 /** @description Items per page, 1 to 1000 (default 50). */
