@@ -236,9 +236,7 @@ def test_a_refund_gives_back_what_was_counted(db: None, clock: SetClock) -> None
     assert {c: u.used for c, u in counter.usage(992, {"email": 2, "sms": 9}).items()} == {"email": 0, "sms": 0}
 
 
-def test_redis_down_each_process_allows_its_share_of_what_was_left(
-    db: None, clock: SetClock, settings: Any
-) -> None:
+def test_redis_down_each_process_allows_its_share_of_what_was_left(db: None, clock: SetClock, settings: Any) -> None:
     settings.RESILIENCE_ASSUMED_WORKERS = 4
     dead = redis.Redis(host="127.0.0.1", port=1, socket_timeout=0.2)
     target: dict[str, redis.Redis | None] = {"client": None}
