@@ -176,10 +176,10 @@ def notification_accept(*, client: ApiClient, data: dict[str, Any], trace_id: st
         if data.get("topic"):
             deliveries = topic_notification_write(n, data["topic"])
             if counted:  # every subscriber, on each of the send's channels, as the fan-out will plan them
-                _quota_take_one(n, topic_subscriber_count(topic=cast(Topic, n.topic)), taken)
+                _quota_take_one(client, n, topic_subscriber_count(topic=cast(Topic, n.topic)), taken)
             return deliveries
         if counted:  # after the dedup check: a duplicate takes nothing
-            _quota_take_one(n, 1, taken)
+            _quota_take_one(client, n, 1, taken)
         return _prepare_user(n, data["recipient"]["user_id"])
 
     try:
@@ -190,9 +190,9 @@ def notification_accept(*, client: ApiClient, data: dict[str, Any], trace_id: st
         raise
 
 
-def _quota_take_one(notification: Notification, recipients: int, taken: list[Taken]) -> None:
+def _quota_take_one(client: ApiClient, notification: Notification, recipients: int, taken: list[Taken]) -> None:
     """Count a notification's messages (`recipients` on each of its channels) or raise its 429 quota_exceeded."""
-    (refused,), counted = quota_take(notification.environment_id, [dict.fromkeys(notification.channels, recipients)])
+    (refused,), counted = quota_take(owner_id(client), [dict.fromkeys(notification.channels, recipients)])
     if refused is not None:
         raise refused
     taken.append(counted)

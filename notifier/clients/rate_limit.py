@@ -25,6 +25,7 @@ from rest_framework.throttling import BaseThrottle
 from core.ratelimit import Grant, Limit, RateLimiter, parse_rate
 from core.redis_guard import rkey
 from notifier.clients.auth import request_client
+from projects.scoping import owner_id
 from projects.selectors import environment_settings
 
 if TYPE_CHECKING:  # types only: DRF loads this module from settings, before the models may be
@@ -117,5 +118,5 @@ class ApiClientRateThrottle(RateThrottle):
         own = self.bucket(request)
         if own is None:
             return []
-        project = project_bucket(request_client(request).environment_id)
+        project = project_bucket(owner_id(request_client(request)))
         return [own] if project is None else [own, project]

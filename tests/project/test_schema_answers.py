@@ -37,6 +37,7 @@ from notifier.inbox.services import inbox_token_create
 from notifier.statusevents.models import EventEndpoint
 from preferences.services import recipient_upsert, topic_subscribe, topic_upsert
 from projects.models import Environment, Project
+from projects.scoping import owner_id
 from templates_app.services import template_put
 from tests import factories
 from tests.callbacks.test_callbacks_ses import _stub_server, ses_event, signing, stub  # noqa: F401 - fixtures
@@ -420,7 +421,7 @@ def _stats_get(w: World) -> None:
 def _project_get(w: World) -> None:
     answer = w.call("project_get", 200)
     assert (answer["slug"], answer["environment"], answer["quotas"]) == ("default", "live", {})
-    environment = Environment.objects.get(pk=w.service.environment_id)
+    environment = Environment.objects.get(pk=owner_id(w.service))
     environment.quotas = {"email": 1, "sms": 10}
     environment.save()
     w.template()
