@@ -45,6 +45,7 @@ from typing import Any, TypeVar
 
 import redis
 from django.conf import settings
+from django.core.exceptions import ValidationError
 
 from core.redis_guard import RedisGuard, rkey
 
@@ -94,6 +95,17 @@ def parse_rate(text: str) -> tuple[float, float]:
         raise ValueError(f"'{text}' is not a rate such as 200/s, 1000/m or 50000/h")
     count = float(match.group(1))
     return count / PERIOD_SECONDS[match.group(2)[0].lower()], max(count, 1.0)
+
+
+def clean_rate_text(value: str | None) -> str:
+    """Return a form's rate as stored (stripped; empty: none), or raise the form's ValidationError for a non-rate."""
+    text = (value or "").strip()
+    if text:
+        try:
+            parse_rate(text)
+        except ValueError as exc:
+            raise ValidationError(str(exc)) from None
+    return text
 
 
 @dataclass(frozen=True)

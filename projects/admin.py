@@ -26,7 +26,7 @@ from django.utils.html import format_html
 from rest_framework.exceptions import ValidationError
 
 from core.errors import ApiError
-from core.ratelimit import parse_rate
+from core.ratelimit import clean_rate_text
 from projects.models import Environment, Membership, Project
 from projects.promotion import Reader, promotion_candidates, version_diff
 from projects.quotas import quotas_validate
@@ -240,13 +240,7 @@ class ProjectForm(forms.ModelForm):
     """
 
     def clean_rate_limit(self) -> str:
-        value = (self.cleaned_data.get("rate_limit") or "").strip()
-        if value:
-            try:
-                parse_rate(value)
-            except ValueError as exc:
-                raise forms.ValidationError(str(exc)) from None
-        return value
+        return clean_rate_text(self.cleaned_data.get("rate_limit"))
 
 
 @admin.register(Project)

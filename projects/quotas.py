@@ -141,7 +141,6 @@ class DailyQuotas:
         self.guard = RedisGuard("daily quotas", redis_client)
         # What "today" is; a test sets its own clock to cross midnight.
         self.clock: Callable[[], datetime] = timezone.now
-        self._scripts: dict[tuple[int, str], Any] = {}
         self._lock = threading.Lock()
         # Per process: the last count Redis answered per key, and what this process counted while Redis was down.
         self._seen: dict[str, int] = {}
@@ -169,7 +168,7 @@ class DailyQuotas:
 
         def shared(client: redis.Redis) -> tuple[list[int], bool]:
             args: list[Any] = [expire_at, *caps, *(n for row in amounts for n in row)]
-            answer = [int(v) for v in self._script(client, TAKE_LUA)(keys=keys, args=args)]
+            answer = [int(v) for v in self.guard.script(client, TAKE_LUA)(keys=keys, args=args)]
             with self._lock:
                 self._seen.update(zip(keys, answer[len(items) :], strict=True))
             return answer[: len(items)], False
@@ -200,7 +199,7 @@ class DailyQuotas:
                         self._local[key] = max(0, self._local[key] - taken.keys[key])
             return
         amounts = [taken.keys[k] for k in keys]
-        self.guard.run(lambda client: self._script(client, REFUND_LUA)(keys=keys, args=amounts), lambda: None)
+        self.guard.run(lambda client: self.guard.script(client, REFUND_LUA)(keys=keys, args=amounts), lambda: None)
 
     def usage(self, environment_id: int, limits: Mapping[str, int]) -> dict[str, Usage]:
         """Return each limited channel's limit, today's count and reset (with Redis down, this process's view)."""
@@ -224,14 +223,6 @@ class DailyQuotas:
         }
 
     # --- internals -----------------------------------------------------------------------------------
-
-    def _script(self, client: redis.Redis, source: str) -> Any:
-        # One Script object per client and source: it hashes once and reloads itself after a NOSCRIPT.
-        cache_key = (id(client), source)
-        script = self._scripts.get(cache_key)
-        if script is None:
-            script = self._scripts[cache_key] = client.register_script(source)
-        return script
 
     def _new_day(self, day: date) -> None:
         """Forget the counts of earlier days (called with the lock held)."""
