@@ -9,7 +9,7 @@ concurrent takes never overshooting, the per-process share while Redis is down, 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -28,7 +28,6 @@ from projects.quotas import DailyQuotas
 from projects.scoping import owner_scope
 from projects.services import project_create
 from templates_app.services import template_put
-from tests.conftest import purge_all_queues
 from tests.factories import make_staff_user
 
 CONTENT = {"en": {"email": {"subject": "Hi {{ name }}", "text": "Hello {{ name }}"}, "sms": {"text": "Hi {{ name }}"}}}
@@ -56,13 +55,14 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> SetClock:
 
 
 @pytest.fixture
-def shop(db: None) -> Iterator[Project]:
+def shop(db: None) -> Project:
+    """A project with the template `hello` in both environments (sends here publish nothing: their transaction
+    is the test's, rolled back, so no after-commit publish runs)."""
     project = project_create(slug="shop", name="Shop")
     for environment in project.environments.all():
         with owner_scope(environment.pk):
             template_put(key="hello", category="transactional", default_locale="en", content=CONTENT)
-    yield project
-    purge_all_queues()
+    return project
 
 
 def set_quotas(project: Project, quotas_: dict[str, int], name: str = "live") -> Environment:
