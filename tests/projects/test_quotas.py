@@ -21,6 +21,8 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from notifier.deliveries.models import Notification
+from notifier.workflows.models import WorkflowRun, WorkflowStep
+from notifier.workflows.services import runs_advance
 from preferences.services import topic_subscribe, topic_upsert
 from projects import quotas
 from projects.models import Environment, Project
@@ -321,3 +323,25 @@ def test_the_admin_edits_an_environments_quotas_and_checks_them(shop: Project) -
     assert saved.status_code == 302, saved.context["adminform"].form.errors if saved.context else saved
     assert Environment.objects.get(pk=environments[live_index].pk).quotas == {"sms": 500}
     assert Project.objects.get(pk=shop.pk).rate_limit == "50/s"
+
+
+def test_a_workflows_send_step_counts_when_it_runs_and_fails_over_the_quota(
+    shop: Project, clock: SetClock, api_client_factory: Callable[..., tuple[Any, Any]]
+) -> None:
+    set_quotas(shop, {"email": 1})
+    _, http = api_client_factory(project="shop")
+    steps = [{"id": "mail", "type": "send", "channel": "email", "template": "hello"}]
+    put = http.put("/api/v1/workflows/greet", {"category": "transactional", "steps": steps}, format="json")
+    assert put.status_code == 201, put.content
+    triggers = [
+        http.post(SEND, {"recipient": {"user_id": u}, "workflow": "greet"}, format="json") for u in ("w-1", "w-2")
+    ]
+    assert [t.status_code for t in triggers] == [202, 202]  # a trigger itself sends nothing yet
+    runs = [WorkflowRun.objects.get(notification_id=t.json()["id"]) for t in triggers]
+
+    runs_advance(run_ids=[run.pk for run in runs])
+
+    first, second = (WorkflowStep.objects.get(run=run, step_id="mail") for run in runs)
+    assert first.status == WorkflowStep.Status.DONE
+    assert second.status == WorkflowStep.Status.FAILED and "daily quota" in second.reason
+    assert http.get("/api/v1/project").json()["quotas"]["email"]["used"] == 1
