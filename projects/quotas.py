@@ -93,8 +93,12 @@ return 0
 
 
 def counter_key(environment_id: int, channel: str, day: date) -> str:
-    """Return the Redis key of an environment's count of `channel` on `day` (UTC)."""
-    return rkey("quota", environment_id, channel, day.isoformat())
+    """Return the Redis key of an environment's count of `channel` on `day` (UTC).
+
+    Hash-tagged by environment, as the rate limiter's buckets are by provider: one script may touch every
+    channel's counter of an environment even on a Redis Cluster.
+    """
+    return rkey("quota", "{%d}" % environment_id, channel, day.isoformat())  # noqa: UP031
 
 
 def next_midnight(now: datetime) -> datetime:
