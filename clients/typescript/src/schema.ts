@@ -348,6 +348,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/project": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Read the key's project
+         * @description The project and environment of the calling key, with each daily quota of the environment (its limit, what today has used, when it resets: midnight UTC) and the project's promotion rule.
+         */
+        get: operations["project_get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/promotion": {
         parameters: {
             query?: never;
@@ -1460,6 +1480,12 @@ export interface components {
             token: string;
             active: boolean;
         };
+        /**
+         * @description * `live` - live
+         *     * `test` - test
+         * @enum {string}
+         */
+        EnvironmentEnum: "live" | "test";
         /** @description The body of every error answer. */
         Error: {
             error: components["schemas"]["ErrorDetail"];
@@ -1877,6 +1903,29 @@ export interface components {
          * @enum {string}
          */
         PriorityEnum: "high" | "normal" | "low";
+        /** @description The calling key's project and environment. */
+        ProjectOutput: {
+            slug: string;
+            name: string;
+            /**
+             * @description The key's environment (its mode).
+             *
+             *     * `live` - live
+             *     * `test` - test
+             */
+            environment: components["schemas"]["EnvironmentEnum"];
+            /** @description The environment's daily quotas by channel; a channel not listed has none. */
+            quotas: {
+                [key: string]: components["schemas"]["QuotaOutput"];
+            };
+            /**
+             * @description `required`: live's templates, layouts and workflows change only by promotion from test.
+             *
+             *     * `direct` - direct
+             *     * `required` - required
+             */
+            promotion: components["schemas"]["PromotionEnum"];
+        };
         /** @description A layout, template or workflow whose version in test differs from live's. */
         PromotionCandidateOutput: {
             /** @description `layout`, `template` or `workflow`. */
@@ -1889,6 +1938,12 @@ export interface components {
             /** @description Unified diff from live's version to test's, of their canonical JSON (keys sorted, indented). */
             diff: string;
         };
+        /**
+         * @description * `direct` - direct
+         *     * `required` - required
+         * @enum {string}
+         */
+        PromotionEnum: "direct" | "required";
         /** @description The body of POST /api/v1/promotion: what to promote from test to live. */
         PromotionInput: {
             /** @description Up to 1,000 objects `{"kind": "template", "key": "order_shipped"}`; kind: `layout`, `template` or `workflow`. */
@@ -1927,6 +1982,18 @@ export interface components {
         QuietHoursOutput: {
             start: string;
             end: string;
+        };
+        /** @description One channel's daily quota. */
+        QuotaOutput: {
+            /** @description Messages a UTC day on this channel. */
+            limit: number;
+            /** @description Counted today (sends accepted; a topic send counts its subscribers). */
+            used: number;
+            /**
+             * Format: date-time
+             * @description When the count starts again: the next midnight UTC.
+             */
+            resets_at: string;
         };
         /** @description Contact data of a recipient; fields left out keep their current value, null or "" clears them. */
         RecipientInput: {
@@ -2345,7 +2412,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -2458,7 +2525,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -2560,7 +2627,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -2693,7 +2760,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -2823,7 +2890,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -2938,7 +3005,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -3067,7 +3134,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -3196,7 +3263,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -3309,7 +3376,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -3409,7 +3476,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -3522,7 +3589,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -3621,7 +3688,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -3726,7 +3793,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -3844,7 +3911,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -3946,7 +4013,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -4079,7 +4146,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -4203,7 +4270,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -4303,7 +4370,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -4435,7 +4502,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -4537,7 +4604,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -4657,7 +4724,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -4770,7 +4837,98 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description A request header is larger than the server reads (8,190 bytes); HTML. */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/html": string;
+                };
+            };
+            /** @description The database is unavailable; retry after Retry-After. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    project_get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ProjectOutput"];
+                };
+            };
+            /** @description Invalid input: the fields at fault and why. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description No valid key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The key may not do this: a scope, category or priority it does not have. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The Accept header asks for something other than JSON. */
+            406: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The request line (method, path and query) is longer than the server reads (4,094 bytes); HTML. */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/html": string;
+                };
+            };
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -4861,7 +5019,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -4974,7 +5132,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -5072,7 +5230,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -5174,7 +5332,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -5308,7 +5466,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -5409,7 +5567,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -5533,7 +5691,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -5635,7 +5793,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -5746,7 +5904,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -5870,7 +6028,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -5991,7 +6149,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -6112,7 +6270,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -6233,7 +6391,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -6354,7 +6512,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -6474,7 +6632,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -6598,7 +6756,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -6700,7 +6858,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -6824,7 +6982,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -6923,7 +7081,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -7028,7 +7186,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -7138,7 +7296,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -7261,7 +7419,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -7362,7 +7520,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -7458,7 +7616,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -7560,7 +7718,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -7693,7 +7851,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -7817,7 +7975,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -7941,7 +8099,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -8044,7 +8202,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -8140,7 +8298,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -8242,7 +8400,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -8376,7 +8534,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -8500,7 +8658,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -8602,7 +8760,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -8698,7 +8856,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -8800,7 +8958,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -8933,7 +9091,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -9057,7 +9215,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
