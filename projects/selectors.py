@@ -97,3 +97,19 @@ def default_project_id() -> int | None:
         return Project.objects.filter(slug=DEFAULT_PROJECT_SLUG).values_list("id", flat=True).first()
 
     return cached("default-project", DEFAULT_PROJECT_SLUG, load)
+
+
+def environment_project_weight(environment_id: int | None) -> tuple[int, int]:
+    """Return (project id, its weight) of an environment: its share of a queue among broadcasting projects.
+
+    (0, 1) for no environment.
+    """
+    if environment_id is None:
+        return 0, 1
+
+    def load() -> tuple[int, int] | None:
+        row = Environment.objects.filter(pk=environment_id).values_list("project_id", "project__weight").first()
+        return None if row is None else (int(row[0]), max(1, int(row[1] or 1)))
+
+    found = cached("environment-project-weight", str(environment_id), load)
+    return found if found is not None else (0, 1)
