@@ -12,7 +12,7 @@ send them (100 s at 1,000/s). So a fan-out page asks this module first, per queu
   waits in PostgreSQL as subscribers not yet paged (the lane's checkpoint), to be paged when room appears.
 - **Turns.** Within the room, projects take turns weighted by `Project.weight`, and the broadcasts of one
   project take turns equally: each has a virtual clock (deliveries fed / weight for a project, fed for a
-  broadcast), and one may run ahead of the slowest one still asking by one room's worth at most. A project
+  broadcast), and one may run ahead of the slowest one still asking by a quarter of a room at most. A project
   that starts asking (again) starts at the slowest active clock, so idle time is not saved up.
 - **Only throttled queues.** A queue whose provider has no rate limit (in-app, by default) is not gated: its
   fan-out runs at today's speed. High priority has its own pace (notifier/dispatch/pace.py).
@@ -67,6 +67,7 @@ local active = tonumber(ARGV[7])
 local forget = tonumber(ARGV[8])
 local min_chunk = tonumber(ARGV[10])
 local backlog = tonumber(ARGV[11])
+local quantum = min_chunk
 local h = redis.call('HGETALL', key)
 local fields = {}
 for i = 1, #h, 2 do fields[h[i]] = h[i + 1] end
@@ -95,9 +96,9 @@ local pv = tonumber(fields['pv:' .. p] or '0')
 local fv = tonumber(fields['fv:' .. f] or '0')
 -- a project (or flow) coming back after a pause starts at the slowest clock still running
 local pa = tonumber(fields['pa:' .. p] or '0')
-if pmin ~= nil and (now - pa > active or pv < pmin) then pv = math.max(pv, pmin) end
+if pmin ~= nil and now - pa > active then pv = math.max(pv, pmin) end
 local fa = tonumber(fields['fa:' .. f] or '0')
-if fmin ~= nil and (now - fa > active or fv < fmin) then fv = math.max(fv, fmin) end
+if fmin ~= nil and now - fa > active then fv = math.max(fv, fmin) end
 local grant = math.min(want, math.floor(cap - lvl))
 local reason = 0
 if grant < math.min(want, min_chunk) then
@@ -105,12 +106,12 @@ if grant < math.min(want, min_chunk) then
   reason = 1
 end
 if grant > 0 and pmin ~= nil then
-  local ahead = math.floor((pmin + cap / w - pv) * w)
+  local ahead = math.floor((pmin + quantum / w - pv) * w)
   if ahead < grant then grant = math.max(0, ahead) end
   if grant < math.min(want, min_chunk) then grant = 0; reason = 2 end
 end
 if grant > 0 and fmin ~= nil then
-  local ahead = math.floor(fmin + cap - fv)
+  local ahead = math.floor(fmin + quantum - fv)
   if ahead < grant then grant = math.max(0, ahead) end
   if grant < math.min(want, min_chunk) then grant = 0; reason = 2 end
 end
