@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from django.db import connection
+from prometheus_client.parser import text_string_to_metric_families
 
 from channels_app.models import SandboxMessage
 from notifier.accepting.services import notification_accept
@@ -88,8 +89,19 @@ def fed(notification: Notification) -> int:
     return Delivery.objects.filter(notification=notification).count()
 
 
+def fair_metrics(api: Any) -> dict[tuple[str, str], float]:
+    """Return the /metrics samples of the fair shares by (name, project) for email.low."""
+    text = api.get("/metrics").content.decode()
+    return {
+        (sample.name, sample.labels["project"]): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name.startswith("notifier_fair_") and sample.labels.get("queue") == "email.low"
+    }
+
+
 @pytest.mark.django_db(transaction=True)
-def test_a_single_waits_behind_a_room_of_another_projects_broadcast_at_most(throttled: None) -> None:
+def test_a_single_waits_behind_a_room_of_another_projects_broadcast_at_most(throttled: None, api: Any) -> None:
     a, b = project_client("proj-a"), project_client("proj-b")
     project_topic(a, "everyone", 1000)
     big = broadcast(a, "everyone")
@@ -100,6 +112,11 @@ def test_a_single_waits_behind_a_room_of_another_projects_broadcast_at_most(thro
     # PostgreSQL as subscribers not yet paged.
     assert 0 < first.published <= RATE * (HORIZON + time.monotonic() - started)
     assert first.next_in is not None and not first.done and fed(big) < 1000
+    # Operators see the project's backlog, its share and what it fed.
+    seen = fair_metrics(api)
+    assert seen[("notifier_fair_backlog", "proj-a")] == 1000 - fed(big)
+    assert seen[("notifier_fair_share", "proj-a")] == 1.0
+    assert seen[("notifier_fair_fed_total", "proj-a")] == fed(big)
 
     with owner_scope(b.environment_id):
         factories.make_recipient(user_id="b-1", email="b-1@example.com")
