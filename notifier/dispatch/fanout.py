@@ -284,9 +284,9 @@ def fanout_run(*, notification_id: uuid.UUID | str, lane: int = 0, enqueue_next:
             if step.hold is not None:
                 # No room in a throttled queue, or another broadcast's turn. Room comes back within the horizon:
                 # wait for it once, briefly; then make way for the other lanes waiting for a fan-out process.
-                if step.hold.reason == "room" and not held and step.hold.wait <= HOLD_SLEEP_SECONDS:
+                if step.hold.reason == "room" and not held:
                     held = True
-                    time.sleep(step.hold.wait)
+                    time.sleep(min(step.hold.wait, HOLD_SLEEP_SECONDS))
                     continue
                 if step.hold.reason == "turn":
                     time.sleep(TURN_SLEEP_SECONDS)
