@@ -103,7 +103,8 @@ def collect_fair_shares() -> list[shares.ProjectShare] | None:
 
 def fair_share_families(states: list[shares.ProjectShare]) -> Iterator[Metric]:
     """Yield the per-project backlog, wait, entitled share and deliveries fed of each throttled queue."""
-    slugs = dict(Project.objects.filter(pk__in={s.project for s in states}).values_list("pk", "slug"))
+    projects = {s.project for s in states}
+    slugs = dict(Project.objects.filter(pk__in=projects).values_list("pk", "slug")) if projects else {}
     labels = ["queue", "project"]
     backlog = GaugeMetricFamily(
         "notifier_fair_backlog", "Subscribers of a project's broadcasts not yet fed into the queue.", labels=labels
@@ -168,7 +169,8 @@ class OpsCollector(Collector):
             oldest.add_metric([], outbox[1])
             yield oldest
         states = collect_fair_shares()
-        if states:
+        if states is not None:
+            # Exported with no series while no broadcast asks: the alert's expression names them.
             yield from fair_share_families(states)
         pending = collect_pending_dead_letters()
         if pending is not None:
