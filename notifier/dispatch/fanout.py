@@ -514,7 +514,7 @@ def fanout_page(
     # its project's (and its own) turn (notifier/dispatch/shares.py): the rest of the topic waits in PostgreSQL,
     # as subscribers not yet paged, and a single published meanwhile waits behind seconds of work at most.
     gated = n.priority != "high" and n.strategy not in _page_writers and shares.enabled()
-    gate = _gate_open(n, channels, size, rate) if gated else None
+    gate = _gate_open(n, channels, size) if gated else None
     if gate is not None:
         if gate.hold is not None:
             return PageResult(hold=gate.hold)
@@ -662,19 +662,16 @@ class _Gate:
 _topic_sizes: dict[str, int] = {}
 
 
-def _gate_open(n: Notification, channels: list[str], size: int, rate: int | None) -> _Gate | None:
+def _gate_open(n: Notification, channels: list[str], size: int) -> _Gate | None:
     """Ask each throttled queue of the page for room; return the grants (None: no throttled queue).
 
     The page then takes as many subscribers as the smallest grant; a queue without room or turn holds the page
-    (`hold`) and the grants already taken are given back.
+    (`hold`) and the grants already taken are given back. A rate-capped campaign's page is counted in full,
+    though its messages are spread over the page's seconds: the level errs on the side of a shorter queue.
     """
     throttled = {c: r for c in channels if (r := shares.channel_rate(c))}
     if not throttled:
         return None
-    if rate:
-        # A rate-capped campaign spreads its page over page / rate seconds of delayed messages: ask for no more
-        # than a horizon of its cap, so what the level counts is what enters the queue soon.
-        size = max(1, min(size, int(rate * max(1.0, shares.horizon_seconds()))))
     project, weight = environment_project_weight(n.environment_id)
     flow = str(n.pk)
     if flow not in _topic_sizes:
