@@ -36,7 +36,7 @@ from typing import Any
 from django.conf import settings
 
 from core import ratelimit
-from core.redis_guard import RedisGuard, rkey
+from core.redis_guard import RedisGuard, redis_script, rkey
 
 logger = logging.getLogger(__name__)
 
@@ -158,7 +158,6 @@ return 1
 """
 
 _guard = RedisGuard("fair shares")
-_scripts: dict[tuple[int, str], Any] = {}
 _rates: dict[str, tuple[float, float | None]] = {}
 _rates_lock = threading.Lock()
 # How long a process reuses a provider's current rate read from the shared limiter.
@@ -216,14 +215,6 @@ def channel_rate(channel: str) -> float | None:
     return rate
 
 
-def _script(client: Any, source: str) -> Any:
-    cache_key = (id(client), source)
-    script = _scripts.get(cache_key)
-    if script is None:
-        script = _scripts[cache_key] = client.register_script(source)
-    return script
-
-
 _REASONS = {0: "", 1: "room", 2: "turn"}
 
 
@@ -241,7 +232,8 @@ def ask(
     min_chunk = max(1, int(rate * horizon / 4))
 
     def call(client: Any) -> Share:
-        granted, wait_ms, reason, others = _script(client, _ASK_LUA)(
+        granted, wait_ms, reason, others = redis_script(_ASK_LUA)(
+            client=client,
             keys=[queue_key(queue)],
             args=[
                 rate,
@@ -269,7 +261,9 @@ def settle(queue: str, *, rate: float, project: int, weight: int, flow: str, del
         return
 
     def call(client: Any) -> None:
-        _script(client, _SETTLE_LUA)(keys=[queue_key(queue)], args=[rate, project, max(1, weight), flow, delta])
+        redis_script(_SETTLE_LUA)(
+            client=client, keys=[queue_key(queue)], args=[rate, project, max(1, weight), flow, delta]
+        )
 
     _guard.run(call, lambda: None)
 
@@ -350,7 +344,10 @@ return 1
 
 def leave(queue: str, *, project: int, flow: str) -> None:
     """Take a finished broadcast out of the turns of `queue` (its project too, when it was its last)."""
-    _guard.run(lambda client: _script(client, _LEAVE_LUA)(keys=[queue_key(queue)], args=[project, flow]), lambda: None)
+    _guard.run(
+        lambda client: redis_script(_LEAVE_LUA)(client=client, keys=[queue_key(queue)], args=[project, flow]),
+        lambda: None,
+    )
 
 
 def reset(queues: list[str]) -> None:
