@@ -322,6 +322,10 @@ FANOUT_HIGH_PACE = env.str("FANOUT_HIGH_PACE", "*=500;inapp=10000")
 # fan-out worker with at least that concurrency. Campaigns (rate-capped) always use one lane.
 FANOUT_LANES = env.int("FANOUT_LANES", 2)
 FANOUT_LANE_MIN_SUBSCRIBERS = env.int("FANOUT_LANE_MIN_SUBSCRIBERS", 10_000)
+# Broadcasts feed a throttled low queue at most FAIR_HORIZON_SECONDS of its provider's rate ahead, in turns
+# weighted by Project.weight (notifier/dispatch/shares.py, docs/fanout.md).
+FAIR_SHARES = env.bool("FAIR_SHARES", True)
+FAIR_HORIZON_SECONDS = env.float("FAIR_HORIZON_SECONDS", 1.0)
 BACKPRESSURE_LOW_QUEUE_DEPTH = env.int("BACKPRESSURE_LOW_QUEUE_DEPTH", 50_000)
 BACKPRESSURE_CACHE_SECONDS = env.float("BACKPRESSURE_CACHE_SECONDS", 1.0)
 BACKPRESSURE_RETRY_AFTER_SECONDS = env.float("BACKPRESSURE_RETRY_AFTER_SECONDS", 30.0)
