@@ -153,6 +153,15 @@ class RabbitNode:
         except OSError as exc:
             return f"(no log: {exc})"
 
+    def stop_app(self) -> None:
+        """Stop the rabbit application (the VM stays): clients are cut off and new connections refused."""
+        self.ctl("stop_app")
+
+    def start_app(self) -> None:
+        """Start the rabbit application again and wait until it runs."""
+        self.ctl("start_app")
+        self.ctl("await_startup", "--timeout", "60", timeout=90)
+
     def beam_pid(self) -> int:
         """Return the node's Erlang VM process id (from its pid file)."""
         return int((self.dir / "beam.pid").read_text().strip())
@@ -284,6 +293,30 @@ class PgServer:
         if (self.dir / "postmaster.pid").exists():
             with contextlib.suppress(subprocess.CalledProcessError, subprocess.TimeoutExpired):
                 self._as_postgres(_pg_bin("pg_ctl"), "-D", str(self.dir), "-m", mode, "-w", "stop", timeout=60)
+
+    def _pids(self) -> list[int]:
+        """Return the postmaster's process id and its children's (every backend and background process)."""
+        postmaster = int((self.dir / "postmaster.pid").read_text().split()[0])
+        children = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                # The parent pid is the second field after the command, which is in parentheses.
+                if int(stat.read_text().rpartition(")")[2].split()[1]) == postmaster:
+                    children.append(int(stat.parent.name))
+        return [postmaster, *children]
+
+    def pause(self) -> None:
+        """SIGSTOP the server and every process of it: it keeps its sockets but answers nothing (a hung host)."""
+        for pid in self._pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT a paused server."""
+        with contextlib.suppress(OSError, ValueError):
+            for pid in self._pids():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
 
     def promote(self) -> None:
         """Promote this standby to a primary and wait until it accepts writes."""
