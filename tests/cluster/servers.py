@@ -121,6 +121,10 @@ class RabbitNode:
             "RABBITMQ_LOG_BASE": str(self.dir / "log"),
             "RABBITMQ_PID_FILE": str(self.dir / "beam.pid"),
             "ERL_EPMD_ADDRESS": "127.0.0.1",
+            # rabbitmqctl takes a distribution port of its own from a range of ten by default: a few CLI calls hung
+            # elsewhere on the machine use them all up, and every further call fails ("nodistribution").
+            "RABBITMQ_CTL_DIST_PORT_MIN": "35672",
+            "RABBITMQ_CTL_DIST_PORT_MAX": "35772",
             # Distribution on loopback only; a small scheduler count: three nodes share two cores with everything.
             "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1} +S 1:1",
         }

@@ -139,7 +139,9 @@ def test_the_api_statement_timeout_cancels_a_long_statement(own_pg: PgServer) ->
 
 def test_gunicorn_gives_the_api_a_statement_timeout() -> None:
     """The API's gunicorn settings set 30 s unless the environment says otherwise; other processes keep none."""
-    script = "import runpy, os; runpy.run_path('gunicorn.conf.py'); print(os.environ['DATABASE_STATEMENT_TIMEOUT_SECONDS'])"
+    script = (
+        "import runpy, os; runpy.run_path('gunicorn.conf.py'); print(os.environ['DATABASE_STATEMENT_TIMEOUT_SECONDS'])"
+    )
     env = {k: v for k, v in os.environ.items() if k != "DATABASE_STATEMENT_TIMEOUT_SECONDS"}
     result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True)
     assert result.stdout.strip() == "30", result.stderr[-2000:]
