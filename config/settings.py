@@ -401,6 +401,9 @@ STREAM_PORT = env.int("STREAM_PORT", 8010)
 INBOX_PUBLIC_URL = env.str("INBOX_PUBLIC_URL", f"http://127.0.0.1:{STREAM_PORT}")
 # Database connections of one stream server process for its reads (its LISTEN connection is one more).
 INBOX_STREAM_DB_POOL = env.int("INBOX_STREAM_DB_POOL", 4)
+# The stream's LISTEN connection needs a session of its own: behind PgBouncer in transaction mode, point it at
+# PostgreSQL itself (a postgres:// URL, multi-host allowed; empty: DATABASE_URL).
+INBOX_LISTEN_DATABASE_URL = env.str("INBOX_LISTEN_DATABASE_URL")
 # Concurrent streams per inbox token and per recipient across all stream processes (0: no limit); a stream
 # beyond them is a 429. A stream's claim lives in Redis for INBOX_STREAM_LEASE_SECONDS and is renewed while open.
 INBOX_STREAM_MAX_PER_TOKEN = env.int("INBOX_STREAM_MAX_PER_TOKEN", 5)

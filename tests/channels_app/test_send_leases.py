@@ -153,3 +153,58 @@ def test_a_dripped_answer_is_cut_off_at_the_call_deadline(receiver: TimedReceive
     assert caught.value.maybe_sent and caught.value.retriable
     assert elapsed < 4.0, elapsed
     assert len(receiver.requests) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_batch_longer_than_the_shipped_lease_is_sent_once(
+    start_worker: Any, receiver: TimedReceiver, webhook_env: dict[str, str]
+) -> None:
+    """With the shipped lease and heartbeat (nothing overridden), a batch that runs 1.4 leases sends nothing twice.
+
+    One provider call at a time, three deliveries answering after 14 s each: the last one is claimed at the start
+    and answered 42 s later, past the 30 s lease; only the heartbeat keeps the relay from handing it to the other
+    worker process while it waits its turn.
+    """
+    webhook_template()
+    lease = settings.SENDING_LEASE_SECONDS
+    assert settings.SENDING_HEARTBEAT_SECONDS == 0, "the shipped heartbeat: a third of the lease"
+    per_call = 14.0
+    ids = make_batch(n=3, address=f"{receiver.url}/hooks")
+    assert per_call * len(ids) > lease * 1.3
+    # The answer drips (each byte within the read timeout), so every call lasts its 14 s and ends well.
+    receiver.add_rule(StubResponse(200, b'{"ok":true}', drip=per_call))
+    env = {
+        **webhook_env,
+        "WEBHOOK_PROVIDERS": "webhook",
+        "PROVIDER_CONCURRENCY": "1",
+        "PROVIDER_RATE_LIMITS": NO_LIMIT,
+    }
+    # Two processes: one sends the batch, the other would take anything the relay hands back.
+    start_worker(queues=["webhook.high"], env=env, concurrency=2)
+    publish_as_one(ids)
+
+    stop = threading.Event()
+
+    def relay_loop() -> None:
+        try:
+            while not stop.is_set():
+                relay()  # the shipped relay: lease, republish window as config/settings.py has them
+                stop.wait(settings.OUTBOX_RELAY_INTERVAL_SECONDS)
+        finally:
+            connection.close()
+
+    loop = threading.Thread(target=relay_loop, daemon=True)
+    loop.start()
+    try:
+        wait_for(lambda: _statuses(ids)["sent"] == len(ids), timeout=120, interval=0.5)
+    finally:
+        stop.set()
+        loop.join(timeout=30)
+
+    calls = Counter(h.delivery_id for h in receiver.snapshot())
+    print(f"\n{len(ids)} calls of {per_call:.0f}s each in one batch, lease {lease}s: calls per delivery {dict(calls)}")
+    assert set(calls) == set(ids)
+    assert {i: n for i, n in calls.items() if n != 1} == {}
+    assert not DeliveryEvent.objects.filter(delivery_id__in=ids, detail__contains="reclaimed").exists()
+    assert list(Delivery.objects.filter(pk__in=ids).values_list("attempts", flat=True)) == [1] * len(ids)

@@ -146,3 +146,23 @@ def test_gunicorn_gives_the_api_a_statement_timeout() -> None:
     result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True)
     assert result.stdout.strip() == "30", result.stderr[-2000:]
     assert settings.DATABASE_STATEMENT_TIMEOUT_SECONDS == 0
+
+
+def test_the_stream_listen_connection_has_the_timeouts_and_may_bypass_a_pooler(settings: Any) -> None:
+    """The inbox stream's LISTEN connection: the same timeouts, and INBOX_LISTEN_DATABASE_URL when set."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    from notifier.inbox.stream import _conninfo
+
+    reads = conninfo_to_dict(_conninfo())
+    listen = conninfo_to_dict(_conninfo(listen=True))
+    for info in (reads, listen):
+        assert (info["keepalives_idle"], info["tcp_user_timeout"], info["connect_timeout"]) == ("10", "10000", "3")
+    assert listen["host"] == reads["host"]
+    settings.INBOX_LISTEN_DATABASE_URL = (
+        "postgres://notifier@db-a:5432,db-b:5433/notifier?target_session_attrs=read-write"
+    )
+    direct = conninfo_to_dict(_conninfo(listen=True))
+    assert (direct["host"], direct["port"], direct["target_session_attrs"]) == ("db-a,db-b", "5432,5433", "read-write")
+    assert direct["tcp_user_timeout"] == "10000"
+    assert conninfo_to_dict(_conninfo())["host"] == reads["host"]  # the reads stay on DATABASE_URL (the pooler)
