@@ -274,3 +274,18 @@ def test_postgresql_connection_budget_fits_the_pooler() -> None:
             continue  # Flower reads the broker only
         total += per_pod * max_replicas.get(name, deployment["spec"]["replicas"])
     assert 400 < total <= 1000, total
+
+
+def test_the_manifests_name_the_replicated_dependencies_as_the_cluster_tests_run_them() -> None:
+    """Every broker node listed, Redis through Sentinel, the LISTEN connection on PostgreSQL's writable host."""
+    from core.database_url import database_hosts, parse_database_url
+
+    config = of_kind(BASE, "ConfigMap")["notifier-config"]["data"]
+    secret = of_kind(BASE, "Secret")["notifier-secrets"]["stringData"]
+    brokers = secret["CELERY_BROKER_URL"].split(";")
+    assert len(brokers) == 3 and all(url.startswith("amqp://") and url.endswith("/notifier") for url in brokers)
+    assert ";" not in secret["KEDA_RABBITMQ_URL"]  # KEDA takes one URL
+    assert len(config["REDIS_SENTINELS"].split(",")) == 3 and config["REDIS_SENTINEL_MASTER"]
+    listen = secret["INBOX_LISTEN_DATABASE_URL"]
+    assert len(database_hosts(listen)) == 2
+    assert parse_database_url(listen)["OPTIONS"]["target_session_attrs"] == "read-write"
