@@ -88,17 +88,8 @@ def _service_env(rabbit: RabbitCluster, pg: PgPair, rs: RedisSentinelSet) -> dic
         "API_CLIENT_RATE_LIMIT": "10000/s",
         "RETRY_BACKOFF_BASE_SECONDS": "1",
         "RETRY_BACKOFF_MAX_SECONDS": "8",
-        "OUTBOX_RELAY_INTERVAL_SECONDS": "5",
-        # A claim whose commit the crash of the primary made ambiguous (committed on the standby, the error seen
-        # by the worker), or that was cut off between the claim and the first provider call, stays `sending`
-        # until its lease runs out; then the relay publishes it again. 30 s (not 300) keeps that within the
-        # 60 s bound; the lease is renewed every 10 s while a batch runs (docs/cluster.md).
-        "SENDING_LEASE_SECONDS": "30",
-        # The same for a fan-out whose task message waited on a lost or hung node: the sweep resumes it from its
-        # checkpoint (a resumed page never doubles) within the bound, not after the default 5 minutes.
-        "FANOUT_STALL_SECONDS": "20",
-        "FANOUT_SWEEP_INTERVAL_SECONDS": "5",
-        "OUTBOX_REPUBLISH_AFTER_SECONDS": "15",
+        # The recovery settings are the shipped defaults (lease 30 s renewed every 10 s, relay every 5 s, republish
+        # after 40 s, fan-out stall 30 s with a sweep every 10 s): production runs what this bounds at 60 s.
         "DEVELOPMENT": "true",
         "WEB_WORKERS": "1",
         "WEB_THREADS": "8",
