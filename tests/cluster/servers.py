@@ -145,9 +145,16 @@ class RabbitNode:
 
     def wait_started(self, timeout: float = 90) -> None:
         """Block until the node's rabbit application runs."""
-        # await_startup fails at once while the VM is not yet registered with epmd: ask again until it says yes.
-        _wait(lambda: self.ctl("await_startup", "--timeout", "20", timeout=30, check=False).returncode == 0,
-              f"RabbitMQ node {self.node} started", timeout=timeout)  # fmt: skip
+
+        # await_startup fails at once while the VM is not yet registered with epmd, and on a loaded machine the CLI
+        # itself may outlast its 30 s: ask again until it says yes.
+        def started() -> bool:
+            try:
+                return self.ctl("await_startup", "--timeout", "20", timeout=30, check=False).returncode == 0
+            except subprocess.TimeoutExpired:
+                return False
+
+        _wait(started, f"RabbitMQ node {self.node} started", timeout=timeout)
 
     def log_tail(self, lines: int = 30) -> str:
         """Return the last lines the node's server printed on its latest start."""

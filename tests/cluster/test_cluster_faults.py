@@ -328,22 +328,29 @@ def run_fault(
     phase_started = stack.sql("SELECT now()")[0][0]
     probe = Probe(f"{stack.api}/readyz")
     load = Load(stack, f"{name}-{int(since)}").start()
-    with load.client() as http:
-        body = {"topic": "everyone", "template": "news", "channels": ["webhook"], "payload": {"ref": name},
-                "dedup_key": f"{name}-{int(since)}-topic"}  # fmt: skip
-        assert load.post(http, "topic", body) == 202
-    fan_sql = (
-        "SELECT count(*) FROM notifier_delivery d JOIN preferences_recipient r ON r.id = d.recipient_id"
-        " WHERE d.created_at >= %s AND r.user_id LIKE 'fan-%%'"
-    )
-    fan_sent = lambda: stack.sql(fan_sql + " AND d.status = 'sent'", [phase_started])[0][0]  # noqa: E731
-    _until(lambda: fan_sent() >= FANOUT // 4, f"{name}: a quarter of the fan-out delivered before the fault", 90)
-    in_flight = {row[0] for row in stack.sql("SELECT id FROM notifier_delivery WHERE status = 'sending'")}
-    t_fault = time.time()
-    inject()
-    t_back = restore()
-    time.sleep(5)  # load keeps coming after the return too
-    load.stop()
+    try:
+        with load.client() as http:
+            body = {"topic": "everyone", "template": "news", "channels": ["webhook"], "payload": {"ref": name},
+                    "dedup_key": f"{name}-{int(since)}-topic"}  # fmt: skip
+            assert load.post(http, "topic", body) == 202
+        fan_sql = (
+            "SELECT count(*) FROM notifier_delivery d JOIN preferences_recipient r ON r.id = d.recipient_id"
+            " WHERE d.created_at >= %s AND r.user_id LIKE 'fan-%%'"
+        )
+        fan_sent = lambda: stack.sql(fan_sql + " AND d.status = 'sent'", [phase_started])[0][0]  # noqa: E731
+        _until(lambda: fan_sent() >= FANOUT // 4, f"{name}: a quarter of the fan-out delivered before the fault", 90)
+        in_flight = {row[0] for row in stack.sql("SELECT id FROM notifier_delivery WHERE status = 'sending'")}
+        t_fault = time.time()
+        inject()
+        t_back = restore()
+        time.sleep(5)  # load keeps coming after the return too
+    except BaseException:
+        probe.stop()
+        raise
+    finally:
+        # Also when the fault could not be injected or restored: a load left running would post into the next
+        # scenarios (their rows would never settle).
+        load.stop()
     t_end = time.time()
 
     def settled() -> bool:
