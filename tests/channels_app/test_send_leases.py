@@ -43,6 +43,27 @@ def _relay_with_lease(lease: int) -> dict[str, int]:
         settings.SENDING_LEASE_SECONDS = saved
 
 
+def _sent_while_relaying(ids: list[int], *, lease: int, every: float, timeout: float) -> None:
+    """Run the relay (as a worker with `lease` would) every `every` seconds until every delivery is sent."""
+    stop = threading.Event()
+
+    def relay_loop() -> None:
+        try:
+            while not stop.is_set():
+                _relay_with_lease(lease)
+                stop.wait(every)
+        finally:
+            connection.close()  # this thread's own connection: the test database is dropped afterwards
+
+    loop = threading.Thread(target=relay_loop, daemon=True)
+    loop.start()
+    try:
+        wait_for(lambda: _statuses(ids)["sent"] == len(ids), timeout=timeout, interval=0.5)
+    finally:
+        stop.set()
+        loop.join(timeout=30)
+
+
 @pytest.mark.django_db(transaction=True)
 def test_sigkill_mid_batch_repeats_at_most_the_calls_in_flight(
     start_worker: Any, receiver: TimedReceiver, webhook_env: dict[str, str]
@@ -113,23 +134,7 @@ def test_a_receiver_dripping_its_answer_for_three_leases_never_gets_a_neighbour_
     start_worker(queues=["webhook.high"], env=env, concurrency=2)
     publish_as_one(ids)
 
-    stop = threading.Event()
-
-    def relay_loop() -> None:
-        try:
-            while not stop.is_set():
-                _relay_with_lease(lease)
-                stop.wait(0.5)
-        finally:
-            connection.close()  # this thread's own connection: the test database is dropped afterwards
-
-    loop = threading.Thread(target=relay_loop, daemon=True)
-    loop.start()
-    try:
-        wait_for(lambda: _statuses(ids)["sent"] == len(ids), timeout=60, interval=0.5)
-    finally:
-        stop.set()
-        loop.join(timeout=10)
+    _sent_while_relaying(ids, lease=lease, every=0.5, timeout=60)
 
     calls = Counter(h.delivery_id for h in receiver.snapshot())
     assert set(calls) == set(ids)
@@ -184,23 +189,8 @@ def test_a_batch_longer_than_the_shipped_lease_is_sent_once(
     start_worker(queues=["webhook.high"], env=env, concurrency=2)
     publish_as_one(ids)
 
-    stop = threading.Event()
-
-    def relay_loop() -> None:
-        try:
-            while not stop.is_set():
-                relay()  # the shipped relay: lease, republish window as config/settings.py has them
-                stop.wait(settings.OUTBOX_RELAY_INTERVAL_SECONDS)
-        finally:
-            connection.close()
-
-    loop = threading.Thread(target=relay_loop, daemon=True)
-    loop.start()
-    try:
-        wait_for(lambda: _statuses(ids)["sent"] == len(ids), timeout=120, interval=0.5)
-    finally:
-        stop.set()
-        loop.join(timeout=30)
+    # The shipped relay: the lease and the interval config/settings.py has.
+    _sent_while_relaying(ids, lease=lease, every=settings.OUTBOX_RELAY_INTERVAL_SECONDS, timeout=120)
 
     calls = Counter(h.delivery_id for h in receiver.snapshot())
     print(f"\n{len(ids)} calls of {per_call:.0f}s each in one batch, lease {lease}s: calls per delivery {dict(calls)}")

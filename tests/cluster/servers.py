@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import psycopg
 import redis
 
@@ -67,6 +68,14 @@ def _wait(predicate: Callable[[], bool], what: str, timeout: float) -> None:
             return
         time.sleep(0.2)
     raise TimeoutError(f"{what} within {timeout:.0f}s")
+
+
+def answers_ok(url: str) -> bool:
+    """Return whether `url` answers 200 within a second (a server a test started is up)."""
+    try:
+        return httpx.get(url, timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def _run(args: list[str], timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess[str]:

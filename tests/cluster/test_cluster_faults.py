@@ -36,7 +36,7 @@ import httpx
 import psycopg
 import pytest
 
-from tests.cluster.servers import PgPair, RabbitCluster, RabbitNode, RedisSentinelSet, missing_requirements
+from tests.cluster.servers import PgPair, RabbitCluster, RabbitNode, RedisSentinelSet, answers_ok, missing_requirements
 from tests.conftest import NS, ROOT, ServerProcess
 from tests.redis_server import free_port
 from tests.stubs.config import WEBHOOK_SECRET
@@ -143,7 +143,7 @@ def stack() -> Iterator[Stack]:
                                                "-s", str(root / "beat-schedule")], env)
             )  # fmt: skip
             api = f"http://127.0.0.1:{port}"
-            processes[0].wait_ready(lambda: _answers(f"{api}/healthz"), timeout=60)
+            processes[0].wait_ready(lambda: answers_ok(f"{api}/healthz"), timeout=60)
             for worker in processes[1:3]:
                 worker.wait_ready()
             print(f"stack up in {time.monotonic() - started:.0f}s")
@@ -155,13 +155,6 @@ def stack() -> Iterator[Stack]:
             pg.stop()
             rs.stop()
             shutil.rmtree(root, ignore_errors=True)
-
-
-def _answers(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 # --- load and figures -------------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from notifier.deliveries.models import Delivery, DeliveryEvent
 from preferences.models import Recipient
 from templates_app.services import template_put
 from tests.campaigns.test_campaigns import BEAT
-from tests.cluster.servers import RabbitNode, missing_requirements
+from tests.cluster.servers import RabbitNode, answers_ok, missing_requirements
 from tests.conftest import NS, ServerProcess, free_port, wait_for
 
 CONTENT = {"en": {"email": {"subject": "Code {{ code }}", "text": "Your code is {{ code }}"}}}
@@ -137,13 +137,6 @@ def own_broker() -> Iterator[RabbitNode]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _answers(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_broker_down_during_accept_then_everything_delivered_once(
@@ -159,7 +152,7 @@ def test_broker_down_during_accept_then_everything_delivered_once(
         {**broker, "LOG_LEVEL": "WARNING"},
     )  # fmt: skip
     api = f"http://127.0.0.1:{port}"
-    api_process.wait_ready(lambda: _answers(f"{api}/healthz"), timeout=60)
+    api_process.wait_ready(lambda: answers_ok(f"{api}/healthz"), timeout=60)
     start_worker(env=broker)
     start_process("beat", BEAT, broker)
     headers = {"Authorization": f"Bearer {key}"}
