@@ -348,6 +348,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/project": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Read the key's project
+         * @description The project and environment of the calling key, with each daily quota of the environment (its limit, what today has used, when it resets: midnight UTC) and the project's promotion rule.
+         */
+        get: operations["project_get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/promotion": {
         parameters: {
             query?: never;
@@ -1455,6 +1475,12 @@ export interface components {
             token: string;
             active: boolean;
         };
+        /**
+         * @description * `live` - live
+         *     * `test` - test
+         * @enum {string}
+         */
+        EnvironmentEnum: "live" | "test";
         /** @description The body of every error answer. */
         Error: {
             error: components["schemas"]["ErrorDetail"];
@@ -1864,6 +1890,29 @@ export interface components {
          * @enum {string}
          */
         PriorityEnum: "high" | "normal" | "low";
+        /** @description The calling key's project and environment. */
+        ProjectOutput: {
+            slug: string;
+            name: string;
+            /**
+             * @description The key's environment (its mode).
+             *
+             *     * `live` - live
+             *     * `test` - test
+             */
+            environment: components["schemas"]["EnvironmentEnum"];
+            /** @description The environment's daily quotas by channel; a channel not listed has none. */
+            quotas: {
+                [key: string]: components["schemas"]["QuotaOutput"];
+            };
+            /**
+             * @description `required`: live's templates, layouts and workflows change only by promotion from test.
+             *
+             *     * `direct` - direct
+             *     * `required` - required
+             */
+            promotion: components["schemas"]["PromotionEnum"];
+        };
         /** @description A layout, template or workflow whose version in test differs from live's. */
         PromotionCandidateOutput: {
             /** @description `layout`, `template` or `workflow`. */
@@ -1876,6 +1925,12 @@ export interface components {
             /** @description Unified diff from live's version to test's, of their canonical JSON (keys sorted, indented). */
             diff: string;
         };
+        /**
+         * @description * `direct` - direct
+         *     * `required` - required
+         * @enum {string}
+         */
+        PromotionEnum: "direct" | "required";
         /** @description The body of POST /api/v1/promotion: what to promote from test to live. */
         PromotionInput: {
             /** @description Up to 1,000 objects `{"kind": "template", "key": "order_shipped"}`; kind: `layout`, `template` or `workflow`. */
@@ -1914,6 +1969,18 @@ export interface components {
         QuietHoursOutput: {
             start: string;
             end: string;
+        };
+        /** @description One channel's daily quota. */
+        QuotaOutput: {
+            /** @description Messages a UTC day on this channel. */
+            limit: number;
+            /** @description Counted today (sends accepted; a topic send counts its subscribers). */
+            used: number;
+            /**
+             * Format: date-time
+             * @description When the count starts again: the next midnight UTC.
+             */
+            resets_at: string;
         };
         /** @description Contact data of a recipient; fields left out keep their current value, null or "" clears them. */
         RecipientInput: {
@@ -2317,7 +2384,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -2430,7 +2497,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -2532,7 +2599,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -2665,7 +2732,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -2795,7 +2862,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -2905,7 +2972,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -3034,7 +3101,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -3163,7 +3230,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -3276,7 +3343,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -3376,7 +3443,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -3489,7 +3556,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -3588,7 +3655,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -3693,7 +3760,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -3811,7 +3878,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -3913,7 +3980,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -4046,7 +4113,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -4170,7 +4237,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -4270,7 +4337,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -4402,7 +4469,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -4504,7 +4571,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -4624,7 +4691,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -4737,7 +4804,98 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description A request header is larger than the server reads (8,190 bytes); HTML. */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/html": string;
+                };
+            };
+            /** @description The database is unavailable; retry after Retry-After. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    project_get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ProjectOutput"];
+                };
+            };
+            /** @description Invalid input: the fields at fault and why. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description No valid key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The key may not do this: a scope, category or priority it does not have. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The Accept header asks for something other than JSON. */
+            406: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The request line (method, path and query) is longer than the server reads (4,094 bytes); HTML. */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/html": string;
+                };
+            };
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -4828,7 +4986,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -4941,7 +5099,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -5039,7 +5197,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -5141,7 +5299,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -5275,7 +5433,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -5376,7 +5534,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -5500,7 +5658,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -5602,7 +5760,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -5713,7 +5871,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -5837,7 +5995,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -5958,7 +6116,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -6079,7 +6237,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -6200,7 +6358,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -6321,7 +6479,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -6441,7 +6599,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -6565,7 +6723,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -6667,7 +6825,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -6791,7 +6949,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -6890,7 +7048,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -6995,7 +7153,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -7100,7 +7258,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -7223,7 +7381,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -7324,7 +7482,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -7420,7 +7578,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -7522,7 +7680,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -7655,7 +7813,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -7779,7 +7937,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -7903,7 +8061,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -8006,7 +8164,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -8102,7 +8260,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -8204,7 +8362,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -8338,7 +8496,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -8462,7 +8620,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -8564,7 +8722,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -8660,7 +8818,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -8762,7 +8920,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -8895,7 +9053,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -9019,7 +9177,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
