@@ -259,7 +259,7 @@ NOTIFIER_CATEGORIES: dict[str, dict[str, object]] = env.json(
 # Deliveries: attempts before a delivery is dead-lettered, the backoff curve, and the lease after which a
 # delivery stuck in `sending` (its worker died mid-call) is reclaimed. The lease is short because a live worker
 # renews it (SENDING_HEARTBEAT_SECONDS): only a dead worker's claim runs out, and it is taken again within
-# lease + relay interval (docs/decisions/0090-short-leases-kept-alive.md).
+# lease + relay interval (docs/decisions/0091-short-leases-kept-alive.md).
 DELIVERY_MAX_ATTEMPTS = env.int("DELIVERY_MAX_ATTEMPTS", 6)
 RETRY_BACKOFF_BASE_SECONDS = env.float("RETRY_BACKOFF_BASE_SECONDS", 2.0)
 RETRY_BACKOFF_MAX_SECONDS = env.float("RETRY_BACKOFF_MAX_SECONDS", 600.0)
