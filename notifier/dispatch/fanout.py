@@ -177,8 +177,8 @@ def pace_window_seconds() -> float:
 
 
 def stall_seconds() -> float:
-    """Return after how long without progress a fan-out counts as stalled (FANOUT_STALL_SECONDS, default 300)."""
-    return _setting("FANOUT_STALL_SECONDS", 300.0)
+    """Return after how long without progress a fan-out counts as stalled (FANOUT_STALL_SECONDS, default 30)."""
+    return _setting("FANOUT_STALL_SECONDS", 30.0)
 
 
 def lanes_wanted() -> int:
