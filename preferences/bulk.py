@@ -93,7 +93,7 @@ def _topic_ids(
     for item in items:
         unknown = [key for key in item.topics if key not in ids]
         if unknown:
-            reason = f"Unknown topic(s): {', '.join(unknown)}. Create them first (PUT /topics/{{key}})."
+            reason = f"Unknown topic(s): {', '.join(unknown)}."
             refused[item.index] = ItemResult(item.user_id, 400, validation_error({"topics": [reason]}))
         else:
             kept.append(item)
