@@ -120,7 +120,7 @@ class RecipientImportForm(forms.ModelForm):
         return upload
 
     def clean(self) -> dict[str, Any]:
-        data = super().clean()
+        data = super().clean() or {}
         environment, topic = data.get("environment"), data.get("topic_key")
         if environment is not None and topic:
             with owner_scope(environment.pk):

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from django.db import connection, transaction
 from rest_framework.exceptions import ValidationError
@@ -121,7 +121,7 @@ def _upsert(items: list[_Item], names: tuple[str, ...], environment_id: int) -> 
     objs = [Recipient(environment_id=environment_id, user_id=item.user_id, **item.fields) for item in items]
     statement = insert_statement(objs)
     quote = connection.ops.quote_name
-    columns = [quote(Recipient._meta.get_field(name).column) for name in names]
+    columns = [quote(cast(str, Recipient._meta.get_field(name).column)) for name in names]
     updates = ", ".join(
         [*(f"{c} = EXCLUDED.{c}" for c in columns), "erased_at = NULL", "updated_at = EXCLUDED.updated_at"]
     )

@@ -119,8 +119,11 @@ def read_rows(lines: Iterable[str], file_format: str, mapping: dict[str, str]) -
             continue
         try:
             data = json.loads(line)
-        except ValueError as exc:
+        except json.JSONDecodeError as exc:
             yield Row(number, None, ("line", f"Not valid JSON ({exc.msg} at column {exc.colno})."))
+            continue
+        except ValueError:  # not UTF-8 text after all
+            yield Row(number, None, ("line", "Not valid JSON."))
             continue
         if not isinstance(data, dict):
             yield Row(number, None, ("line", "Must be a JSON object."))

@@ -13,6 +13,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from core.categories import is_optional
+from core.openapi import ErrorDetailSerializer
 from core.pagination import CursorQuerySerializer, PageLimitField, cursor_page_serializer
 from preferences import selectors
 from preferences.compliance import FREQUENCIES
@@ -100,20 +101,12 @@ class RecipientBatchInputSerializer(serializers.Serializer):
     recipients = BatchItemsField()
 
 
-class ItemErrorSerializer(serializers.Serializer):
-    """Why an item was refused, in the words of the API's error body."""
-
-    code = serializers.CharField()
-    message = serializers.CharField()
-    fields = serializers.DictField(child=serializers.ListField(child=serializers.CharField()))
-
-
 class RecipientBatchResultSerializer(serializers.Serializer):
     """What became of one item: 201 created, 200 updated, 400 refused (with the error)."""
 
     user_id = serializers.CharField(allow_null=True)
     status = serializers.ChoiceField(choices=[201, 200, 400])
-    error = ItemErrorSerializer(required=False)
+    error = ErrorDetailSerializer(required=False)
 
 
 class RecipientBatchOutputSerializer(serializers.Serializer):

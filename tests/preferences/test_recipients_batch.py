@@ -115,7 +115,13 @@ def test_topics_need_the_topics_scope(api_client_factory: Any) -> None:
 
 
 def test_the_call_itself_is_refused_when_malformed(api: APIClient) -> None:
-    for body in ({}, {"recipients": []}, {"recipients": "u-1"}, {"recipients": [{"user_id": "x"}] * 1001}):
+    bodies: list[dict[str, Any]] = [
+        {},
+        {"recipients": []},
+        {"recipients": "u-1"},
+        {"recipients": [{"user_id": "x"}] * 1001},
+    ]
+    for body in bodies:
         r = api.post(URL, body, format="json")
         assert r.status_code == 400, body
         assert list(r.json()["error"]["fields"]) == ["recipients"]
