@@ -132,10 +132,13 @@ class RecipientApi(APIView):
 class RecipientBatchApi(RecipientApi):
     """POST /recipients/batch creates or updates up to 1,000 recipients, each alone (a bad item fails alone).
 
-    The route comes before `recipients/{user_id}`, so a recipient whose user id is "batch" is still read,
-    changed and erased here with the other methods (left out of the schema: they are RecipientApi's).
+    Each item takes `user_id`, the fields of `PUT /recipients/{user_id}` (checked the same way; those sent
+    replace those fields) and `topics` (existing topics to join; needs the `topics` scope too). One result per
+    item, in order: 201 created, 200 updated, 400 refused with the error body's `error`.
     """
 
+    # The route comes before `recipients/{user_id}`: a recipient whose user id is "batch" is still read,
+    # changed and erased here by RecipientApi's methods (left out of the schema, where RecipientApi has them).
     required_scopes = RECIPIENT_SCOPES
 
     @extend_schema(

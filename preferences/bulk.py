@@ -116,12 +116,16 @@ def _rounds(items: list[_Item]) -> list[list[_Item]]:
     return rounds
 
 
+# A concrete field always has a column (the stubs type it `str | None` for the non-concrete ones).
+_COLUMNS = {f.name: cast(str, f.column) for f in Recipient._meta.concrete_fields}
+
+
 def _upsert(items: list[_Item], names: tuple[str, ...], environment_id: int) -> dict[str, tuple[int, bool]]:
     """Create or update `items` (all sending the fields `names`); return {user_id: (row id, created)}."""
     objs = [Recipient(environment_id=environment_id, user_id=item.user_id, **item.fields) for item in items]
     statement = insert_statement(objs)
     quote = connection.ops.quote_name
-    columns = [quote(cast(str, Recipient._meta.get_field(name).column)) for name in names]
+    columns = [quote(_COLUMNS[name]) for name in names]
     updates = ", ".join(
         [*(f"{c} = EXCLUDED.{c}" for c in columns), "erased_at = NULL", "updated_at = EXCLUDED.updated_at"]
     )
