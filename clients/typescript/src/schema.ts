@@ -348,6 +348,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/project": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Read the key's project
+         * @description The project and environment of the calling key, with each daily quota of the environment (its limit, what today has used, when it resets: midnight UTC) and the project's promotion rule.
+         */
+        get: operations["project_get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/promotion": {
         parameters: {
             query?: never;
@@ -1479,6 +1499,12 @@ export interface components {
             token: string;
             active: boolean;
         };
+        /**
+         * @description * `live` - live
+         *     * `test` - test
+         * @enum {string}
+         */
+        EnvironmentEnum: "live" | "test";
         /** @description The body of every error answer. */
         Error: {
             error: components["schemas"]["ErrorDetail"];
@@ -1888,6 +1914,29 @@ export interface components {
          * @enum {string}
          */
         PriorityEnum: "high" | "normal" | "low";
+        /** @description The calling key's project and environment. */
+        ProjectOutput: {
+            slug: string;
+            name: string;
+            /**
+             * @description The key's environment (its mode).
+             *
+             *     * `live` - live
+             *     * `test` - test
+             */
+            environment: components["schemas"]["EnvironmentEnum"];
+            /** @description The environment's daily quotas by channel; a channel not listed has none. */
+            quotas: {
+                [key: string]: components["schemas"]["QuotaOutput"];
+            };
+            /**
+             * @description `required`: live's templates, layouts and workflows change only by promotion from test.
+             *
+             *     * `direct` - direct
+             *     * `required` - required
+             */
+            promotion: components["schemas"]["PromotionEnum"];
+        };
         /** @description A layout, template or workflow whose version in test differs from live's. */
         PromotionCandidateOutput: {
             /** @description `layout`, `template` or `workflow`. */
@@ -1900,6 +1949,12 @@ export interface components {
             /** @description Unified diff from live's version to test's, of their canonical JSON (keys sorted, indented). */
             diff: string;
         };
+        /**
+         * @description * `direct` - direct
+         *     * `required` - required
+         * @enum {string}
+         */
+        PromotionEnum: "direct" | "required";
         /** @description The body of POST /api/v1/promotion: what to promote from test to live. */
         PromotionInput: {
             /** @description Up to 1,000 objects `{"kind": "template", "key": "order_shipped"}`; kind: `layout`, `template` or `workflow`. */
@@ -1938,6 +1993,18 @@ export interface components {
         QuietHoursOutput: {
             start: string;
             end: string;
+        };
+        /** @description One channel's daily quota. */
+        QuotaOutput: {
+            /** @description Messages a UTC day on this channel. */
+            limit: number;
+            /** @description Counted today (sends accepted; a topic send counts its subscribers). */
+            used: number;
+            /**
+             * Format: date-time
+             * @description When the count starts again: the next midnight UTC.
+             */
+            resets_at: string;
         };
         /** @description Up to 1,000 recipients to create or update, each as `PUT /recipients/{user_id}` takes it, plus `user_id`. */
         RecipientBatchInput: {
@@ -2377,7 +2444,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -2490,7 +2557,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -2592,7 +2659,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -2725,7 +2792,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -2855,7 +2922,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -2965,7 +3032,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -3094,7 +3161,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -3223,7 +3290,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -3336,7 +3403,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -3436,7 +3503,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -3549,7 +3616,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -3648,7 +3715,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -3753,7 +3820,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -3871,7 +3938,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -3973,7 +4040,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -4106,7 +4173,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -4230,7 +4297,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -4330,7 +4397,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -4462,7 +4529,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -4564,7 +4631,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -4684,7 +4751,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -4797,7 +4864,98 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description A request header is larger than the server reads (8,190 bytes); HTML. */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/html": string;
+                };
+            };
+            /** @description The database is unavailable; retry after Retry-After. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    project_get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ProjectOutput"];
+                };
+            };
+            /** @description Invalid input: the fields at fault and why. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description No valid key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The key may not do this: a scope, category or priority it does not have. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The Accept header asks for something other than JSON. */
+            406: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The request line (method, path and query) is longer than the server reads (4,094 bytes); HTML. */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/html": string;
+                };
+            };
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -4888,7 +5046,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -5001,7 +5159,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -5099,7 +5257,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -5201,7 +5359,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -5335,7 +5493,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -5436,7 +5594,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -5560,7 +5718,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -5662,7 +5820,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -5773,7 +5931,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -5897,7 +6055,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -6018,7 +6176,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -6139,7 +6297,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -6260,7 +6418,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -6381,7 +6539,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -6501,7 +6659,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -6625,7 +6783,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -6727,7 +6885,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -6851,7 +7009,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -6964,7 +7122,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -7063,7 +7221,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -7168,7 +7326,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -7273,7 +7431,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -7396,7 +7554,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -7497,7 +7655,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -7593,7 +7751,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -7695,7 +7853,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -7828,7 +7986,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -7952,7 +8110,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -8076,7 +8234,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -8179,7 +8337,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -8275,7 +8433,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -8377,7 +8535,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -8511,7 +8669,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -8635,7 +8793,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -8737,7 +8895,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -8833,7 +8991,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -8935,7 +9093,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -9068,7 +9226,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -9192,7 +9350,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
