@@ -2034,6 +2034,13 @@ export interface components {
             locale?: string | null;
             timezone?: string | null;
             webhook_url?: (string) | null;
+            chat?: {
+                slack?: string;
+                teams?: string;
+                discord?: string;
+                telegram?: string;
+                whatsapp?: string;
+            } | null;
             tracking_opt_out?: boolean;
             user_id: string;
             topics?: string[];
