@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('preferences', '0002_remove_device_device_platform_token_uniq_and_more'),
+        ('preferences', '0003_recipient_import'),
     ]
 
     operations = [
