@@ -25,6 +25,7 @@ from django.utils.html import format_html
 from rest_framework.exceptions import ValidationError
 
 from core.errors import ApiError
+from projects.forms import ProjectForm
 from projects.models import Environment, Membership, Project
 from projects.promotion import Reader, promotion_candidates, version_diff
 from projects.scoping import owner_scope
@@ -218,6 +219,7 @@ class MembershipInline(admin.TabularInline):
 class ProjectAdmin(admin.ModelAdmin):
     """Projects: settings, environments and members (create new ones with `manage.py create_project` or here)."""
 
+    form = ProjectForm
     list_display = ("slug", "name", "promotion", "weight", "created_at")
     search_fields = ("slug", "name")
     inlines = (EnvironmentInline, MembershipInline)
