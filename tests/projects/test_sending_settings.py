@@ -219,3 +219,162 @@ def test_a_projects_provider_accounts_carry_only_its_traffic_with_breakers_of_th
             assert [m["To"] for m in twilio_stub.messages()] == ["+14155550102", "+14155550102"]
         finally:
             shop_smtp.stop()
+
+
+ACCOUNTS = {
+    "shop-ses": {"provider": "ses", "region": "eu-west-1"},
+    "shop-sms": {"provider": "twilio", "account_sid": twilio.ACCOUNT_SID, "auth_token": "a-secret-token"},
+}
+
+
+def _project_form(project: Project, **fields: str) -> dict[str, str]:
+    """Return the admin change form of `project` as a browser posts it, with `fields` changed."""
+    body = {
+        "slug": project.slug,
+        "name": project.name,
+        "promotion": project.promotion,
+        "email_from": "",
+        "email_reply_to": "",
+        "sms_sender": "",
+        "default_layout": "",
+        "rate_limit": "",
+        "weight": "1",
+        "email_account": "",
+        "sms_account": "",
+        **_inline("environments", 2),
+        **_inline("memberships", 0),
+    }
+    for n, environment in enumerate(project.environments.order_by("pk")):
+        body |= {f"environments-{n}-id": str(environment.pk), f"environments-{n}-project": str(project.pk)}
+        body[f"environments-{n}-quotas"] = "{}"
+    return {**body, **fields}
+
+
+def _inline(prefix: str, existing: int) -> dict[str, str]:
+    return {
+        f"{prefix}-TOTAL_FORMS": str(existing),
+        f"{prefix}-INITIAL_FORMS": str(existing),
+        f"{prefix}-MIN_NUM_FORMS": "0",
+        f"{prefix}-MAX_NUM_FORMS": "1000",
+    }
+
+
+@pytest.mark.django_db
+def test_the_admin_refuses_bad_senders_and_accounts_not_configured_with_form_errors(staff: Any, settings: Any) -> None:
+    from django.urls import reverse
+
+    settings.PROVIDER_ACCOUNTS = ACCOUNTS
+    shop = project_create(slug="shop")
+    url = reverse("admin:projects_project_change", args=[shop.pk])
+    page = staff.get(url)
+    # The accounts are offered by channel, by name; their settings (the token) never reach the page.
+    form = page.context["adminform"].form
+    assert [value for value, _ in form.fields["email_account"].choices] == ["", "shop-ses"]
+    assert [value for value, _ in form.fields["sms_account"].choices] == ["", "shop-sms"]
+    assert b"a-secret-token" not in page.content
+
+    bad = [
+        ("email_from", "no-reply@", "Enter an email address"),
+        ("email_from", "Shop <no-reply@shop>", "not a valid email address"),
+        ("email_from", "Shop <a@shop.example>\r\nBcc: x@evil.example", "one line"),
+        ("email_reply_to", "Help help@shop.example", "not a valid email address"),
+        ("sms_sender", "+1 (415) call-me", "E.164"),
+        ("sms_sender", "SHOP-SENDER-TOO-LONG", "1-11 letters"),
+        ("default_layout", "brand layout", "layout key"),
+        ("email_account", "shop-sms", "Select a valid choice"),  # an SMS account for email
+        ("sms_account", "nowhere", "Select a valid choice"),
+    ]
+    for field, value, reason in bad:
+        answer = staff.post(url, _project_form(shop, **{field: value}))
+        assert answer.status_code == 200, field  # the form again, not a redirect
+        errors = answer.context["adminform"].form.errors
+        assert list(errors) == [field] and reason in " ".join(errors[field]), (field, errors)
+    shop.refresh_from_db()
+    assert (shop.email_from, shop.sms_sender, shop.provider_accounts) == ("", "", {})
+
+    good = {
+        "email_from": SHOP_FROM,
+        "email_reply_to": SHOP_REPLY_TO,
+        "sms_sender": "SHOP",
+        "default_layout": "brand",
+        "email_account": "shop-ses",
+        "sms_account": "shop-sms",
+    }
+    answer = staff.post(url, _project_form(shop, **good))
+    assert answer.status_code == 302, answer.context and answer.context["adminform"].form.errors
+    shop.refresh_from_db()
+    assert (shop.email_from, shop.email_reply_to, shop.sms_sender) == (SHOP_FROM, SHOP_REPLY_TO, "SHOP")
+    assert shop.provider_accounts == {"email": "shop-ses", "sms": "shop-sms"}
+
+    # An account removed from the environment since: shown as such, and saving says why it cannot stay.
+    settings.PROVIDER_ACCOUNTS = {"shop-ses": ACCOUNTS["shop-ses"]}
+    page = staff.get(url)
+    assert ("shop-sms", "shop-sms (not configured)") in page.context["adminform"].form.fields["sms_account"].choices
+    answer = staff.post(url, _project_form(shop, **good))
+    errors = answer.context["adminform"].form.errors
+    assert list(errors) == ["sms_account"] and "not a sms account of PROVIDER_ACCOUNTS" in errors["sms_account"][0]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_projects_settings_cost_a_send_batch_no_query(api_client_factory: Any) -> None:
+    """Sender identities and the default layout are read from the per-process cache, not per delivery.
+
+    Project A sets every sending setting and names no layout in its template (its default layout applies); B sets
+    none and names the same layout in its template. Their batches, of the same size, make the same queries.
+    """
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from channels_app.services import deliver
+
+    shop = project_create(slug="shop")
+    project_create(slug="other")
+    shop.email_from, shop.email_reply_to, shop.sms_sender, shop.default_layout = (
+        SHOP_FROM,
+        SHOP_REPLY_TO,
+        "SHOP",
+        "brand",
+    )
+    shop.save()
+    keys = {"a": api_client_factory(project="shop"), "b": api_client_factory(project="other")}
+    for name, (_, api) in keys.items():
+        assert (
+            api.put("/api/v1/layouts/brand", {"html": "<main>{{ content }}</main>"}, format="json").status_code == 201
+        )
+        body = {
+            "category": "transactional",
+            "default_locale": "en",
+            "content": CONTENT,
+            "layout": "" if name == "a" else "brand",
+        }
+        assert api.put("/api/v1/templates/shipped", body, format="json").status_code == 201
+        for n in range(4):
+            person = {"email": f"{name}{n}@example.com"}
+            assert api.put(f"/api/v1/recipients/u-{n}", person, format="json").status_code == 201
+
+    def batch(api: Any, users: range) -> list[int]:
+        ids = []
+        for n in users:
+            body = {
+                "recipient": {"user_id": f"u-{n}"},
+                "template": "shipped",
+                "channels": ["email"],
+                "payload": {"order": n},
+            }
+            answer = api.post("/api/v1/notifications", body, format="json")
+            assert answer.status_code == 202, answer.content
+            ids.append(Delivery.objects.get(notification_id=answer.json()["id"]).pk)
+        return ids
+
+    queries = {}
+    for name, (_, api) in keys.items():
+        assert deliver(batch(api, range(1))).sent == 1  # the caches warm up: the template, the project
+        ids = batch(api, range(1, 4))
+        with CaptureQueriesContext(connection) as captured:
+            assert deliver(ids).sent == 3
+        queries[name] = len(captured.captured_queries)
+        # The project's settings came from the cache: no statement of the batch read a project.
+        assert not [q["sql"] for q in captured.captured_queries if "projects_" in q["sql"]]
+        html = [m["content"]["html"] for m in api.get("/api/v1/sandbox/messages").json()["results"]]
+        assert len(html) == 4 and all(h.startswith("<main>") or "<main" in h for h in html), html
+    assert queries["a"] == queries["b"], queries
