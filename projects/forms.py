@@ -74,17 +74,11 @@ class ProjectForm(forms.ModelForm):
 
     class Meta:
         model = Project
-        # Every field but `provider_accounts`, which the per-channel choices above write.
-        fields = (
-            "slug",
-            "name",
-            "promotion",
-            "email_from",
-            "email_reply_to",
-            "sms_sender",
-            "default_layout",
-            "rate_limit",
-            "weight",
+        # Every editable field but `provider_accounts`, which the per-channel choices above write.
+        fields = tuple(
+            f.name
+            for f in Project._meta.concrete_fields
+            if f.editable and not f.primary_key and f.name != "provider_accounts"
         )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -30,6 +30,7 @@ def test_worker_refuses_to_start_with_a_misconfigured_provider(start_worker: Any
 
 def test_named_accounts_are_checked_at_start_naming_the_account_and_setting_never_a_secret(settings: Any) -> None:
     from channels_app.providers.registry import get_provider, validate_all
+    from channels_app.providers.ses import SesProvider
 
     get_provider.cache_clear()
     try:
@@ -45,6 +46,7 @@ def test_named_accounts_are_checked_at_start_naming_the_account_and_setting_neve
         assert not any("s3cret-value" in p for p in problems)
         # A good account is an adapter of its own, with its own settings.
         ses = get_provider("fine-ses")
+        assert isinstance(ses, SesProvider)
         assert (ses.from_email, ses.client.meta.region_name) == ("Shop <a@shop.example>", "eu-west-1")
 
         for bad, reason in [

@@ -18,6 +18,7 @@ from notifier.deliveries.models import Delivery
 from projects.models import Project
 from projects.services import project_create
 from tests.conftest import wait_for
+from tests.projects.test_promotion_admin import _inline
 from tests.stubs import aws, twilio
 from tests.stubs.config import EMAIL_FROM, SMS_FROM
 from tests.stubs.smtp import SmtpStub
@@ -248,15 +249,6 @@ def _project_form(project: Project, **fields: str) -> dict[str, str]:
         body |= {f"environments-{n}-id": str(environment.pk), f"environments-{n}-project": str(project.pk)}
         body[f"environments-{n}-quotas"] = "{}"
     return {**body, **fields}
-
-
-def _inline(prefix: str, existing: int) -> dict[str, str]:
-    return {
-        f"{prefix}-TOTAL_FORMS": str(existing),
-        f"{prefix}-INITIAL_FORMS": str(existing),
-        f"{prefix}-MIN_NUM_FORMS": "0",
-        f"{prefix}-MAX_NUM_FORMS": "1000",
-    }
 
 
 @pytest.mark.django_db
