@@ -2,7 +2,7 @@
 
 `PROVIDER_ACCOUNTS` is a JSON object, name → account: `{"provider": "ses" | "smtp" | "twilio" | "sns", ...}` and
 that provider's own settings (docs/configuration.md lists them). A project names accounts by channel
-(`projects_project.provider_accounts`, `{"email": "ses-shop"}`); its credentials are only ever read here, from
+(a project's `provider_accounts`, `{"email": "ses-shop"}`); its credentials are only ever read here, from
 the environment, never from the database. The channels_app registry builds one adapter per account (its breaker
 and rate limit are the account's name), the projects admin offers the names per channel.
 
