@@ -1,4 +1,4 @@
-"""The project form of the admin: sender identities, default layout and provider accounts checked before saving.
+"""The project form of the admin: sender identities, default layout, accounts and rate limit checked before saving.
 
 What the send workers read from a project must be usable by every provider, so a bad value is a form error here,
 never a failed delivery later: an email address (with or without a display name) for From and Reply-To, a phone
@@ -18,6 +18,7 @@ from django.core.validators import validate_email
 
 from core import provider_accounts
 from core.keys import KEY_PATTERN, KEY_RULE
+from core.ratelimit import clean_rate_text
 from projects.models import Project
 
 # The channels a project may choose accounts for, and the form field of each.
@@ -121,6 +122,10 @@ class ProjectForm(forms.ModelForm):
 
     def clean_sms_sender(self) -> str:
         return clean_sms_sender(self.cleaned_data.get("sms_sender") or "")
+
+    def clean_rate_limit(self) -> str:
+        # A rate the API reads for all of the project's keys ("1000/s").
+        return clean_rate_text(self.cleaned_data.get("rate_limit"))
 
     def clean_default_layout(self) -> str:
         value = (self.cleaned_data.get("default_layout") or "").strip()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from django.db import models
@@ -152,3 +154,48 @@ def sending_settings(environment_id: int | None) -> SendingSettings:
         )
 
     return cached("project-sending", str(environment_id), load) or NO_SETTINGS
+
+
+@dataclass(frozen=True)
+class EnvironmentSettings:
+    """What the accept and the API read of a key's environment and its project, on every request."""
+
+    environment_id: int
+    environment: str
+    project_id: int
+    slug: str
+    name: str
+    promotion: str
+    # The project's rate over all of its keys ("1000/s"); empty: none.
+    rate_limit: str
+    # Daily limits per channel of this environment; a channel not named has none.
+    quotas: Mapping[str, int]
+
+
+def environment_settings(environment_id: int) -> EnvironmentSettings | None:
+    """Return the settings of an environment and its project, cached per process until either changes.
+
+    The accept reads them on every request (quotas, the project's rate limit): from the per-process cache
+    (core.config_cache; a save of a project or an environment invalidates every process's), never a query.
+    """
+
+    def load() -> EnvironmentSettings | None:
+        found = Environment.objects.select_related("project").filter(pk=environment_id).first()
+        if found is None:
+            return None
+        project = found.project
+        return EnvironmentSettings(
+            environment_id=found.pk,
+            environment=found.name,
+            project_id=project.pk,
+            slug=project.slug,
+            name=project.name,
+            promotion=project.promotion,
+            rate_limit=project.rate_limit,
+            # Whole numbers only (the admin checks them, projects.quotas.quotas_validate); anything else is no limit.
+            quotas=MappingProxyType(
+                {str(k): v for k, v in dict(found.quotas or {}).items() if type(v) is int and v >= 0}
+            ),
+        )
+
+    return cached("environment-settings", str(environment_id), load)

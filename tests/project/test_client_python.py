@@ -49,6 +49,8 @@ from core.scopes import SCOPES
 from notifier.clients.services import api_client_create
 from notifier.deliveries.models import Delivery
 from preferences.services import preference_token_read, recipient_upsert
+from projects import quotas
+from projects.models import DEFAULT_LIVE_ENVIRONMENT_ID, Environment
 from templates_app.services import template_put
 from tests.conftest import wait_for
 
@@ -592,6 +594,36 @@ def test_promotion_from_test_to_live_and_rollbacks(server: dict[str, Any], notif
 
     listed, template_version, layout_version, workflow_version = asyncio.run(via_async())
     assert "promo" not in listed and (template_version, layout_version, workflow_version) == (4, 4, 4)
+
+
+def test_get_project_shows_the_quotas_a_send_uses(
+    notifier: Notifier, server: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The quotas' day by a clock the test sets (the live server runs in this process): 22:30 UTC.
+    monkeypatch.setattr(quotas.daily, "clock", lambda: dt.datetime(2031, 3, 4, 22, 30, tzinfo=dt.UTC))
+    environment = Environment.objects.get(pk=DEFAULT_LIVE_ENVIRONMENT_ID)
+    environment.quotas = {"email": 2, "sms": 50}
+    environment.save()
+    for n in range(2):
+        notifier.send(recipient=f"u-q{n}", **SEND, channels=["email"], payload={"order_id": n})
+    with pytest.raises(RateLimitedError) as refused:
+        notifier.send(recipient="u-q9", **SEND, channels=["email"], payload={"order_id": 9})
+    assert refused.value.code == "quota_exceeded" and refused.value.fields == {"channel": ["email"]}
+    assert refused.value.retry_after == 5400  # until midnight UTC: beyond any retry budget, raised at once
+
+    project = notifier.get_project()
+
+    assert (project.slug, project.environment, project.promotion) == ("default", "live", "direct")
+    email = project.quotas["email"]
+    assert (email.limit, email.used, email.left) == (2, 2, 0)
+    assert email.resets_at == dt.datetime(2031, 3, 5, tzinfo=dt.UTC)
+    assert (project.quotas["sms"].used, project.quotas["sms"].left) == (0, 50)
+
+    async def via_async() -> int:
+        async with AsyncNotifier(base_url=server["base_url"], api_key=server["api_key"], retry=FAST) as client:
+            return (await client.get_project()).quotas["email"].used
+
+    assert asyncio.run(via_async()) == 2
 
 
 def test_event_endpoint_lifecycle(notifier: Notifier, settings: Any) -> None:

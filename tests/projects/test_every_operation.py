@@ -378,6 +378,20 @@ def _stats(walk: Walk, other: Key) -> None:
     assert sum(row["count"] for row in theirs) == own, theirs
 
 
+def _project(walk: Walk, other: Key) -> None:
+    """The other key reads its own project and environment, never A's, nor A's quotas or their use."""
+    mine = Environment.objects.select_related("project").get(pk=owner_id(walk.a.client))
+    mine.quotas = {"inapp": 1_000_000}
+    mine.save()
+    ours = walk.world.call("project_get", 200, http=walk.a.http)
+    assert (ours["slug"], ours["environment"], list(ours["quotas"])) == (mine.project.slug, mine.name, ["inapp"])
+    theirs = walk.call(other, "project_get", 200)
+    own = Environment.objects.select_related("project").get(pk=owner_id(other.client))
+    assert (theirs["slug"], theirs["environment"], theirs["quotas"]) == (own.project.slug, own.name, {}), theirs
+    mine.quotas = {}
+    mine.save()
+
+
 # Templates, layouts, workflows
 
 
@@ -667,6 +681,7 @@ CASES: dict[str, Case] = {
         "notification_cancel", lambda m: [m.notifications["later"], m.notifications["flow"]], "notification_id"
     ),
     "stats_get": Case(before=_stats, after=_stats),
+    "project_get": Case(before=_project, after=_project),
     "suppressions_list": listed("suppressions_list"),
     "suppression_add": Case(create=_suppression_add),
     "suppression_remove": gone("suppression_remove", suppression_id=lambda m: m.suppression),

@@ -348,6 +348,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/project": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Read the key's project
+         * @description The project and environment of the calling key, with each daily quota of the environment (its limit, what today has used, when it resets: midnight UTC) and the project's promotion rule.
+         */
+        get: operations["project_get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/promotion": {
         parameters: {
             query?: never;
@@ -1457,6 +1477,12 @@ export interface components {
             token: string;
             active: boolean;
         };
+        /**
+         * @description * `live` - live
+         *     * `test` - test
+         * @enum {string}
+         */
+        EnvironmentEnum: "live" | "test";
         /** @description The body of every error answer. */
         Error: {
             error: components["schemas"]["ErrorDetail"];
@@ -1866,6 +1892,29 @@ export interface components {
          * @enum {string}
          */
         PriorityEnum: "high" | "normal" | "low";
+        /** @description The calling key's project and environment. */
+        ProjectOutput: {
+            slug: string;
+            name: string;
+            /**
+             * @description The key's environment (its mode).
+             *
+             *     * `live` - live
+             *     * `test` - test
+             */
+            environment: components["schemas"]["EnvironmentEnum"];
+            /** @description The environment's daily quotas by channel; a channel not listed has none. */
+            quotas: {
+                [key: string]: components["schemas"]["QuotaOutput"];
+            };
+            /**
+             * @description `required`: live's templates, layouts and workflows change only by promotion from test.
+             *
+             *     * `direct` - direct
+             *     * `required` - required
+             */
+            promotion: components["schemas"]["PromotionEnum"];
+        };
         /** @description A layout, template or workflow whose version in test differs from live's. */
         PromotionCandidateOutput: {
             /** @description `layout`, `template` or `workflow`. */
@@ -1878,6 +1927,12 @@ export interface components {
             /** @description Unified diff from live's version to test's, of their canonical JSON (keys sorted, indented). */
             diff: string;
         };
+        /**
+         * @description * `direct` - direct
+         *     * `required` - required
+         * @enum {string}
+         */
+        PromotionEnum: "direct" | "required";
         /** @description The body of POST /api/v1/promotion: what to promote from test to live. */
         PromotionInput: {
             /** @description Up to 1,000 objects `{"kind": "template", "key": "order_shipped"}`; kind: `layout`, `template` or `workflow`. */
@@ -1916,6 +1971,18 @@ export interface components {
         QuietHoursOutput: {
             start: string;
             end: string;
+        };
+        /** @description One channel's daily quota. */
+        QuotaOutput: {
+            /** @description Messages a UTC day on this channel. */
+            limit: number;
+            /** @description Counted today (sends accepted; a topic send counts its subscribers). */
+            used: number;
+            /**
+             * Format: date-time
+             * @description When the count starts again: the next midnight UTC.
+             */
+            resets_at: string;
         };
         /** @description Contact data of a recipient; fields left out keep their current value, null or "" clears them. */
         RecipientInput: {
@@ -2321,7 +2388,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -2434,7 +2501,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -2536,7 +2603,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -2669,7 +2736,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -2799,7 +2866,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -2909,7 +2976,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -3038,7 +3105,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -3167,7 +3234,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -3280,7 +3347,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -3380,7 +3447,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -3493,7 +3560,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -3592,7 +3659,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -3697,7 +3764,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -3815,7 +3882,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -3917,7 +3984,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -4050,7 +4117,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -4174,7 +4241,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -4274,7 +4341,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -4406,7 +4473,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -4508,7 +4575,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -4628,7 +4695,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -4741,7 +4808,98 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description A request header is larger than the server reads (8,190 bytes); HTML. */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/html": string;
+                };
+            };
+            /** @description The database is unavailable; retry after Retry-After. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    project_get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ProjectOutput"];
+                };
+            };
+            /** @description Invalid input: the fields at fault and why. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description No valid key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The key may not do this: a scope, category or priority it does not have. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The Accept header asks for something other than JSON. */
+            406: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The request line (method, path and query) is longer than the server reads (4,094 bytes); HTML. */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/html": string;
+                };
+            };
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -4832,7 +4990,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -4945,7 +5103,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -5043,7 +5201,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -5145,7 +5303,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -5279,7 +5437,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -5380,7 +5538,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -5504,7 +5662,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -5606,7 +5764,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -5717,7 +5875,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -5841,7 +5999,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -5962,7 +6120,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -6083,7 +6241,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -6204,7 +6362,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -6325,7 +6483,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -6445,7 +6603,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -6569,7 +6727,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -6671,7 +6829,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -6795,7 +6953,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -6894,7 +7052,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -7006,7 +7164,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -7111,7 +7269,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -7234,7 +7392,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -7335,7 +7493,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -7431,7 +7589,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -7533,7 +7691,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -7666,7 +7824,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -7790,7 +7948,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -7914,7 +8072,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -8017,7 +8175,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -8113,7 +8271,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -8215,7 +8373,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -8349,7 +8507,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -8473,7 +8631,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -8575,7 +8733,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -8671,7 +8829,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -8773,7 +8931,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -8906,7 +9064,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -9030,7 +9188,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;

@@ -28,6 +28,7 @@ from notifier_client.models import (
     PreferenceLink,
     Preferences,
     Preview,
+    Project,
     PromotionCandidate,
     PromotionResult,
     Recipient,
@@ -400,6 +401,12 @@ class AsyncNotifier:
     async def rollback_workflow(self, key: str, *, version: int) -> Workflow:
         """Run an earlier version of a workflow again, as its next version (answers that new version)."""
         return await self.call(_core.rollback_workflow(key, version=version))
+
+    # --- The key's project -------------------------------------------------------------------------------------
+
+    async def get_project(self) -> Project:
+        """Return the key's project and environment, with its daily quotas (limit, used, reset) and promotion rule."""
+        return await self.call(_core.get_project())
 
     # --- Promotion from test to live ---------------------------------------------------------------------------
 

@@ -34,6 +34,7 @@ from notifier_client.models import (
     PreferenceLink,
     Preferences,
     Preview,
+    Project,
     PromotionCandidate,
     PromotionResult,
     Recipient,
@@ -575,6 +576,14 @@ def rollback_workflow(key: str, *, version: int) -> Call[Workflow]:
 def list_workflows(*, cursor: str | None = None, limit: int | None = None) -> Call[Page[Workflow]]:
     """GET /workflows (one page)."""
     return Call("GET", "workflows", _page(Workflow.from_api), params=_query(cursor, limit=limit))
+
+
+# --- The key's project -------------------------------------------------------------------------------------
+
+
+def get_project() -> Call[Project]:
+    """GET /project: the key's project and environment, its daily quotas (limit, used, reset) and promotion rule."""
+    return Call("GET", "project", Project.from_api)
 
 
 # --- Promotion from test to live ---------------------------------------------------------------------------

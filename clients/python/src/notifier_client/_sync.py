@@ -27,6 +27,7 @@ from notifier_client.models import (
     PreferenceLink,
     Preferences,
     Preview,
+    Project,
     PromotionCandidate,
     PromotionResult,
     Recipient,
@@ -397,6 +398,12 @@ class Notifier:
     def rollback_workflow(self, key: str, *, version: int) -> Workflow:
         """Run an earlier version of a workflow again, as its next version (answers that new version)."""
         return self.call(_core.rollback_workflow(key, version=version))
+
+    # --- The key's project -------------------------------------------------------------------------------------
+
+    def get_project(self) -> Project:
+        """Return the key's project and environment, with its daily quotas (limit, used, reset) and promotion rule."""
+        return self.call(_core.get_project())
 
     # --- Promotion from test to live ---------------------------------------------------------------------------
 

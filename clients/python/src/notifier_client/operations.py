@@ -67,6 +67,8 @@ OPERATIONS: dict[str, str | None] = {
     "workflow_put": "put_workflow",
     "workflow_get": "get_workflow",
     "workflow_rollback": "rollback_workflow",
+    # The key's project
+    "project_get": "get_project",
     # Promotion from test to live
     "promotion_list": "promotions",
     "promotion_apply": "promote",
