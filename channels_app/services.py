@@ -114,13 +114,18 @@ class _Heartbeat:
         return deliveries_renew_leases(ids)
 
     def _run(self) -> None:
+        pause = self.interval()
         while True:
-            time.sleep(self.interval())
+            time.sleep(pause)
+            pause = self.interval()
             try:
                 self.beat()
             except Exception as exc:  # the database may be away for a while; the next beat tries again
                 logger.warning("lease heartbeat failed: %s", type(exc).__name__)
                 connection.close()
+                # Soon, not a third of a lease later: once the database answers again the lease is renewed
+                # within a second, before the relay (every OUTBOX_RELAY_INTERVAL_SECONDS) finds it expired.
+                pause = min(pause, 1.0)
             if not self.owned():
                 # Idle: drop this thread's connection until there is something to renew again.
                 connection.close()

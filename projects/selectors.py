@@ -170,6 +170,8 @@ class EnvironmentSettings:
     rate_limit: str
     # Daily limits per channel of this environment; a channel not named has none.
     quotas: Mapping[str, int]
+    # The project's share of a queue among broadcasting projects (dispatch.shares), at least 1.
+    weight: int
 
 
 def environment_settings(environment_id: int) -> EnvironmentSettings | None:
@@ -192,6 +194,7 @@ def environment_settings(environment_id: int) -> EnvironmentSettings | None:
             name=project.name,
             promotion=project.promotion,
             rate_limit=project.rate_limit,
+            weight=max(1, int(project.weight or 1)),
             # Whole numbers only (the admin checks them, projects.quotas.quotas_validate); anything else is no limit.
             quotas=MappingProxyType(
                 {str(k): v for k, v in dict(found.quotas or {}).items() if type(v) is int and v >= 0}
@@ -199,3 +202,12 @@ def environment_settings(environment_id: int) -> EnvironmentSettings | None:
         )
 
     return cached("environment-settings", str(environment_id), load)
+
+
+def environment_project_weight(environment_id: int | None) -> tuple[int, int]:
+    """Return (project id, its weight) of an environment: its share of a queue among broadcasting projects.
+
+    (0, 1) for no environment.
+    """
+    found = None if environment_id is None else environment_settings(environment_id)
+    return (0, 1) if found is None else (found.project_id, found.weight)

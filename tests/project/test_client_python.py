@@ -38,6 +38,7 @@ from notifier_client import (
     PermissionDeniedError,
     Preferences,
     RateLimitedError,
+    RecipientResult,
     RetryPolicy,
     ServerError,
     WebhookVerificationError,
@@ -164,6 +165,16 @@ def test_recipients_preferences_and_preference_links(notifier: Notifier) -> None
     with pytest.raises(BadRequestError) as bad:
         notifier.put_recipient("u-r@x", timezone="Mars/Olympus")
     assert "timezone" in bad.value.fields
+    results = notifier.put_recipients(
+        [
+            {"user_id": "u-r@x", "locale": "fr"},
+            {"user_id": "u-b", "email": "b@example.com"},
+            {"user_id": "u-c", "phone": "1"},
+        ]
+    )
+    assert results[:2] == [RecipientResult(user_id="u-r@x", status=200), RecipientResult(user_id="u-b", status=201)]
+    assert isinstance(results[2], BadRequestError) and "phone" in results[2].fields
+    assert notifier.get_recipient("u-r@x").locale == "fr"
 
     prefs = Preferences(
         channels={"sms": False},

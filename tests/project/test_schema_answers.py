@@ -607,6 +607,22 @@ def _recipient_put(w: World) -> None:
     w.call("recipient_put", 400, user_id="u r+1@x", body={"timezone": "Mars/Olympus"})
 
 
+def _recipients_batch(w: World) -> None:
+    w.topic()
+    items = [
+        {"user_id": "u-b1", "email": "b1@example.com", "phone": "+4915112345678", "locale": "de",
+         "timezone": "Europe/Berlin", "topics": ["fans"]},
+        {"user_id": "u-b1", "tracking_opt_out": True},
+        {"user_id": "u-b2", "email": "not an email", "topics": ["no-such-topic"]},
+        {"user_id": "u-b3", "topics": ["no-such-topic"]},
+        [],
+    ]  # fmt: skip
+    results = w.call("recipients_batch", 200, body={"recipients": items})["results"]
+    assert [r["status"] for r in results] == [201, 200, 400, 400, 400]
+    w.call("recipients_batch", 400, body={"recipients": []})
+    w.call("recipients_batch", 400, body={"recipients": [{}] * 1001})
+
+
 def _recipient_erase(w: World) -> None:
     w.recipient("u-1")
     w.call("recipient_erase", 204, user_id="u-1")
@@ -993,6 +1009,7 @@ CALLS: dict[str, Callable[[World], None]] = {
     "recipient_get": _recipient_get,
     "recipient_put": _recipient_put,
     "recipient_erase": _recipient_erase,
+    "recipients_batch": _recipients_batch,
     "recipient_device_add": _recipient_device_add,
     "recipient_device_remove": _recipient_device_remove,
     "preferences_get": _preferences_get,

@@ -434,6 +434,19 @@ def _recipient_put(walk: Walk, other: Key) -> None:
     _inbox_item(other.client, twin_recipient, "Theirs")
 
 
+def _recipients_batch_before(walk: Walk, other: Key) -> None:
+    """A's topic is not the other key's to join: that item is refused, nothing written."""
+    body = {"recipients": [{"user_id": "own-batch-user", "topics": [TOPIC]}]}
+    (result,) = walk.call(other, "recipients_batch", 200, body=body)["results"]
+    assert result["status"] == 400 and "topics" in result["error"]["fields"], result
+
+
+def _recipients_batch_after(walk: Walk, other: Key) -> None:
+    """A's user id names the other key's twin: the batch updates the twin, never A's recipient."""
+    body = {"recipients": [{"user_id": USER, "email": f"{USER}@theirs.example"}]}
+    assert walk.call(other, "recipients_batch", 200, body=body)["results"] == [{"user_id": USER, "status": 200}]
+
+
 def _recipient_erase_after(walk: Walk, other: Key) -> None:
     """Erasing the other key's USER_2 erases its own (A's USER_2 is unchanged: the snapshot)."""
     walk.call(other, "recipient_erase", 204, user_id=USER_2)
@@ -645,6 +658,7 @@ CASES: dict[str, Case] = {
     "workflow_get": gone_then("workflow_get", twin("workflow_get", key=WORKFLOW), key=WORKFLOW),
     "recipients_list": listed("recipients_list"),
     "recipient_put": Case(create=_recipient_put),
+    "recipients_batch": Case(before=_recipients_batch_before, after=_recipients_batch_after),
     "recipient_get": gone_then("recipient_get", twin("recipient_get", user_id=USER), user_id=USER),
     "recipient_erase": gone_then("recipient_erase", _recipient_erase_after, user_id=USER),
     "recipient_device_add": Case(

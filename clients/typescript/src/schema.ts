@@ -667,6 +667,30 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/recipients/batch": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Create or update recipients in bulk
+         * @description POST /recipients/batch creates or updates up to 1,000 recipients, each alone (a bad item fails alone).
+         *
+         *     Each item takes `user_id`, the fields of `PUT /recipients/{user_id}` (checked the same way; those sent
+         *     replace those fields) and `topics` (existing topics to join; needs the `topics` scope too). One result per
+         *     item, in order: 201 created, 200 updated, 400 refused with the error body's `error`.
+         */
+        post: operations["recipients_batch"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/sandbox/messages": {
         parameters: {
             query?: never;
@@ -1984,6 +2008,42 @@ export interface components {
              */
             resets_at: string;
         };
+        /** @description Up to 1,000 recipients to create or update, each as `PUT /recipients/{user_id}` takes it, plus `user_id`. */
+        RecipientBatchInput: {
+            recipients: components["schemas"]["RecipientBatchItem"][];
+        };
+        /**
+         * @description One recipient of a batch or an import: its user id, the fields a PUT takes (its validators), topics to join.
+         *
+         *     A subclass of the PUT's serializer: every field the PUT learns, a batch item takes too, checked the same way.
+         */
+        RecipientBatchItem: {
+            email?: (string) | null;
+            phone?: string | null;
+            locale?: string | null;
+            timezone?: string | null;
+            webhook_url?: (string) | null;
+            tracking_opt_out?: boolean;
+            user_id: string;
+            topics?: string[];
+        };
+        /** @description One result per item, in the order sent. */
+        RecipientBatchOutput: {
+            results: components["schemas"]["RecipientBatchResult"][];
+        };
+        /** @description What became of one item: 201 created, 200 updated, 400 refused (with the error). */
+        RecipientBatchResult: {
+            user_id: string | null;
+            status: components["schemas"]["RecipientBatchResultStatusEnum"];
+            error?: components["schemas"]["ErrorDetail"];
+        };
+        /**
+         * @description * `201` - 201
+         *     * `200` - 200
+         *     * `400` - 400
+         * @enum {integer}
+         */
+        RecipientBatchResultStatusEnum: 201 | 200 | 400;
         /** @description Contact data of a recipient; fields left out keep their current value, null or "" clears them. */
         RecipientInput: {
             email?: (string) | null;
@@ -6910,6 +6970,119 @@ export interface operations {
             };
             /** @description No such object. */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The Accept header asks for something other than JSON. */
+            406: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The body is larger than MAX_REQUEST_BYTES (5 MiB unless configured); refused before it is read. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The request line (method, path and query) is longer than the server reads (4,094 bytes); HTML. */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/html": string;
+                };
+            };
+            /** @description The body's Content-Type is not one the operation reads (JSON unless documented otherwise), or its charset is one Python cannot decode with. */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description A request header is larger than the server reads (8,190 bytes); HTML. */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/html": string;
+                };
+            };
+            /** @description The database is unavailable; retry after Retry-After. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    recipients_batch: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["RecipientBatchInput"];
+            };
+        };
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["RecipientBatchOutput"];
+                };
+            };
+            /** @description Invalid input: the fields at fault and why. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description No valid key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The key may not do this: a scope, category or priority it does not have. */
+            403: {
                 headers: {
                     [name: string]: unknown;
                 };

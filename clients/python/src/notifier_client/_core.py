@@ -38,6 +38,7 @@ from notifier_client.models import (
     PromotionCandidate,
     PromotionResult,
     Recipient,
+    RecipientResult,
     SandboxMessage,
     Stats,
     SubscribeResult,
@@ -314,6 +315,21 @@ def remove_suppression(suppression_id: int) -> Call[None]:
 def put_recipient(user_id: str, **fields: Any) -> Call[Recipient]:
     """PUT /recipients/{user_id}: only the fields given are changed."""
     return Call("PUT", f"recipients/{_seg(user_id)}", Recipient.from_api, json=fields)
+
+
+def _recipients_result(body: Any) -> list[RecipientResult | NotifierError]:
+    out: list[RecipientResult | NotifierError] = []
+    for item in body["results"]:
+        if "error" in item:
+            out.append(error_for(int(item.get("status") or 400), item))
+        else:
+            out.append(RecipientResult(user_id=str(item["user_id"]), status=int(item["status"])))
+    return out
+
+
+def put_recipients(recipients: Sequence[Mapping[str, Any]]) -> Call[list[RecipientResult | NotifierError]]:
+    """POST /recipients/batch: up to 1,000 recipients (each `user_id` and put_recipient's fields, `topics`)."""
+    return Call("POST", "recipients/batch", _recipients_result, json={"recipients": [dict(r) for r in recipients]})
 
 
 def get_recipient(user_id: str) -> Call[Recipient]:

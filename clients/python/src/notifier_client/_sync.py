@@ -31,6 +31,7 @@ from notifier_client.models import (
     PromotionCandidate,
     PromotionResult,
     Recipient,
+    RecipientResult,
     SandboxMessage,
     Stats,
     SubscribeResult,
@@ -192,6 +193,10 @@ class Notifier:
     def put_recipient(self, user_id: str, **fields: Any) -> Recipient:
         """Create or update a recipient (email, phone, locale, timezone, webhook_url); fields left out are kept."""
         return self.call(_core.put_recipient(user_id, **fields))
+
+    def put_recipients(self, recipients: Sequence[Mapping[str, Any]]) -> list[RecipientResult | NotifierError]:
+        """Create or update up to 1,000 recipients, each alone: a result or the error of each, in order."""
+        return self.call(_core.put_recipients(recipients))
 
     def get_recipient(self, user_id: str) -> Recipient:
         """Return a recipient."""

@@ -212,6 +212,14 @@ class Topic:
 
 
 @dataclass(frozen=True)
+class RecipientResult:
+    """What a batch did with one recipient: `status` 201 created or 200 updated (refused ones are errors)."""
+
+    user_id: str
+    status: int
+
+
+@dataclass(frozen=True)
 class SubscribeResult:
     """How many subscriptions a call added, and the topic's total."""
 

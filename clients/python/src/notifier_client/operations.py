@@ -20,6 +20,7 @@ OPERATIONS: dict[str, str | None] = {
     # Recipients, devices, preferences
     "recipients_list": "recipients",
     "recipient_put": "put_recipient",
+    "recipients_batch": "put_recipients",
     "recipient_get": "get_recipient",
     "recipient_erase": "delete_recipient",
     "recipient_device_add": "add_device",
