@@ -26,7 +26,7 @@ from django.utils.html import format_html
 from rest_framework.exceptions import ValidationError
 
 from core.errors import ApiError
-from core.ratelimit import clean_rate_text
+from projects.forms import ProjectForm
 from projects.models import Environment, Membership, Project
 from projects.promotion import Reader, promotion_candidates, version_diff
 from projects.quotas import quotas_validate
@@ -231,16 +231,6 @@ class MembershipInline(admin.TabularInline):
     model = Membership
     extra = 0
     autocomplete_fields = ("user",)
-
-
-class ProjectForm(forms.ModelForm):
-    """A project's settings; its rate limit is a rate the API reads ("1000/s").
-
-    No Meta: the admin gives the model and every field (ModelAdmin.get_form), as it did before this form.
-    """
-
-    def clean_rate_limit(self) -> str:
-        return clean_rate_text(self.cleaned_data.get("rate_limit"))
 
 
 @admin.register(Project)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
@@ -100,6 +100,60 @@ def default_project_id() -> int | None:
         return Project.objects.filter(slug=DEFAULT_PROJECT_SLUG).values_list("id", flat=True).first()
 
     return cached("default-project", DEFAULT_PROJECT_SLUG, load)
+
+
+@dataclass(frozen=True)
+class SendingSettings:
+    """A project's settings the send path reads: sender identities, default layout, provider accounts by channel.
+
+    Empty values mean the installation's (EMAIL_FROM, the providers of `<CHANNEL>_PROVIDERS`, no layout).
+    """
+
+    email_from: str = ""
+    email_reply_to: str = ""
+    sms_sender: str = ""
+    default_layout: str = ""
+    provider_accounts: dict[str, list[str]] = field(default_factory=dict)
+
+
+NO_SETTINGS = SendingSettings()
+
+
+def account_names(value: Any) -> list[str]:
+    """Return the account names a project's `provider_accounts` gives one channel (a name or a list of names)."""
+    if isinstance(value, str):
+        return [value] if value else []
+    if isinstance(value, list):
+        return [name for name in value if isinstance(name, str) and name]
+    return []
+
+
+def sending_settings(environment_id: int | None) -> SendingSettings:
+    """Return the sending settings of the project an environment belongs to (NO_SETTINGS for none).
+
+    Cached per process (core.config_cache; a project saved anywhere invalidates it): the send workers read it
+    for every delivery, and a batch's reads share one look at the generation, so sending gains no query.
+    """
+    if environment_id is None:
+        return NO_SETTINGS
+
+    def load() -> SendingSettings | None:
+        project = Project.objects.filter(environments__id=environment_id).first()
+        if project is None:
+            return None
+        return SendingSettings(
+            email_from=project.email_from,
+            email_reply_to=project.email_reply_to,
+            sms_sender=project.sms_sender,
+            default_layout=project.default_layout,
+            provider_accounts={
+                channel: names
+                for channel, value in (project.provider_accounts or {}).items()
+                if (names := account_names(value))
+            },
+        )
+
+    return cached("project-sending", str(environment_id), load) or NO_SETTINGS
 
 
 @dataclass(frozen=True)

@@ -764,11 +764,13 @@ def test_stats_and_the_browser_inbox_send_what_the_contract_says(scripted: Any) 
     row = {"day": "2026-12-01", "channel": "email", "status": "sent", "count": 3}
     scripted.script[:] = [(200, {}, {"results": [row], "from": "2026-11-30", "to": "2026-12-01"})]
     client = Notifier(base_url=scripted.url, api_key="k", retry=FAST)
-    stats = client.stats(from_day=dt.date(2026, 11, 30), to_day="2026-12-01", group_by=["day", "channel"], mode="test")
+    stats = client.stats(
+        from_day=dt.date(2026, 11, 30), to_day="2026-12-01", group_by=["day", "channel"], mode="test", scope="project"
+    )
     assert (stats.rows, stats.from_day, stats.to_day) == ([row], "2026-11-30", "2026-12-01")
     path = scripted.seen[0]["path"]
     assert path.startswith("/api/v1/stats?") and set(path.split("?")[1].split("&")) == {
-        "from=2026-11-30", "to=2026-12-01", "group_by=day%2Cchannel", "mode=test"
+        "from=2026-11-30", "to=2026-12-01", "group_by=day%2Cchannel", "mode=test", "scope=project"
     }  # fmt: skip
     # The browser inbox is under /inbox/v1/ and authenticates with the inbox token, not the API key.
     scripted.seen.clear()

@@ -720,7 +720,9 @@ export interface paths {
         };
         /**
          * Delivery statistics
-         * @description GET /stats: counts of the client's deliveries per day, channel, status and template, from the delivery log.
+         * @description GET /stats: counts of deliveries per day, channel, status, template and key, from the delivery log.
+         *
+         *     The calling key's own (`scope=client`, the default) or its project environment's (`scope=project`).
          */
         get: operations["stats_get"];
         put?: never;
@@ -2171,6 +2173,8 @@ export interface components {
             channel?: string;
             status?: string;
             template?: string;
+            /** @description The name of the API key that sent them. */
+            client?: string;
             count: number;
         };
         /**
@@ -7295,7 +7299,7 @@ export interface operations {
             query?: {
                 /** @description First UTC day counted (YYYY-MM-DD); default: the `to` day. */
                 from?: string;
-                /** @description Comma-separated, any of day, channel, status, template; default all four. */
+                /** @description Comma-separated, any of day, channel, status, template, client; default the first four. */
                 group_by?: string;
                 /**
                  * @description Only notifications sent in this mode.
@@ -7304,6 +7308,13 @@ export interface operations {
                  *     * `test` - Test
                  */
                 mode?: "live" | "test";
+                /**
+                 * @description client (default): the calling key's deliveries; project: every key's of its project environment.
+                 *
+                 *     * `client` - client
+                 *     * `project` - project
+                 */
+                scope?: "client" | "project";
                 /** @description Last UTC day counted (YYYY-MM-DD); default: today. */
                 to?: string;
             };
@@ -7321,7 +7332,7 @@ export interface operations {
                     "application/json": components["schemas"]["StatsOutput"];
                 };
             };
-            /** @description Invalid from, to, group_by or mode, or archived days. */
+            /** @description Invalid from, to, group_by, scope or mode, or archived days. */
             400: {
                 headers: {
                     [name: string]: unknown;

@@ -513,6 +513,10 @@ class AsyncNotifier:
         to_day: dt.date | str,
         group_by: Sequence[str] = ("day",),
         mode: str | None = None,
+        scope: str | None = None,
     ) -> Stats:
-        """Return delivery counts of this client's notifications per group (day, channel, status, template)."""
-        return await self.call(_core.stats(from_day=from_day, to_day=to_day, group_by=group_by, mode=mode))
+        """Return delivery counts per group (day, channel, status, template, client): this key's, or its project's.
+
+        `scope="project"` counts every key's notifications of this key's project environment.
+        """
+        return await self.call(_core.stats(from_day=from_day, to_day=to_day, group_by=group_by, mode=mode, scope=scope))

@@ -748,8 +748,13 @@ def stats(
     to_day: dt.date | str,
     group_by: Sequence[str] = ("day",),
     mode: str | None = None,
+    scope: str | None = None,
 ) -> Call[Stats]:
-    """GET /stats: delivery counts per group (day, channel, status, template) of this client's notifications."""
-    params = _query(None, to=_day(to_day), group_by=",".join(group_by), mode=mode)
+    """GET /stats: delivery counts per group (day, channel, status, template, client).
+
+    `scope`: "client" (the server's default) counts this key's notifications, "project" every key's of its
+    project environment.
+    """
+    params = _query(None, to=_day(to_day), group_by=",".join(group_by), mode=mode, scope=scope)
     params["from"] = _day(from_day)
     return Call("GET", "stats", Stats.from_api, params=params)

@@ -632,7 +632,7 @@ class SandboxMessage:
 
 @dataclass(frozen=True)
 class Stats:
-    """Delivery counts per group (day, channel, status, template) over a range of days."""
+    """Delivery counts per group (day, channel, status, template, client) over a range of days."""
 
     rows: list[dict[str, Any]]
     from_day: str = ""
