@@ -91,6 +91,7 @@ def _rabbitmq(command: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # stops the whole RabbitMQ node: every other run on it would lose its broker
 @pytest.mark.django_db(transaction=True)
 def test_broker_down_during_accept_then_everything_delivered_once(start_worker: Any, settings: Any, api: Any) -> None:
     total = 30
