@@ -30,11 +30,18 @@ RUN_PROCESSES := web worker_high worker_low worker_fanout worker_maintenance wor
 PIP_COMPILE := CUSTOM_COMPILE_COMMAND="make lock" $(VENV)/bin/pip-compile --quiet --generate-hashes \
 	--allow-unsafe --strip-extras --no-emit-index-url --no-emit-find-links
 
-.PHONY: run test test-fast typecheck lint format services migrate demo bench clean lock client-dist
+.PHONY: run test test-fast typecheck lint format services migrate demo bench clean lock client-dist client-ts client-ts-types
 
 # The Python client is installed for its tests (tests/project/test_client_python.py); its only dependency, httpx, is
 # in the development lock, and a hashed lock file cannot name a local path, hence a second install, --no-deps.
 CLIENT_SOURCES := clients/python/pyproject.toml $(wildcard clients/python/src/notifier_client/*)
+
+# The TypeScript client (clients/typescript): Node.js 20+ and npm, its devDependencies (the compiler and the type
+# generator; it has no runtime dependency) installed from package-lock.json, again whenever the lock changes.
+TS_CLIENT := clients/typescript
+TS_TOOLCHAIN := $(TS_CLIENT)/node_modules/.package-lock.json
+NEED_NPM := command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 || { \
+	echo "node and npm are missing: the TypeScript client ($(TS_CLIENT)) needs Node.js 20 or later and npm (Debian: apt-get install nodejs npm)"; exit 1; }
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt $(CLIENT_SOURCES)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -78,8 +85,9 @@ TEST_STARTED := $(shell date +%s)
 
 ## Run the test suite against the real PostgreSQL, RabbitMQ and Redis, after the lint, the import contract and the
 ## OpenAPI schema, which must generate without a single warning (docs/api.md, "The schema and how views are written").
+## The TypeScript client's tests compile it themselves with its pinned toolchain, installed first from its lock file.
 ## The last line is the wall time of the whole target.
-test: services
+test: services $(TS_TOOLCHAIN)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
@@ -105,6 +113,23 @@ client-dist: $(VENV)/.installed
 	rm -rf dist/notifier_client-*
 	$(PY) -m build --no-isolation --outdir dist clients/python
 	$(PY) -m twine check --strict dist/notifier_client-*
+
+$(TS_TOOLCHAIN): $(TS_CLIENT)/package-lock.json $(TS_CLIENT)/package.json
+	@$(NEED_NPM)
+	cd $(TS_CLIENT) && npm ci --no-audit --no-fund
+	touch $@
+
+## Build the TypeScript client (tsc into clients/typescript/dist/) and its npm package into dist/ (npm pack).
+client-ts: $(TS_TOOLCHAIN)
+	mkdir -p dist
+	rm -f dist/notifier-client-*.tgz
+	cd $(TS_CLIENT) && npm pack --pack-destination ../../dist
+
+## Regenerate the TypeScript client's types (clients/typescript/src/schema.ts) from the API's OpenAPI schema; commit
+## the result (a test fails while it differs from what the schema generates).
+client-ts-types: $(VENV)/.installed $(TS_TOOLCHAIN)
+	DEVELOPMENT=true DEBUG=true $(PY) manage.py spectacular --file var/openapi.yml
+	cd $(TS_CLIENT) && npm run generate
 
 ## Check the type annotations of the whole project (pyproject.toml; docs/decisions/0067-checked-types.md).
 typecheck: $(VENV)/.installed

@@ -16,9 +16,9 @@ workers = env.int("WEB_WORKERS", 2)
 # Threads per worker: a request mostly waits, on PostgreSQL, Redis and the group writer of its process (group
 # commit: the singles waiting together are written with one set of statements). More threads in flight make
 # larger groups, and the send workers then receive larger bursts to combine: with 16 instead of 4, bench/floor.py
-# went from 217-259 to 373-389 singles/s with p99 from 96-142 to 69-76 ms (docs/performance.md), the bare floor
-# view unchanged. Each thread holds one database connection, idle while it waits (docs/kubernetes.md,
-# connection budget).
+# went from 217-259 to 373-389 singles/s with p99 from 96-142 to 69-76 ms, the bare floor view unchanged
+# (docs/decisions/0084-api-threads-cover-the-connections.md). Each thread holds one database connection, idle
+# while it waits (docs/kubernetes.md, connection budget).
 threads = env.int("WEB_THREADS", 16)
 # SIGTERM: stop accepting, finish in-flight requests for up to 30 s (the container's grace period is longer).
 graceful_timeout = 30

@@ -155,8 +155,12 @@ def as_client_owner(func: _F) -> _F:
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        with owner_scope(kwargs["client"].environment_id):
+        # owner_scope's work without its generator: this wraps every accept, a single's included.
+        token = _owner.set(kwargs["client"].environment_id)
+        try:
             return func(*args, **kwargs)
+        finally:
+            _owner.reset(token)
 
     return cast(_F, wrapper)
 
