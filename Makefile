@@ -96,7 +96,7 @@ test: services $(TS_TOOLCHAIN)
 	DEVELOPMENT=true DEBUG=true $(PY) manage.py spectacular --validate --fail-on-warn --file var/openapi.yml
 	@checks=$$(( $$(date +%s) - $(TEST_STARTED) )); \
 	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadgroup -m "not serial" $(PYTEST_ARGS); parallel=$$?; \
-	$(VENV)/bin/pytest -p no:xdist -m serial $(PYTEST_ARGS); serial=$$?; \
+	$(VENV)/bin/pytest -m serial $(PYTEST_ARGS); serial=$$?; \
 	[ $$serial -eq 5 ] && serial=0; \
 	echo "make test: $$(( $$(date +%s) - $(TEST_STARTED) )) s wall time ($$checks s lint, types and schema; pytest on $(TEST_WORKERS) workers, then the serial tests; exit codes $$parallel and $$serial)"; \
 	[ $$parallel -eq 0 ] && [ $$serial -eq 0 ]
@@ -105,7 +105,7 @@ test: services $(TS_TOOLCHAIN)
 ## pointed at a closed port, so a test that reaches one fails here instead of passing by luck.
 test-fast: $(VENV)/.installed
 	REDIS_URL=redis://127.0.0.1:9/0 NOTIFIER_TEST_AMQP=127.0.0.1:9 DATABASE_URL=postgres://nobody@127.0.0.1:9/none \
-		$(VENV)/bin/pytest -p no:xdist -m pure -q $(PYTEST_ARGS)
+		$(VENV)/bin/pytest -m pure -q $(PYTEST_ARGS)
 
 ## Build the Python client's release artifacts (wheel and sdist) into dist/ and check them as PyPI would. The tests
 ## do the same in a temporary directory (tests/project/test_client_python.py), with `mypy --strict` on the package.
