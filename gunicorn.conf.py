@@ -23,6 +23,9 @@ threads = env.int("WEB_THREADS", 16)
 # SIGTERM: stop accepting, finish in-flight requests for up to 30 s (the container's grace period is longer).
 graceful_timeout = 30
 timeout = 30
+# The API's statements are cancelled by PostgreSQL after 30 s (config/settings.py; workers keep no limit), so a
+# request stuck behind a lock or on a hung query ends with an error within gunicorn's own timeout.
+os.environ.setdefault("DATABASE_STATEMENT_TIMEOUT_SECONDS", "30")
 keepalive = 5
 # Recycle a worker after 100,000-110,000 requests: bounds slow leaks in any library; the jitter keeps the
 # workers from restarting all at once. Metrics survive (multiprocess files; none of our gauges is per live

@@ -1,11 +1,12 @@
 """CPU of one single accept in-process: POST /api/v1/notifications through Django's test client, no HTTP server.
 
-    BENCH_NS=me .venv/bin/python bench/accept_cpu.py [--accepts 1000]
+    BENCH_NS=me .venv/bin/python bench/accept_cpu.py [--accepts 1000] [--quota]
 
 Measures the request thread's own CPU (`time.thread_time`, so the background publisher's thread is not
 counted), the statements each accept runs and their wall time, against a database of its own. No broker is
 set up: the publish after commit fails fast and leaves the rows to the relay, as with a broker outage, which
-is outside what this measures.
+is outside what this measures. `--quota` gives the key's environment a daily email quota it never reaches, so
+each accept also checks and counts it on Redis (projects.quotas): the difference is what quotas cost.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=0, help="items per call to the batch endpoint instead (0: singles)")
     p.add_argument("--profile-out", default="", help="also save the cProfile stats to this file (pstats format)")
     p.add_argument("--dedup", action="store_true", help="every item its own dedup_key (as bench/floor.py sends)")
+    p.add_argument("--quota", action="store_true", help="a daily email quota on the key's environment (never reached)")
     args = p.parse_args()
     prepare(broker=False)
     try:
@@ -46,6 +48,12 @@ def run(args: Any) -> None:
 
     make_template("otp", "security")
     key = api_key()
+    if args.quota:
+        from projects.models import DEFAULT_LIVE_ENVIRONMENT_ID, Environment
+
+        environment = Environment.objects.get(pk=DEFAULT_LIVE_ENVIRONMENT_ID)
+        environment.quotas = {"email": 10**9}
+        environment.save()
     n = args.accepts
     Recipient.objects.bulk_create(
         [Recipient(user_id=f"a-{i}", email=f"a-{i}@example.com") for i in range((n + 50) * max(1, args.batch))],
@@ -96,7 +104,8 @@ def run(args: Any) -> None:
         if args.profile_out:
             stats.dump_stats(args.profile_out)
         print(out.getvalue())
-    print(f"\n=== bench/accept_cpu.py: {n} single accepts in-process (Django test client) ===")
+    quota = ", with a daily email quota" if args.quota else ""
+    print(f"\n=== bench/accept_cpu.py: {n} single accepts in-process (Django test client){quota} ===")
     print(f"request thread CPU per accept   mean {statistics.fmean(cpu):.2f} ms, p50 {percentile(cpu, 50):.2f} ms,")
     print(f"                                p99 {percentile(cpu, 99):.2f} ms")
     print(f"wall per accept (one at a time) {wall / n * 1000:.2f} ms")

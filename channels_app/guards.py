@@ -33,6 +33,8 @@ from core import metrics, ratelimit
 from core.categories import is_optional
 from notifier.deliveries.selectors import delivery_mode
 from preferences.services import preference_link, unsubscribe_url
+from projects.scoping import owner_id
+from projects.selectors import sending_settings
 
 if TYPE_CHECKING:
     from channels_app.outcomes import Outcomes
@@ -66,7 +68,8 @@ def pick_provider(channel: str, delivery: Delivery, out: Outcomes, want: int = 1
 
 def _live_chain(channel: str, delivery: Delivery) -> list[str]:
     """Return the providers this attempt may try, in order: the channel's chain, pinned or rotated by history."""
-    names = registry.chain(channel)
+    # The project's accounts for the channel if it names any (read from the per-process cache: no query).
+    names = registry.chain(channel, sending_settings(owner_id(delivery)).provider_accounts)
     if delivery.pinned_provider:
         # An earlier attempt may have reached this provider: only it may have the next one, however long the
         # delivery has to wait for it (open breaker, rate limit). A provider removed from the chain since
@@ -133,11 +136,11 @@ def spread_waits(name: str, wait: float, n: int) -> list[float]:
 
 
 def timed_stream(
-    provider: Provider, messages: list[OutboundMessage], window: threading.Semaphore | None = None
+    provider: Provider, messages: list[OutboundMessage], window: threading.Semaphore | None = None, *, name: str = ""
 ) -> Iterator[tuple[int, Outcome | None]]:
     """Send a batch, yielding (index, outcome) as answers arrive, and (TICK, None) while none do.
 
-    Records the whole call's latency at the end.
+    Records the whole call's latency at the end, under `name` (a named account's) or the provider's.
     """
     started = time.monotonic()
     failures = total = 0
@@ -150,7 +153,7 @@ def timed_stream(
         yield index, outcome
     elapsed = time.monotonic() - started
     result = "ok" if not failures else ("error" if failures == total else "partial")
-    metrics.observe_provider_call(provider.name, elapsed, result)
+    metrics.observe_provider_call(name or provider.name, elapsed, result)
 
 
 def note_outcomes(name: str, outcomes: Sequence[Outcome]) -> None:
@@ -179,6 +182,24 @@ def message_meta(delivery: Delivery) -> dict[str, Any]:
         url = unsubscribe_url(recipient=delivery.recipient, category=delivery.notification.category)
         return {"list_unsubscribe": url, "preferences_url": recipient_preferences_url(delivery)}
     return {}
+
+
+def sender_meta(delivery: Delivery) -> dict[str, Any]:
+    """Return the project's sender identities for the delivery's channel, where the project sets them.
+
+    The adapters use them instead of the account's or installation's (EMAIL_FROM, EMAIL_REPLY_TO, the SMS
+    sender): `from_email` and `reply_to` for email, `sms_from` for SMS. Read from the per-process cache.
+    """
+    project = sending_settings(owner_id(delivery))
+    meta: dict[str, Any] = {}
+    if delivery.channel == "email":
+        if project.email_from:
+            meta["from_email"] = project.email_from
+        if project.email_reply_to:
+            meta["reply_to"] = project.email_reply_to
+    elif delivery.channel == "sms" and project.sms_sender:
+        meta["sms_from"] = project.sms_sender
+    return meta
 
 
 def recipient_preferences_url(delivery: Delivery) -> str:

@@ -324,13 +324,14 @@ class Outcomes:
         """Write every pending outcome, then publish its retries and dead letters (after commit).
 
         A database that went away mid-batch does not lose the answers already received: the write is retried
-        (reconnecting) for up to `retry_for` seconds (default: half a lease), then the error is raised.
+        (reconnecting) for up to `retry_for` seconds (default: OUTCOME_WRITE_RETRY_SECONDS), then the error is
+        raised. The heartbeat keeps renewing the lease meanwhile, so the retries may outlast the lease.
         """
         if not self.updates and not self.events:
             return
         updates, events, republish, dead, suppress = self.updates, self.events, self.republish, self.dead, self.suppress
         self._reset()
-        budget = settings.SENDING_LEASE_SECONDS / 2 if retry_for is None else retry_for
+        budget = settings.OUTCOME_WRITE_RETRY_SECONDS if retry_for is None else retry_for
         deadline = time.monotonic() + budget
         pause = 0.5
         while True:

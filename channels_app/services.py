@@ -114,13 +114,18 @@ class _Heartbeat:
         return deliveries_renew_leases(ids)
 
     def _run(self) -> None:
+        pause = self.interval()
         while True:
-            time.sleep(self.interval())
+            time.sleep(pause)
+            pause = self.interval()
             try:
                 self.beat()
             except Exception as exc:  # the database may be away for a while; the next beat tries again
                 logger.warning("lease heartbeat failed: %s", type(exc).__name__)
                 connection.close()
+                # Soon, not a third of a lease later: once the database answers again the lease is renewed
+                # within a second, before the relay (every OUTBOX_RELAY_INTERVAL_SECONDS) finds it expired.
+                pause = min(pause, 1.0)
             if not self.owned():
                 # Idle: drop this thread's connection until there is something to renew again.
                 connection.close()
@@ -328,6 +333,7 @@ def _build_message(delivery: Delivery, out: Outcomes) -> OutboundMessage | None:
             "client_id": n.client_id,
         }
         meta.update(guards.message_meta(delivery))
+        meta.update(guards.sender_meta(delivery))
         for name in ("from_email", "reply_to"):
             if isinstance(meta.get(name), str):
                 meta[name] = header_value(meta[name])  # sender names become header lines too
@@ -417,7 +423,7 @@ def _send_group(name: str, group: list[tuple[Delivery, OutboundMessage]], out: O
     answered: list[Any] = []
     done: list[int] = []
     last_flush = time.monotonic()
-    for index, outcome in guards.timed_stream(provider, [m for _, m in group], window):
+    for index, outcome in guards.timed_stream(provider, [m for _, m in group], window, name=name):
         if outcome is None:  # every answer that had arrived is in `answered`
             if answered and (len(answered) >= least or time.monotonic() - last_flush >= interval):
                 _flush_answers(name, answered, done, out, window)

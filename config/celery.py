@@ -65,12 +65,12 @@ app.conf.update(
 app.conf.beat_schedule = {
     "outbox-relay": {
         "task": task_names.OUTBOX_RELAY,
-        "schedule": env.float("OUTBOX_RELAY_INTERVAL_SECONDS", 15.0),
+        "schedule": env.float("OUTBOX_RELAY_INTERVAL_SECONDS", 5.0),
         "options": {"queue": "maintenance", "expires": 60},
     },
     "fallback-sweep": {
         "task": task_names.FALLBACK_SWEEP,
-        "schedule": env.float("OUTBOX_RELAY_INTERVAL_SECONDS", 15.0),
+        "schedule": env.float("OUTBOX_RELAY_INTERVAL_SECONDS", 5.0),
         "options": {"queue": "maintenance", "expires": 60},
     },
     "workflows-wake": {
@@ -81,7 +81,7 @@ app.conf.beat_schedule = {
     },
     "fanout-sweep": {
         "task": task_names.FANOUT_SWEEP,
-        "schedule": env.float("FANOUT_SWEEP_INTERVAL_SECONDS", 60.0),
+        "schedule": env.float("FANOUT_SWEEP_INTERVAL_SECONDS", 10.0),
         "options": {"queue": "maintenance", "expires": 120},
     },
     "status-events-sweep": {

@@ -86,6 +86,12 @@ SNS_SMS_TYPE = _env.str("SNS_SMS_TYPE", "Transactional")
 SNS_SENDER_ID = _env.str("SNS_SENDER_ID")
 SNS_ORIGINATION_NUMBER = _env.str("SNS_ORIGINATION_NUMBER")
 
+# --- Provider accounts for projects -----------------------------------------------------------------
+# Named accounts a project may send through instead of the installation's providers (JSON object: name ->
+# {"provider": "ses" | "smtp" | "twilio" | "sns", and that provider's settings}; docs/configuration.md).
+# Credentials live here, in the environment; a project stores only the names it uses.
+PROVIDER_ACCOUNTS: dict[str, dict[str, object]] = _env.json("PROVIDER_ACCOUNTS", {})
+
 # --- Webhooks ---------------------------------------------------------------------------------------
 # Default Standard Webhooks secret ("whsec_<base64>") for endpoints without their own secret.
 WEBHOOK_SIGNING_SECRET = _env.str("WEBHOOK_SIGNING_SECRET")

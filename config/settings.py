@@ -145,13 +145,30 @@ DATABASES = {
 # Django's backend, with a health check that asks the server only when the connection's socket has something to
 # read (core/postgresql/base.py): no `SELECT 1` round trip per request while the connection is quiet.
 DATABASES["default"]["ENGINE"] = "core.postgresql"
-# Fail fast instead of hanging when PostgreSQL is unreachable, so the API can answer 503.
-DATABASES["default"].setdefault("OPTIONS", {})["connect_timeout"] = env.int("DATABASE_CONNECT_TIMEOUT", 3)
+# A primary that goes silent (its host or network gone, or the process hung) must cost seconds, not a hang: the
+# API then answers 503 and the workers retry, and libpq's host list finds the promoted standby. libpq's
+# connection options (docs/resilience.md, "A silent database"); a value given in DATABASE_URL wins.
+_DB_OPTIONS = DATABASES["default"].setdefault("OPTIONS", {})
+# Connecting (TCP, TLS and the start-up exchange) gives up after this long, per host of the list.
+_DB_OPTIONS.setdefault("connect_timeout", env.int("DATABASE_CONNECT_TIMEOUT", 3))
+# An established connection whose peer vanished: keepalive probes after 10 s idle, every 3 s, 3 unanswered
+# ones end it (about 19 s); a write the peer does not acknowledge ends it after DATABASE_TCP_USER_TIMEOUT_MS.
+_DB_OPTIONS.setdefault("keepalives", 1)
+_DB_OPTIONS.setdefault("keepalives_idle", env.int("DATABASE_KEEPALIVES_IDLE", 10))
+_DB_OPTIONS.setdefault("keepalives_interval", env.int("DATABASE_KEEPALIVES_INTERVAL", 3))
+_DB_OPTIONS.setdefault("keepalives_count", env.int("DATABASE_KEEPALIVES_COUNT", 3))
+_DB_OPTIONS.setdefault("tcp_user_timeout", env.int("DATABASE_TCP_USER_TIMEOUT_MS", 10_000))
+# The server cancels a statement running longer than this (0: never). gunicorn.conf.py sets 30 s for the API, so
+# a request never waits on the database past gunicorn's own timeout; workers and jobs (retention, migrations)
+# keep no limit. Sent as the start-up `options` parameter (see docs/resilience.md for PgBouncer).
+DATABASE_STATEMENT_TIMEOUT_SECONDS = env.float("DATABASE_STATEMENT_TIMEOUT_SECONDS", 0.0)
+if DATABASE_STATEMENT_TIMEOUT_SECONDS > 0 and "options" not in _DB_OPTIONS:
+    _DB_OPTIONS["options"] = f"-c statement_timeout={int(DATABASE_STATEMENT_TIMEOUT_SECONDS * 1000)}"
 # The hot-path statements (core.db.bound_cursor: fan-out pages, claims, outcomes) bind on the server; after
 # this many runs on a connection psycopg prepares them, so PostgreSQL stops planning them again for every batch.
 # Django's own queries bind on the client and are never prepared. "off" turns it off (e.g. behind a pooler in
 # transaction mode that does not track prepared statements).
-DATABASES["default"]["OPTIONS"]["prepare_threshold"] = env.int_or_off("DATABASE_PREPARE_THRESHOLD", 5)
+_DB_OPTIONS["prepare_threshold"] = env.int_or_off("DATABASE_PREPARE_THRESHOLD", 5)
 # Parallel test runs (one per developer sandbox) each get their own test database, vhost and Redis prefix
 # by setting NOTIFIER_TEST_NS; see tests/conftest.py.
 TEST_NAMESPACE = env.str("NOTIFIER_TEST_NS", "main")
@@ -240,14 +257,18 @@ NOTIFIER_CATEGORIES: dict[str, dict[str, object]] = env.json(
 )
 
 # Deliveries: attempts before a delivery is dead-lettered, the backoff curve, and the lease after which a
-# delivery stuck in `sending` (its worker died mid-call) is reclaimed.
+# delivery stuck in `sending` (its worker died mid-call) is reclaimed. The lease is short because a live worker
+# renews it (SENDING_HEARTBEAT_SECONDS): only a dead worker's claim runs out, and it is taken again within
+# lease + relay interval (docs/decisions/0092-short-leases-kept-alive.md).
 DELIVERY_MAX_ATTEMPTS = env.int("DELIVERY_MAX_ATTEMPTS", 6)
 RETRY_BACKOFF_BASE_SECONDS = env.float("RETRY_BACKOFF_BASE_SECONDS", 2.0)
 RETRY_BACKOFF_MAX_SECONDS = env.float("RETRY_BACKOFF_MAX_SECONDS", 600.0)
-SENDING_LEASE_SECONDS = env.int("SENDING_LEASE_SECONDS", 300)
-# The outbox relay re-publishes deliveries still `queued` this long after their last publish.
-OUTBOX_REPUBLISH_AFTER_SECONDS = env.int("OUTBOX_REPUBLISH_AFTER_SECONDS", 60)
-OUTBOX_RELAY_INTERVAL_SECONDS = env.float("OUTBOX_RELAY_INTERVAL_SECONDS", 15.0)
+SENDING_LEASE_SECONDS = env.int("SENDING_LEASE_SECONDS", 30)
+# The outbox relay re-publishes deliveries still `queued` this long after their last publish when their queue is
+# empty (the message was lost), and publishes a row never marked published after a quarter of it (10 s: the
+# API's own publish failed, e.g. the broker was down). It runs every OUTBOX_RELAY_INTERVAL_SECONDS.
+OUTBOX_REPUBLISH_AFTER_SECONDS = env.int("OUTBOX_REPUBLISH_AFTER_SECONDS", 40)
+OUTBOX_RELAY_INTERVAL_SECONDS = env.float("OUTBOX_RELAY_INTERVAL_SECONDS", 5.0)
 # A delivery published but still `queued` after this long is published again (its message was lost, or it
 # sits behind a very deep backlog, where the duplicate message is harmless: claims are idempotent).
 OUTBOX_STALE_AFTER_SECONDS = env.int("OUTBOX_STALE_AFTER_SECONDS", 1800)
@@ -284,8 +305,12 @@ PROVIDER_CONCURRENCY = env.int("PROVIDER_CONCURRENCY", 16)
 PROVIDER_CALL_DEADLINE_SECONDS = env.float("PROVIDER_CALL_DEADLINE_SECONDS", 30.0)
 # A running batch renews its lease (claimed_at) this often, so no batch is ever handed to a second worker
 # while its worker lives, however long it runs (the arithmetic: docs/decisions/0022-sending-lease-renewed.md).
-# 0: a third of the lease.
+# 0: a third of the lease. After a failed renewal (the database away) it tries again every second.
 SENDING_HEARTBEAT_SECONDS = env.float("SENDING_HEARTBEAT_SECONDS", 0.0)
+# Answers received while the database is away are kept in memory and their write retried this long before the
+# batch gives up (its deliveries are then reclaimed after the lease). The lease is renewed meanwhile as soon as
+# the database answers again, so this may be longer than the lease.
+OUTCOME_WRITE_RETRY_SECONDS = env.float("OUTCOME_WRITE_RETRY_SECONDS", 150.0)
 # Answers written together at most; the pipeline also writes whatever arrived every FLUSH_INTERVAL.
 OUTCOME_FLUSH_MAX = env.int("OUTCOME_FLUSH_MAX", 0)  # 0: the provider's calls in flight
 OUTCOME_FLUSH_INTERVAL_SECONDS = env.float("OUTCOME_FLUSH_INTERVAL_SECONDS", 0.2)
@@ -312,7 +337,7 @@ SANDBOX_BEHAVIOUR = env.str("SANDBOX_BEHAVIOUR")
 FANOUT_PAGE_SIZE = env.int("FANOUT_PAGE_SIZE", 5000)
 FANOUT_RUN_SECONDS = env.float("FANOUT_RUN_SECONDS", 5.0)
 FANOUT_PACE_WINDOW_SECONDS = env.float("FANOUT_PACE_WINDOW_SECONDS", 10.0)
-FANOUT_STALL_SECONDS = env.int("FANOUT_STALL_SECONDS", 300)
+FANOUT_STALL_SECONDS = env.int("FANOUT_STALL_SECONDS", 30)
 # In-app deliveries of a topic stored `sent` by the fan-out page itself, not sent through the in-app worker.
 FANOUT_INAPP_DIRECT = env.bool("FANOUT_INAPP_DIRECT", True)
 # Deliveries per second a topic's fan-out may put into each `<channel>.high` queue, shared by every fan-out
@@ -322,6 +347,10 @@ FANOUT_HIGH_PACE = env.str("FANOUT_HIGH_PACE", "*=500;inapp=10000")
 # fan-out worker with at least that concurrency. Campaigns (rate-capped) always use one lane.
 FANOUT_LANES = env.int("FANOUT_LANES", 2)
 FANOUT_LANE_MIN_SUBSCRIBERS = env.int("FANOUT_LANE_MIN_SUBSCRIBERS", 10_000)
+# Broadcasts feed a throttled low queue at most FAIR_HORIZON_SECONDS of its provider's rate ahead, in turns
+# weighted by Project.weight (notifier/dispatch/shares.py, docs/fanout.md).
+FAIR_SHARES = env.bool("FAIR_SHARES", True)
+FAIR_HORIZON_SECONDS = env.float("FAIR_HORIZON_SECONDS", 1.0)
 BACKPRESSURE_LOW_QUEUE_DEPTH = env.int("BACKPRESSURE_LOW_QUEUE_DEPTH", 50_000)
 BACKPRESSURE_CACHE_SECONDS = env.float("BACKPRESSURE_CACHE_SECONDS", 1.0)
 BACKPRESSURE_RETRY_AFTER_SECONDS = env.float("BACKPRESSURE_RETRY_AFTER_SECONDS", 30.0)
@@ -376,6 +405,9 @@ STREAM_PORT = env.int("STREAM_PORT", 8010)
 INBOX_PUBLIC_URL = env.str("INBOX_PUBLIC_URL", f"http://127.0.0.1:{STREAM_PORT}")
 # Database connections of one stream server process for its reads (its LISTEN connection is one more).
 INBOX_STREAM_DB_POOL = env.int("INBOX_STREAM_DB_POOL", 4)
+# The stream's LISTEN connection needs a session of its own: behind PgBouncer in transaction mode, point it at
+# PostgreSQL itself (a postgres:// URL, multi-host allowed; empty: DATABASE_URL).
+INBOX_LISTEN_DATABASE_URL = env.str("INBOX_LISTEN_DATABASE_URL")
 # Concurrent streams per inbox token and per recipient across all stream processes (0: no limit); a stream
 # beyond them is a 429. A stream's claim lives in Redis for INBOX_STREAM_LEASE_SECONDS and is renewed while open.
 INBOX_STREAM_MAX_PER_TOKEN = env.int("INBOX_STREAM_MAX_PER_TOKEN", 5)

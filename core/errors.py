@@ -66,6 +66,17 @@ def _flatten(detail: Any, prefix: str = "") -> dict[str, list[str]]:
     return out
 
 
+def validation_error(detail: Any) -> dict[str, Any]:
+    """Return the `error` of a validation failure: code "invalid", the first reason as the message, every field's.
+
+    What a 400 answers, and what a batch answers for each item it refused (items fail alone, in the same words).
+    """
+    fields = _flatten(detail)
+    first = next(iter(fields.items()), ("", [""]))
+    message = f"Invalid input: {first[0]}: {first[1][0]}" if first[0] else "Invalid input."
+    return {"code": "invalid", "message": message, "fields": fields}
+
+
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     """Render every API exception in the common error format."""
     if isinstance(exc, ApiError):
@@ -92,10 +103,7 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     if response is None:
         return None
     if isinstance(exc, exceptions.ValidationError):
-        fields = _flatten(exc.detail)
-        first = next(iter(fields.items()), ("", [""]))
-        message = f"Invalid input: {first[0]}: {first[1][0]}" if first[0] else "Invalid input."
-        response.data = error_body("invalid", message, fields)
+        response.data = {"error": validation_error(exc.detail)}
         return response
     codes = {
         exceptions.NotAuthenticated: "unauthenticated",

@@ -31,6 +31,7 @@ AREAS: list[tuple[str, str]] = [
     ("/api/v1/layouts", "templates"),
     ("/api/v1/workflows", "workflows"),
     ("/api/v1/promotion", "promotion"),
+    ("/api/v1/project", "project"),
     ("/api/v1/recipients/{user_id}/inbox", "inbox"),
     ("/inbox/v1/", "inbox"),
     ("/api/v1/recipients/{user_id}/preference", "preferences"),
@@ -53,6 +54,8 @@ TAG_DESCRIPTIONS = {
     "by a send with `workflow` (scope `templates` to define them).",
     "promotion": "Promote layouts, templates and workflows from a project's test environment to its live one, "
     "with a diff to review first (scope `templates`, either environment's key).",
+    "project": "The calling key's project and environment: its daily quotas per channel, used and left, and its "
+    "promotion rule (scope `send`).",
     "recipients": "Recipients' contact data and push devices (scopes `recipients:read` / `recipients:write`).",
     "preferences": "A recipient's channel and category preferences, quiet hours, and links to the preference center.",
     "inbox": "The in-app inbox of a recipient, over an API key (/api/v1) or an inbox token (/inbox/v1).",
@@ -132,8 +135,18 @@ ERRORS: dict[int, tuple[str, list[OpenApiExample]]] = {
         [_example("unsupported_media_type", "unsupported_media_type", 'Unsupported media type "text/plain".')],
     ),
     429: (
-        "Over the client's rate limit or shed under load; see Retry-After.",
-        [_example("rate_limited", "rate_limited", "Request was throttled. Expected available in 1 second.")],
+        "Over the client's or its project's rate limit, over a daily quota of the project environment "
+        "(`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After.",
+        [
+            _example("rate_limited", "rate_limited", "Request was throttled. Expected available in 1 second."),
+            _example(
+                "quota_exceeded",
+                "quota_exceeded",
+                "The daily quota of 500 'sms' messages of this project environment is used up; it resets at "
+                "2026-12-07T00:00:00Z.",
+                {"channel": ["sms"]},
+            ),
+        ],
     ),
     503: (
         "The database is unavailable; retry after Retry-After.",

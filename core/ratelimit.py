@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -44,6 +45,7 @@ from typing import Any, TypeVar
 
 import redis
 from django.conf import settings
+from django.core.exceptions import ValidationError
 
 from core.redis_guard import RedisGuard, rkey
 
@@ -79,6 +81,31 @@ CUT_WINDOW_SECONDS = 1.0
 KEY_TTL_SECONDS = 3600
 
 PRIORITY_HIGH = "high"
+
+
+# A rate as the API's limits are written: "200/s", "1000/m", "50000/h" (the API clients', projects' and inbox tokens').
+RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(s|sec|second|m|min|minute|h|hour)\s*$", re.IGNORECASE)
+PERIOD_SECONDS = {"s": 1, "m": 60, "h": 3600}
+
+
+def parse_rate(text: str) -> tuple[float, float]:
+    """Parse "200/s", "1000/m" or "50000/h" into (tokens per second, burst); raise ValueError otherwise."""
+    match = RATE.match(text or "")
+    if not match or float(match.group(1)) <= 0:
+        raise ValueError(f"'{text}' is not a rate such as 200/s, 1000/m or 50000/h")
+    count = float(match.group(1))
+    return count / PERIOD_SECONDS[match.group(2)[0].lower()], max(count, 1.0)
+
+
+def clean_rate_text(value: str | None) -> str:
+    """Return a form's rate as stored (stripped; empty: none), or raise the form's ValidationError for a non-rate."""
+    text = (value or "").strip()
+    if text:
+        try:
+            parse_rate(text)
+        except ValueError as exc:
+            raise ValidationError(str(exc)) from None
+    return text
 
 
 @dataclass(frozen=True)

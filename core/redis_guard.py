@@ -123,6 +123,7 @@ class RedisGuard:
         self._down_until = 0.0
         self.degraded = False
         self._lock = threading.Lock()
+        self._scripts: dict[tuple[int, str], Any] = {}
 
     def client(self) -> redis.Redis:
         """Return the Redis client: the injected one, or the process-wide one."""
@@ -131,6 +132,15 @@ class RedisGuard:
         if isinstance(self._client, redis.Redis):
             return self._client
         return self._client()
+
+    def script(self, client: redis.Redis, source: str) -> Any:
+        """Return the Lua script `source` registered on `client` (redis-py's Script: EVALSHA, reloaded on NOSCRIPT)."""
+        # One Script object per client and source: it hashes once.
+        cache_key = (id(client), source)
+        script = self._scripts.get(cache_key)
+        if script is None:
+            script = self._scripts[cache_key] = client.register_script(source)
+        return script
 
     def run(self, call: Callable[[redis.Redis], Any], fallback: Callable[[], Any]) -> Any:
         """Return `call(client)`, or `fallback()` while Redis is failing."""

@@ -13,7 +13,8 @@ from typing import Any
 
 # Name -> what it allows; the order is the one docs/security.md lists them in.
 SCOPES: dict[str, str] = {
-    "send": "send, list, read and cancel its own notifications; its delivery statistics; manage its own event endpoint",
+    "send": "send, list, read and cancel its own notifications; its delivery statistics; manage its own event "
+    "endpoint; read its project and quotas",
     "recipients:read": "list, find and read recipients, devices, preferences and inboxes",
     "recipients:write": "change or erase recipients, devices, preferences; mint inbox tokens and preference links",
     "templates": "list, create, read, preview, change and publish the templates and layouts of its project environment",

@@ -27,6 +27,8 @@ NOOP = "notifier.tasks.noop"
 RUN_CAMPAIGN = "notifier.tasks.run_campaign"
 WORKFLOW_ADVANCE = "workflows.advance"
 WORKFLOW_WAKE = "workflows.wake"
+# Recipients (preferences.tasks).
+IMPORT_RECIPIENTS = "preferences.tasks.import_recipients"
 # Operations (ops).
 SAMPLE_OPS = "notifier.tasks.sample_ops"
 RETENTION_PURGE = "notifier.retention.purge_old_deliveries"

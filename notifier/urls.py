@@ -21,4 +21,5 @@ urlpatterns = [
     path("", include("notifier.campaigns.urls")),
     path("", include("notifier.statusevents.urls")),
     path("", include("notifier.workflows.urls")),
+    path("", include("projects.urls")),
 ]

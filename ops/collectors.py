@@ -12,12 +12,14 @@ from collections.abc import Iterator
 from django.conf import settings
 from django.db.models import Count
 from kombu import Connection
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from core.queues import build_queues
 from notifier.deadletters.models import DeadLetter
 from notifier.deliveries.selectors import outbox_state
+from notifier.dispatch import shares
+from projects.models import Project
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +91,46 @@ def collect_pending_dead_letters(environment_ids: list[int] | None = None) -> di
         return None
 
 
+def collect_fair_shares() -> list[shares.ProjectShare] | None:
+    """Return each project's state on the throttled low queues (notifier/dispatch/shares.py), None on failure."""
+    try:
+        queues = [f"{channel}.low" for channel in settings.CHANNELS if shares.channel_rate(channel)]
+        return shares.state(queues)
+    except Exception as exc:
+        logger.warning("fair shares read failed", extra={"error": type(exc).__name__})
+        return None
+
+
+def fair_share_families(states: list[shares.ProjectShare]) -> Iterator[Metric]:
+    """Yield the per-project backlog, wait, entitled share and deliveries fed of each throttled queue."""
+    projects = {s.project for s in states}
+    slugs = dict(Project.objects.filter(pk__in=projects).values_list("pk", "slug")) if projects else {}
+    labels = ["queue", "project"]
+    backlog = GaugeMetricFamily(
+        "notifier_fair_backlog", "Subscribers of a project's broadcasts not yet fed into the queue.", labels=labels
+    )
+    wait = GaugeMetricFamily(
+        "notifier_fair_wait_seconds",
+        "How long a project's broadcasts have asked for the queue without a grant.",
+        labels=labels,
+    )
+    share = GaugeMetricFamily(
+        "notifier_fair_share",
+        "A project's entitled share of the queue among the projects asking now (weight).",
+        labels=labels,
+    )
+    fed = CounterMetricFamily(
+        "notifier_fair_fed", "Broadcast deliveries a project fed into the queue (its share: their rate).", labels=labels
+    )
+    for state in states:
+        key = [state.queue, slugs.get(state.project, str(state.project))]
+        backlog.add_metric(key, state.backlog)
+        wait.add_metric(key, state.waiting_seconds)
+        share.add_metric(key, state.share)
+        fed.add_metric(key, state.fed)
+    yield from (backlog, wait, share, fed)
+
+
 class OpsCollector(Collector):
     """Read broker and database state at scrape time (only in the API's /metrics, never per worker)."""
 
@@ -126,6 +168,10 @@ class OpsCollector(Collector):
             )
             oldest.add_metric([], outbox[1])
             yield oldest
+        states = collect_fair_shares()
+        if states is not None:
+            # Exported with no series while no broadcast asks: the alert's expression names them.
+            yield from fair_share_families(states)
         pending = collect_pending_dead_letters()
         if pending is not None:
             family = GaugeMetricFamily(

@@ -17,7 +17,7 @@ from core.errors import ApiError
 from core.keys import require_key
 from core.pagination import CursorPage, CursorQuerySerializer, cursor_id
 from core.scopes import RECIPIENT_SCOPES
-from preferences import selectors, services
+from preferences import bulk, selectors, services
 from preferences.models import Recipient, Suppression, Topic
 from preferences.serializers import (
     DeviceInputSerializer,
@@ -26,6 +26,8 @@ from preferences.serializers import (
     PreferenceLinkOutputSerializer,
     PreferencesOutputSerializer,
     PreferencesSerializer,
+    RecipientBatchInputSerializer,
+    RecipientBatchOutputSerializer,
     RecipientInputSerializer,
     RecipientListQuerySerializer,
     RecipientOutputSerializer,
@@ -125,6 +127,48 @@ class RecipientApi(APIView):
     def delete(self, request: Request, user_id: str) -> Response:
         services.recipient_erase(recipient=_recipient_or_404(user_id), audit_actor=request.user)
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class RecipientBatchApi(RecipientApi):
+    """POST /recipients/batch creates or updates up to 1,000 recipients, each alone (a bad item fails alone).
+
+    Each item takes `user_id`, the fields of `PUT /recipients/{user_id}` (checked the same way; those sent
+    replace those fields) and `topics` (existing topics to join; needs the `topics` scope too). One result per
+    item, in order: 201 created, 200 updated, 400 refused with the error body's `error`.
+    """
+
+    # The route comes before `recipients/{user_id}`: a recipient whose user id is "batch" is still read,
+    # changed and erased here by RecipientApi's methods (left out of the schema, where RecipientApi has them).
+    required_scopes = RECIPIENT_SCOPES
+
+    @extend_schema(
+        operation_id="recipients_batch",
+        summary="Create or update recipients in bulk",
+        request=RecipientBatchInputSerializer,
+        responses={200: RecipientBatchOutputSerializer},
+    )
+    def post(self, request: Request) -> Response:
+        data = RecipientBatchInputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        items = data.validated_data["recipients"]
+        # Joining topics is the `topics` scope's, whichever endpoint does it.
+        joins = any(isinstance(item, dict) and item.get("topics") for item in items)
+        if joins and "topics" not in (getattr(request.user, "scopes", None) or ()):
+            raise ApiError(403, "scope_missing", "This API key lacks the scope 'topics'.", {"scope": ["topics"]})
+        results = bulk.recipients_batch(items=items, audit_actor=request.user)
+        return Response(RecipientBatchOutputSerializer({"results": [r.as_dict() for r in results]}).data)
+
+    @extend_schema(exclude=True)
+    def put(self, request: Request, user_id: str = "batch") -> Response:
+        return super().put(request, user_id)
+
+    @extend_schema(exclude=True)
+    def get(self, request: Request, user_id: str = "batch") -> Response:
+        return super().get(request, user_id)
+
+    @extend_schema(exclude=True)
+    def delete(self, request: Request, user_id: str = "batch") -> Response:
+        return super().delete(request, user_id)
 
 
 class DeviceListApi(APIView):

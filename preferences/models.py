@@ -141,3 +141,56 @@ class Suppression(models.Model):
 
     def __str__(self) -> str:
         return f"{self.channel}:{self.source}"
+
+
+class RecipientImport(models.Model):
+    """An import of recipients from a CSV or JSON Lines file: its options, how far it got, and the rows refused.
+
+    The admin's imports keep the uploaded file in `content` (a Celery task reads it); `manage.py
+    import_recipients` reads its file and keeps here only the checkpoint, found again by `fingerprint` (the
+    file's hash with the options) when it is run again after an interruption. `committed_line` is the last line
+    whose chunk was committed, written in the same transaction as the chunk's recipients: a resumed import
+    starts after it, so no row is written twice and none is skipped.
+    """
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        QUEUED = "queued"
+        RUNNING = "running"
+        DONE = "done"
+        FAILED = "failed"
+
+    class Format(models.TextChoices):
+        CSV = "csv", "CSV"
+        JSONL = "jsonl", "JSON Lines"
+
+    environment = owner_field()
+    name = models.CharField(max_length=255, help_text="The file's name.")
+    file_format = models.CharField(max_length=8, choices=Format.choices, default=Format.CSV)
+    # Hex SHA-256 of the file and the options; the command finds an unfinished import of the same file by it.
+    fingerprint = models.CharField(max_length=64, blank=True, default="")
+    content = models.TextField(blank=True, default="")
+    # File column -> recipient field ("E-Mail" -> "email"); columns not named here are ignored.
+    mapping = models.JSONField(default=dict, blank=True)
+    topic_key = models.CharField(max_length=128, blank=True, default="", help_text="A topic every row joins.")
+    dry_run = models.BooleanField(default=False)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    total_lines = models.PositiveIntegerField(default=0)
+    committed_line = models.PositiveIntegerField(default=0)
+    created = models.PositiveIntegerField(default=0)
+    updated = models.PositiveIntegerField(default=0)
+    refused = models.PositiveIntegerField(default=0)
+    # The first refused rows, [{"line", "field", "reason"}] (no values: they may be personal data).
+    refusals = models.JSONField(default=list, blank=True)
+    error = models.TextField(blank=True, default="")
+    created_by = models.CharField(max_length=150, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    objects = OwnedManager()
+
+    class Meta:
+        indexes = [models.Index(fields=["environment", "fingerprint"], name="recipient_import_fp_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.get_status_display()})"

@@ -13,6 +13,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from core.categories import is_optional
+from core.openapi import ErrorDetailSerializer
 from core.pagination import CursorQuerySerializer, PageLimitField, cursor_page_serializer
 from preferences import selectors
 from preferences.compliance import FREQUENCIES
@@ -66,6 +67,52 @@ class RecipientInputSerializer(serializers.Serializer):
 
     def validate_email(self, value: str | None) -> str:
         return value or ""
+
+
+MAX_RECIPIENTS_PER_BATCH = 1000
+MAX_TOPICS_PER_ITEM = 100
+
+
+class RecipientBatchItemSerializer(RecipientInputSerializer):
+    """One recipient of a batch or an import: its user id, the fields a PUT takes (its validators), topics to join.
+
+    A subclass of the PUT's serializer: every field the PUT learns, a batch item takes too, checked the same way.
+    """
+
+    user_id = serializers.CharField(max_length=255)
+    topics = serializers.ListField(
+        child=serializers.SlugField(max_length=128), required=False, max_length=MAX_TOPICS_PER_ITEM
+    )
+
+
+@extend_schema_field(RecipientBatchItemSerializer(many=True))
+class BatchItemsField(serializers.ListField):
+    """The items of a batch, each an object checked on its own later (a bad item fails alone, not the call)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(
+            child=serializers.JSONField(), allow_empty=False, max_length=MAX_RECIPIENTS_PER_BATCH, **kwargs
+        )
+
+
+class RecipientBatchInputSerializer(serializers.Serializer):
+    """Up to 1,000 recipients to create or update, each as `PUT /recipients/{user_id}` takes it, plus `user_id`."""
+
+    recipients = BatchItemsField()
+
+
+class RecipientBatchResultSerializer(serializers.Serializer):
+    """What became of one item: 201 created, 200 updated, 400 refused (with the error)."""
+
+    user_id = serializers.CharField(allow_null=True)
+    status = serializers.ChoiceField(choices=[201, 200, 400])
+    error = ErrorDetailSerializer(required=False)
+
+
+class RecipientBatchOutputSerializer(serializers.Serializer):
+    """One result per item, in the order sent."""
+
+    results = RecipientBatchResultSerializer(many=True)
 
 
 class DeviceInputSerializer(serializers.Serializer):

@@ -9,6 +9,7 @@ from preferences import apis
 # user_id and device tokens may contain anything but a slash; topic keys are slugs.
 urlpatterns = [
     path("recipients", apis.RecipientListApi.as_view(), name="recipients"),
+    path("recipients/batch", apis.RecipientBatchApi.as_view(), name="recipients-batch"),
     path("recipients/<str:user_id>", apis.RecipientApi.as_view(), name="recipient"),
     path("recipients/<str:user_id>/devices", apis.DeviceListApi.as_view(), name="recipient-devices"),
     path("recipients/<str:user_id>/devices/<str:token>", apis.DeviceDetailApi.as_view(), name="recipient-device"),

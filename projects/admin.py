@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from django import forms
 from django.contrib import admin, messages
 from django.contrib.auth import get_permission_codename
 from django.core.exceptions import PermissionDenied
@@ -25,8 +26,10 @@ from django.utils.html import format_html
 from rest_framework.exceptions import ValidationError
 
 from core.errors import ApiError
+from projects.forms import ProjectForm
 from projects.models import Environment, Membership, Project
 from projects.promotion import Reader, promotion_candidates, version_diff
+from projects.quotas import quotas_validate
 from projects.scoping import owner_scope
 from projects.selectors import (
     default_project_id,
@@ -195,10 +198,26 @@ class OwnedAdmin(admin.ModelAdmin):
             super().save_related(request, form, formsets, change)
 
 
+class EnvironmentForm(forms.ModelForm):
+    """An environment's daily quotas: known channels, whole numbers of messages a day."""
+
+    class Meta:
+        model = Environment
+        fields = ("quotas",)
+        help_texts = {"quotas": 'Daily limits per channel (UTC days), e.g. {"email": 10000, "sms": 500}.'}
+
+    def clean_quotas(self) -> dict[str, int]:
+        try:
+            return quotas_validate(self.cleaned_data.get("quotas"))
+        except ValueError as exc:
+            raise forms.ValidationError(str(exc)) from None
+
+
 class EnvironmentInline(admin.TabularInline):
     """A project's two environments and their daily quotas."""
 
     model = Environment
+    form = EnvironmentForm
     extra = 0
     max_num = 2
     can_delete = False
@@ -218,7 +237,8 @@ class MembershipInline(admin.TabularInline):
 class ProjectAdmin(admin.ModelAdmin):
     """Projects: settings, environments and members (create new ones with `manage.py create_project` or here)."""
 
-    list_display = ("slug", "name", "promotion", "weight", "created_at")
+    form = ProjectForm
+    list_display = ("slug", "name", "promotion", "rate_limit", "weight", "created_at")
     search_fields = ("slug", "name")
     inlines = (EnvironmentInline, MembershipInline)
 

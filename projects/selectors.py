@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from django.db import models
@@ -97,3 +100,114 @@ def default_project_id() -> int | None:
         return Project.objects.filter(slug=DEFAULT_PROJECT_SLUG).values_list("id", flat=True).first()
 
     return cached("default-project", DEFAULT_PROJECT_SLUG, load)
+
+
+@dataclass(frozen=True)
+class SendingSettings:
+    """A project's settings the send path reads: sender identities, default layout, provider accounts by channel.
+
+    Empty values mean the installation's (EMAIL_FROM, the providers of `<CHANNEL>_PROVIDERS`, no layout).
+    """
+
+    email_from: str = ""
+    email_reply_to: str = ""
+    sms_sender: str = ""
+    default_layout: str = ""
+    provider_accounts: dict[str, list[str]] = field(default_factory=dict)
+
+
+NO_SETTINGS = SendingSettings()
+
+
+def account_names(value: Any) -> list[str]:
+    """Return the account names a project's `provider_accounts` gives one channel (a name or a list of names)."""
+    if isinstance(value, str):
+        return [value] if value else []
+    if isinstance(value, list):
+        return [name for name in value if isinstance(name, str) and name]
+    return []
+
+
+def sending_settings(environment_id: int | None) -> SendingSettings:
+    """Return the sending settings of the project an environment belongs to (NO_SETTINGS for none).
+
+    Cached per process (core.config_cache; a project saved anywhere invalidates it): the send workers read it
+    for every delivery, and a batch's reads share one look at the generation, so sending gains no query.
+    """
+    if environment_id is None:
+        return NO_SETTINGS
+
+    def load() -> SendingSettings | None:
+        project = Project.objects.filter(environments__id=environment_id).first()
+        if project is None:
+            return None
+        return SendingSettings(
+            email_from=project.email_from,
+            email_reply_to=project.email_reply_to,
+            sms_sender=project.sms_sender,
+            default_layout=project.default_layout,
+            provider_accounts={
+                channel: names
+                for channel, value in (project.provider_accounts or {}).items()
+                if (names := account_names(value))
+            },
+        )
+
+    return cached("project-sending", str(environment_id), load) or NO_SETTINGS
+
+
+@dataclass(frozen=True)
+class EnvironmentSettings:
+    """What the accept and the API read of a key's environment and its project, on every request."""
+
+    environment_id: int
+    environment: str
+    project_id: int
+    slug: str
+    name: str
+    promotion: str
+    # The project's rate over all of its keys ("1000/s"); empty: none.
+    rate_limit: str
+    # Daily limits per channel of this environment; a channel not named has none.
+    quotas: Mapping[str, int]
+    # The project's share of a queue among broadcasting projects (dispatch.shares), at least 1.
+    weight: int
+
+
+def environment_settings(environment_id: int) -> EnvironmentSettings | None:
+    """Return the settings of an environment and its project, cached per process until either changes.
+
+    The accept reads them on every request (quotas, the project's rate limit): from the per-process cache
+    (core.config_cache; a save of a project or an environment invalidates every process's), never a query.
+    """
+
+    def load() -> EnvironmentSettings | None:
+        found = Environment.objects.select_related("project").filter(pk=environment_id).first()
+        if found is None:
+            return None
+        project = found.project
+        return EnvironmentSettings(
+            environment_id=found.pk,
+            environment=found.name,
+            project_id=project.pk,
+            slug=project.slug,
+            name=project.name,
+            promotion=project.promotion,
+            rate_limit=project.rate_limit,
+            weight=max(1, int(project.weight or 1)),
+            # Whole numbers only (the admin checks them, projects.quotas.quotas_validate); anything else is no limit.
+            quotas=MappingProxyType(
+                {str(k): v for k, v in dict(found.quotas or {}).items() if type(v) is int and v >= 0}
+            ),
+        )
+
+    return cached("environment-settings", str(environment_id), load)
+
+
+def environment_project_weight(environment_id: int | None) -> tuple[int, int]:
+    """Return (project id, its weight) of an environment: its share of a queue among broadcasting projects.
+
+    (0, 1) for no environment.
+    """
+    found = None if environment_id is None else environment_settings(environment_id)
+    return (0, 1) if found is None else (found.project_id, found.weight)

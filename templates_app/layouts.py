@@ -1,8 +1,9 @@
 """Email layouts: place a template's rendered HTML in a layout, inline its CSS, derive a text part.
 
 A layout is a versioned pair of template strings (HTML and optionally text) that each use `{{ content }}`.
-The email channel of a template version uses the layout it names (`TemplateVersion.layout`) or else the
-default layout of its category (`"layout"` in NOTIFIER_CATEGORIES), always in the layout's newest version.
+The email channel of a template version uses the layout it names (`TemplateVersion.layout`), else the
+default layout of its category (`"layout"` in NOTIFIER_CATEGORIES), else its project's default layout
+(`projects_project.default_layout`), always in the layout's newest version of the template's environment.
 
 Composition, in order (tracking and the per-recipient footer run later, on the result):
 
@@ -27,6 +28,8 @@ import css_inline
 from markupsafe import Markup
 
 from core.categories import category_config
+from projects.scoping import current_environment_id
+from projects.selectors import sending_settings
 from templates_app import rendering
 from templates_app.models import LayoutVersion, Template, TemplateVersion
 from templates_app.rendering import RenderedParts, RenderError
@@ -37,11 +40,16 @@ _INLINER = css_inline.CSSInliner(load_remote_stylesheets=False, keep_style_tags=
 
 
 def layout_key_for(version: TemplateVersion) -> str:
-    """Return the key of the layout a version's email uses ("" for none): its own, else its category's."""
+    """Return the key of the layout a version's email uses ("" for none): its own, its category's, its project's."""
     if version.layout:
         return version.layout
     default = category_config(version.template.category).get("layout")
-    return default if isinstance(default, str) else ""
+    if isinstance(default, str) and default:
+        return default
+    # The project's, read through the per-process configuration cache: no query per email sent.
+    template = version.template
+    environment_id = template.environment_id if template.pk is not None else current_environment_id()
+    return sending_settings(environment_id).default_layout
 
 
 def layout_version_current(key: str, *, environment_id: int | None = None) -> LayoutVersion | None:

@@ -185,6 +185,8 @@ class Provider:
     call_deadline: float = 30.0
     # Messages per `send_batch` call when a provider with a batch API streams its outcomes.
     stream_chunk: ClassVar[int] = 500
+    # The settings a named account of this provider may have in PROVIDER_ACCOUNTS (none: no accounts).
+    account_keys: ClassVar[tuple[str, ...]] = ()
 
     def send(self, message: OutboundMessage) -> SendResult:
         """Send one message; return the provider's id or raise ProviderError."""
@@ -316,3 +318,44 @@ class Provider:
     def from_settings(cls) -> Provider:
         """Build the adapter from Django settings; raise ConfigurationError if something is missing."""
         return cls()
+
+    @classmethod
+    def from_account(cls, options: AccountOptions) -> Provider:
+        """Build the adapter of a named account (PROVIDER_ACCOUNTS); raise ConfigurationError if it is incomplete."""
+        raise ConfigurationError(f"provider '{cls.name}' cannot be used as a named account")
+
+
+class AccountOptions:
+    """One account's settings from PROVIDER_ACCOUNTS, read by key with a default; unknown keys are refused.
+
+    Errors name the key, never its value (it may be a secret).
+    """
+
+    def __init__(self, options: dict[str, Any], known: Sequence[str]) -> None:
+        unknown = sorted(set(options) - set(known))
+        if unknown:
+            raise ConfigurationError(f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        self.options = options
+
+    def text(self, key: str, default: str = "") -> str:
+        """Return a text setting (an absent or empty one: `default`)."""
+        value = self.options.get(key)
+        if value is None or value == "":
+            return default
+        if not isinstance(value, str):
+            raise ConfigurationError(f"'{key}' must be a string")
+        return value
+
+    def number(self, key: str, default: float) -> float:
+        """Return a number setting."""
+        value = self.options.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigurationError(f"'{key}' must be a number")
+        return float(value)
+
+    def flag(self, key: str, default: bool = False) -> bool:
+        """Return a true/false setting."""
+        value = self.options.get(key, default)
+        if not isinstance(value, bool):
+            raise ConfigurationError(f"'{key}' must be true or false")
+        return value

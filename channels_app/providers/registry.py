@@ -1,4 +1,9 @@
-"""Which providers serve which channel, in failover order, built once per process from settings."""
+"""Which providers serve which channel, in failover order, built once per process from settings.
+
+A name is one of the installation's providers (PROVIDER_CLASSES) or a named account of PROVIDER_ACCOUNTS
+(core.provider_accounts): an account is an adapter of its own, with its own connections, breaker and rate
+limit, all keyed by its name.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,8 @@ from importlib import import_module
 
 from django.conf import settings
 
-from channels_app.providers.base import ConfigurationError, Provider
+from channels_app.providers.base import AccountOptions, ConfigurationError, Provider
+from core import provider_accounts
 
 PROVIDER_CLASSES: dict[str, str] = {
     "sandbox": "channels_app.providers.sandbox.SandboxProvider",
@@ -21,21 +27,45 @@ PROVIDER_CLASSES: dict[str, str] = {
 }
 
 
+def _provider_class(kind: str) -> type[Provider]:
+    module_name, _, class_name = PROVIDER_CLASSES[kind].rpartition(".")
+    cls: type[Provider] = getattr(import_module(module_name), class_name)
+    return cls
+
+
 @functools.cache
 def get_provider(name: str) -> Provider:
-    """Return the process-wide adapter named `name`, built from settings (connections are reused)."""
-    if name not in PROVIDER_CLASSES:
-        raise ConfigurationError(f"Unknown provider '{name}'. Known: {', '.join(sorted(PROVIDER_CLASSES))}.")
-    module_name, _, class_name = PROVIDER_CLASSES[name].rpartition(".")
-    cls: type[Provider] = getattr(import_module(module_name), class_name)
-    provider = cls.from_settings()
+    """Return the process-wide adapter named `name` (a provider or a named account), built from settings."""
+    if name in PROVIDER_CLASSES:
+        provider = _provider_class(name).from_settings()
+    else:
+        try:
+            account = provider_accounts.configured().get(name)
+        except provider_accounts.AccountError as exc:
+            raise ConfigurationError(str(exc)) from None
+        if account is None:
+            raise ConfigurationError(
+                f"Unknown provider '{name}'. Known: {', '.join(sorted(PROVIDER_CLASSES))}, and the accounts"
+                " of PROVIDER_ACCOUNTS."
+            )
+        cls = _provider_class(account.provider)
+        try:
+            provider = cls.from_account(AccountOptions(account.options, cls.account_keys))
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"PROVIDER_ACCOUNTS: account '{name}': {exc}") from None
     # One total deadline per call for every adapter (the webhook adapter also aborts its socket at it).
     provider.call_deadline = settings.PROVIDER_CALL_DEADLINE_SECONDS
     return provider
 
 
-def chain(channel: str) -> list[str]:
-    """Return the provider names configured for `channel`, first choice first."""
+def chain(channel: str, accounts: dict[str, list[str]] | None = None) -> list[str]:
+    """Return the provider names for `channel`, first choice first: a project's accounts, else the installation's.
+
+    `accounts` is a project's choice by channel (names of PROVIDER_ACCOUNTS); a channel it names goes through
+    those accounts only, never on to the installation's providers (another sender, another bill).
+    """
+    if accounts and accounts.get(channel):
+        return list(accounts[channel])
     names = settings.CHANNEL_PROVIDERS.get(channel) or []
     if not names:
         raise ConfigurationError(f"No provider configured for channel '{channel}' ({channel.upper()}_PROVIDERS).")
@@ -62,4 +92,15 @@ def validate_all() -> list[str]:
                 continue
             if channel not in provider.channels:
                 problems.append(f"{channel}: provider '{name}' does not serve this channel.")
+    try:
+        accounts = provider_accounts.configured()
+    except provider_accounts.AccountError as exc:
+        return [*problems, str(exc)]
+    for name in accounts:
+        try:
+            get_provider(name)
+        except ConfigurationError as exc:
+            problems.append(str(exc))
+        except ImportError as exc:
+            problems.append(f"PROVIDER_ACCOUNTS: account '{name}' cannot be loaded: {exc}")
     return problems

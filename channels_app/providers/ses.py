@@ -24,6 +24,7 @@ from botocore.exceptions import (
 from django.conf import settings
 
 from channels_app.providers.base import (
+    AccountOptions,
     ConfigurationError,
     OutboundMessage,
     PermanentError,
@@ -91,6 +92,25 @@ def aws_client_from_settings(service: str, *, region: str, endpoint_url: str) ->
     )
 
 
+# What an AWS account (SES or SNS) may set; what it leaves out is the installation's AWS_* setting.
+AWS_ACCOUNT_KEYS = ("region", "endpoint_url", "access_key_id", "secret_access_key", "session_token")
+
+
+def aws_client_from_account(service: str, options: AccountOptions, *, region: str, endpoint_url: str) -> Any:
+    """Build a boto3 client from an account's settings, the installation's AWS_* settings for what it leaves out."""
+    return aws_client(
+        service,
+        region=options.text("region", region),
+        endpoint_url=options.text("endpoint_url", endpoint_url),
+        access_key_id=options.text("access_key_id", settings.AWS_ACCESS_KEY_ID),
+        secret_access_key=options.text("secret_access_key", settings.AWS_SECRET_ACCESS_KEY),
+        session_token=options.text("session_token", settings.AWS_SESSION_TOKEN),
+        connect_timeout=settings.AWS_CONNECT_TIMEOUT_SECONDS,
+        read_timeout=settings.AWS_READ_TIMEOUT_SECONDS,
+        pool_size=settings.PROVIDER_CONCURRENCY,
+    )
+
+
 def error_code(exc: ClientError) -> str:
     """Return the AWS error code without the "Exception" suffix the JSON protocols add."""
     code = str(exc.response.get("Error", {}).get("Code", "") or "Unknown")
@@ -150,6 +170,7 @@ class SesProvider(Provider):
 
     name: ClassVar[str] = "ses"
     channels: ClassVar[tuple[str, ...]] = ("email",)
+    account_keys: ClassVar[tuple[str, ...]] = (*AWS_ACCOUNT_KEYS, "configuration_set", "from_email", "reply_to")
 
     def __init__(self, *, client: Any, from_email: str, reply_to: str = "", configuration_set: str = "") -> None:
         self.client = client
@@ -170,6 +191,22 @@ class SesProvider(Provider):
             from_email=settings.EMAIL_FROM,
             reply_to=settings.EMAIL_REPLY_TO,
             configuration_set=settings.SES_CONFIGURATION_SET,
+        )
+
+    @classmethod
+    def from_account(cls, options: AccountOptions) -> SesProvider:
+        """Build a named account's SES sender: its region, endpoint, credentials, configuration set and From."""
+        from_email = options.text("from_email", settings.EMAIL_FROM)
+        if not from_email:
+            raise ConfigurationError("from_email is not set, nor EMAIL_FROM (the From address of every email)")
+        client = aws_client_from_account(
+            "sesv2", options, region=settings.SES_REGION, endpoint_url=settings.SES_ENDPOINT_URL
+        )
+        return cls(
+            client=client,
+            from_email=from_email,
+            reply_to=options.text("reply_to", settings.EMAIL_REPLY_TO),
+            configuration_set=options.text("configuration_set", settings.SES_CONFIGURATION_SET),
         )
 
     def build(self, message: OutboundMessage) -> dict[str, Any]:

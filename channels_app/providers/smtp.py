@@ -20,6 +20,7 @@ from django.core.mail import EmailMultiAlternatives
 from django.core.mail.backends.smtp import EmailBackend
 
 from channels_app.providers.base import (
+    AccountOptions,
     ConfigurationError,
     OutboundMessage,
     PermanentError,
@@ -64,6 +65,18 @@ class SmtpProvider(Provider):
 
     name: ClassVar[str] = "smtp"
     channels: ClassVar[tuple[str, ...]] = ("email",)
+    account_keys: ClassVar[tuple[str, ...]] = (
+        "host",
+        "port",
+        "username",
+        "password",
+        "use_tls",
+        "use_ssl",
+        "timeout_seconds",
+        "pool_size",
+        "from_email",
+        "reply_to",
+    )
 
     def __init__(
         self,
@@ -118,6 +131,29 @@ class SmtpProvider(Provider):
             timeout=settings.SMTP_TIMEOUT_SECONDS,
             reply_to=settings.EMAIL_REPLY_TO,
             pool_size=settings.SMTP_POOL_SIZE,
+            idle_check_seconds=settings.SMTP_IDLE_CHECK_SECONDS,
+        )
+
+    @classmethod
+    def from_account(cls, options: AccountOptions) -> SmtpProvider:
+        """Build a named account's SMTP sender: its server and login, the installation's From unless it sets one."""
+        host = options.text("host")
+        if not host:
+            raise ConfigurationError("host is not set")
+        from_email = options.text("from_email", settings.EMAIL_FROM)
+        if not from_email:
+            raise ConfigurationError("from_email is not set, nor EMAIL_FROM (the From address of every email)")
+        return cls(
+            host=host,
+            port=int(options.number("port", 587)),
+            from_email=from_email,
+            username=options.text("username"),
+            password=options.text("password"),
+            use_tls=options.flag("use_tls"),
+            use_ssl=options.flag("use_ssl"),
+            timeout=options.number("timeout_seconds", settings.SMTP_TIMEOUT_SECONDS),
+            reply_to=options.text("reply_to", settings.EMAIL_REPLY_TO),
+            pool_size=max(1, int(options.number("pool_size", settings.SMTP_POOL_SIZE))),
             idle_check_seconds=settings.SMTP_IDLE_CHECK_SECONDS,
         )
 

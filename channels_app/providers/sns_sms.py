@@ -12,6 +12,7 @@ from botocore.exceptions import ClientError
 from django.conf import settings
 
 from channels_app.providers.base import (
+    AccountOptions,
     ConfigurationError,
     OutboundMessage,
     PermanentError,
@@ -19,7 +20,14 @@ from channels_app.providers.base import (
     ProviderError,
     SendResult,
 )
-from channels_app.providers.ses import aws_client_from_settings, aws_send, common_classification, error_code
+from channels_app.providers.ses import (
+    AWS_ACCOUNT_KEYS,
+    aws_client_from_account,
+    aws_client_from_settings,
+    aws_send,
+    common_classification,
+    error_code,
+)
 
 OPTED_OUT_CODES = {"OptedOut", "OptedOutException"}
 
@@ -29,6 +37,7 @@ class SnsProvider(Provider):
 
     name: ClassVar[str] = "sns"
     channels: ClassVar[tuple[str, ...]] = ("sms",)
+    account_keys: ClassVar[tuple[str, ...]] = (*AWS_ACCOUNT_KEYS, "sms_type", "sender_id", "origination_number")
 
     def __init__(
         self, *, client: Any, sms_type: str = "Transactional", sender_id: str = "", origination_number: str = ""
@@ -53,14 +62,41 @@ class SnsProvider(Provider):
             origination_number=settings.SNS_ORIGINATION_NUMBER,
         )
 
+    @classmethod
+    def from_account(cls, options: AccountOptions) -> SnsProvider:
+        """Build a named account's SNS sender: its region, endpoint, credentials, SMS type and sender."""
+        sms_type = options.text("sms_type", settings.SNS_SMS_TYPE)
+        if sms_type not in ("Transactional", "Promotional"):
+            raise ConfigurationError("sms_type must be Transactional or Promotional")
+        client = aws_client_from_account(
+            "sns", options, region=settings.SNS_REGION, endpoint_url=settings.SNS_ENDPOINT_URL
+        )
+        return cls(
+            client=client,
+            sms_type=sms_type,
+            sender_id=options.text("sender_id"),
+            origination_number=options.text("origination_number"),
+        )
+
     def build(self, message: OutboundMessage) -> dict[str, Any]:
-        """Return the Publish arguments for one SMS."""
+        """Return the Publish arguments for one SMS.
+
+        A project's SMS sender (meta `sms_from`) replaces the configured one: a number (+E.164) as the
+        origination number, anything else as the alphanumeric sender id.
+        """
         sms_type = self.sms_type if message.category != "marketing" else "Promotional"
         attributes: dict[str, Any] = {"AWS.SNS.SMS.SMSType": {"DataType": "String", "StringValue": sms_type}}
-        if self.sender_id:
-            attributes["AWS.SNS.SMS.SenderID"] = {"DataType": "String", "StringValue": self.sender_id}
-        if self.origination_number:
-            attributes["AWS.MM.SMS.OriginationNumber"] = {"DataType": "String", "StringValue": self.origination_number}
+        sender_id, origination_number = self.sender_id, self.origination_number
+        sender = message.meta.get("sms_from")
+        if sender:
+            if sender.startswith("+"):
+                sender_id, origination_number = "", sender
+            else:
+                sender_id, origination_number = sender, ""
+        if sender_id:
+            attributes["AWS.SNS.SMS.SenderID"] = {"DataType": "String", "StringValue": sender_id}
+        if origination_number:
+            attributes["AWS.MM.SMS.OriginationNumber"] = {"DataType": "String", "StringValue": origination_number}
         return {
             "PhoneNumber": message.address,
             "Message": message.content.get("text", ""),

@@ -21,6 +21,7 @@ from twilio.http.response import Response
 from twilio.rest import Client
 
 from channels_app.providers.base import (
+    AccountOptions,
     ConfigurationError,
     OutboundMessage,
     PermanentError,
@@ -107,6 +108,17 @@ class TwilioProvider(Provider):
 
     name: ClassVar[str] = "twilio"
     channels: ClassVar[tuple[str, ...]] = ("sms",)
+    account_keys: ClassVar[tuple[str, ...]] = (
+        "account_sid",
+        "auth_token",
+        "api_key_sid",
+        "api_key_secret",
+        "messaging_service_sid",
+        "from_number",
+        "base_url",
+        "status_callback_url",
+        "timeout_seconds",
+    )
 
     def __init__(
         self,
@@ -151,6 +163,30 @@ class TwilioProvider(Provider):
             status_callback_url=settings.TWILIO_STATUS_CALLBACK_URL,
             base_url=settings.TWILIO_BASE_URL,
             timeout=settings.TWILIO_TIMEOUT_SECONDS,
+            pool_size=settings.PROVIDER_CONCURRENCY,
+        )
+
+    @classmethod
+    def from_account(cls, options: AccountOptions) -> TwilioProvider:
+        """Build a named account's Twilio sender: its own account, credentials and sender, not the installation's."""
+        account_sid = options.text("account_sid")
+        if not account_sid:
+            raise ConfigurationError("account_sid is not set")
+        auth_token = options.text("auth_token")
+        api_key_sid, api_key_secret = options.text("api_key_sid"), options.text("api_key_secret")
+        if not auth_token and not (api_key_sid and api_key_secret):
+            raise ConfigurationError("auth_token is not set (or api_key_sid and api_key_secret)")
+        return cls(
+            account_sid=account_sid,
+            auth_token=auth_token,
+            api_key_sid=api_key_sid,
+            api_key_secret=api_key_secret,
+            # No sender of its own: the project's SMS sender must name one (else Twilio refuses the message).
+            from_number=options.text("from_number"),
+            messaging_service_sid=options.text("messaging_service_sid"),
+            status_callback_url=options.text("status_callback_url", settings.TWILIO_STATUS_CALLBACK_URL),
+            base_url=options.text("base_url", settings.TWILIO_BASE_URL),
+            timeout=options.number("timeout_seconds", settings.TWILIO_TIMEOUT_SECONDS),
             pool_size=settings.PROVIDER_CONCURRENCY,
         )
 

@@ -307,7 +307,10 @@ class NotificationCancelApi(APIView):
 
 
 class StatsApi(APIView):
-    """GET /stats: counts of the client's deliveries per day, channel, status and template, from the delivery log."""
+    """GET /stats: counts of deliveries per day, channel, status, template and key, from the delivery log.
+
+    The calling key's own (`scope=client`, the default) or its project environment's (`scope=project`).
+    """
 
     required_scope = "send"
 
@@ -315,7 +318,10 @@ class StatsApi(APIView):
         operation_id="stats_get",
         summary="Delivery statistics",
         parameters=[StatsQuerySerializer],
-        responses={200: StatsOutput, 400: error_response(400, "Invalid from, to, group_by or mode, or archived days.")},
+        responses={
+            200: StatsOutput,
+            400: error_response(400, "Invalid from, to, group_by, scope or mode, or archived days."),
+        },
     )
     def get(self, request: Request) -> Response:
         params = StatsQuerySerializer(data=request.query_params)
@@ -325,6 +331,8 @@ class StatsApi(APIView):
         # A notification's mode is its client's: another mode than the caller's has nothing to count.
         wrong_mode = q.get("mode") and q["mode"] != client.mode
         rows = (
-            [] if wrong_mode else delivery_stats(client=client, first=q["from"], last=q["to"], group_by=q["group_by"])
+            []
+            if wrong_mode
+            else delivery_stats(client=client, first=q["from"], last=q["to"], group_by=q["group_by"], scope=q["scope"])
         )
         return Response(StatsOutput({"results": rows, "from": q["from"], "to": q["to"]}).data)

@@ -495,11 +495,13 @@ NotificationPage = cursor_page_serializer(NotificationOutput, name="Notification
 
 # --- Statistics --------------------------------------------------------------------------------------------
 
-STATS_GROUP_KEYS = ("day", "channel", "status", "template")
+STATS_GROUP_KEYS = ("day", "channel", "status", "template", "client")
+# What an empty group_by means: every key but `client` (the answer callers had before it existed).
+STATS_DEFAULT_GROUP = ("day", "channel", "status", "template")
 
 
 class StatsQuerySerializer(serializers.Serializer):
-    """Query parameters of GET /stats: the UTC days (both included), how to group, which mode."""
+    """Query parameters of GET /stats: the UTC days (both included), whose deliveries, how to group, which mode."""
 
     # `from` is a Python keyword: the field is added under that name below the class.
     to = serializers.DateField(required=False, help_text="Last UTC day counted (YYYY-MM-DD); default: today.")
@@ -507,7 +509,13 @@ class StatsQuerySerializer(serializers.Serializer):
         required=False,
         allow_blank=True,
         max_length=64,
-        help_text="Comma-separated, any of day, channel, status, template; default all four.",
+        help_text="Comma-separated, any of day, channel, status, template, client; default the first four.",
+    )
+    scope = serializers.ChoiceField(
+        choices=[("client", "client"), ("project", "project")],
+        required=False,
+        default="client",
+        help_text="client (default): the calling key's deliveries; project: every key's of its project environment.",
     )
     mode = serializers.ChoiceField(
         choices=ApiClient.Mode.choices, required=False, help_text="Only notifications sent in this mode."
@@ -521,7 +529,7 @@ class StatsQuerySerializer(serializers.Serializer):
                 f"Unknown group_by key(s): {', '.join(unknown)}. Known: {', '.join(STATS_GROUP_KEYS)}."
             )
         # In the answer's order, each once; nothing asked means every key.
-        return [k for k in STATS_GROUP_KEYS if k in keys] or list(STATS_GROUP_KEYS)
+        return [k for k in STATS_GROUP_KEYS if k in keys] or list(STATS_DEFAULT_GROUP)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         """Fill in the defaults; refuse a backwards or future range and days that have left the hot window."""
@@ -541,7 +549,7 @@ class StatsQuerySerializer(serializers.Serializer):
                 f" ask for from={oldest} or later."
             )
             raise ApiError(400, "days_archived", message, {"from": [message]})
-        return {**attrs, "from": first, "to": last, "group_by": attrs.get("group_by") or list(STATS_GROUP_KEYS)}
+        return {**attrs, "from": first, "to": last, "group_by": attrs.get("group_by") or list(STATS_DEFAULT_GROUP)}
 
 
 StatsQuerySerializer._declared_fields["from"] = serializers.DateField(
@@ -556,6 +564,7 @@ class StatsRowSerializer(serializers.Serializer):
     channel = serializers.CharField(required=False)
     status = serializers.CharField(required=False)
     template = serializers.CharField(required=False)
+    client = serializers.CharField(required=False, help_text="The name of the API key that sent them.")
     count = serializers.IntegerField()
 
 

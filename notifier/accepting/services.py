@@ -36,8 +36,9 @@ from notifier.dispatch import localtime
 from notifier.dispatch.fanout import fanout_start
 from preferences.compliance import suppressed_addresses
 from preferences.models import Device, Recipient, Topic
-from preferences.selectors import recipients_for_send
+from preferences.selectors import recipients_for_send, topic_subscriber_count
 from preferences.services import recipient_ensure
+from projects.quotas import Taken, quota_refund, quota_take, quotas_of
 from projects.scoping import as_client_owner, owner_id
 from templates_app.models import TemplateVersion
 from templates_app.selectors import TemplateNotFound, template_version_cached
@@ -166,13 +167,35 @@ def notification_accept(*, client: ApiClient, data: dict[str, Any], trace_id: st
     notification = _new_notification(
         client=client, decision=decision, data=data, notification_id=new_notification_id(), trace_id=trace_id
     )
+    # The environment's daily quotas on the send's channels (projects.quotas; cached, no query): none, no Redis call.
+    limits = quotas_of(owner_id(client))
+    counted = bool(limits) and any(channel in limits for channel in decision.channels)
+    taken: list[Taken] = []
 
     def prepare(n: Notification) -> list[Delivery]:
         if data.get("topic"):
-            return topic_notification_write(n, data["topic"])
+            deliveries = topic_notification_write(n, data["topic"])
+            if counted:  # every subscriber, on each of the send's channels, as the fan-out will plan them
+                _quota_take_one(client, n, topic_subscriber_count(topic=cast(Topic, n.topic)), taken)
+            return deliveries
+        if counted:  # after the dedup check: a duplicate takes nothing
+            _quota_take_one(client, n, 1, taken)
         return _prepare_user(n, data["recipient"]["user_id"])
 
-    return notification_accept_prepared(client=client, notification=notification, prepare=prepare)
+    try:
+        return notification_accept_prepared(client=client, notification=notification, prepare=prepare)
+    except BaseException:
+        for entry in taken:
+            quota_refund(entry)  # not written: what it counted is given back
+        raise
+
+
+def _quota_take_one(client: ApiClient, notification: Notification, recipients: int, taken: list[Taken]) -> None:
+    """Count a notification's messages (`recipients` on each of its channels) or raise its 429 quota_exceeded."""
+    (refused,), counted = quota_take(owner_id(client), [dict.fromkeys(notification.channels, recipients)])
+    if refused is not None:
+        raise refused
+    taken.append(counted)
 
 
 @as_client_owner
@@ -501,6 +524,30 @@ def _deliveries_of(notifications: list[Notification]) -> dict[uuid.UUID, list[De
 
 
 def _write_batch(
+    *, client: ApiClient, items: list[tuple[int, dict[str, Any], AcceptDecision]], traces: list[str]
+) -> dict[int, AcceptResult | ApiError]:
+    """Count the items against the daily quotas, then write those within them (`_write_rows`).
+
+    One quota call for the whole batch (one Redis round trip, none without quotas on the items' channels):
+    an item over a quota fails alone with its 429. If the write fails, what was counted is given back.
+    """
+    limits = quotas_of(owner_id(client))
+    if not limits or not any(c in limits for _, _, decision in items for c in decision.channels):
+        return dict(_write_rows(client=client, items=items, traces=traces))
+    answers, taken = quota_take(owner_id(client), [dict.fromkeys(decision.channels, 1) for _, _, decision in items])
+    refused: dict[int, AcceptResult | ApiError] = {
+        index: error for (index, _, _), error in zip(items, answers, strict=True) if error is not None
+    }
+    within = [entry for entry in items if entry[0] not in refused]
+    try:
+        written = _write_rows(client=client, items=within, traces=traces) if within else {}
+    except BaseException:
+        quota_refund(taken)
+        raise
+    return {**written, **refused}
+
+
+def _write_rows(
     *, client: ApiClient, items: list[tuple[int, dict[str, Any], AcceptDecision]], traces: list[str]
 ) -> dict[int, AcceptResult]:
     """Write new single-recipient notifications, their deliveries and events: one statement per table."""

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from django.conf import settings
 
+from core import provider_accounts
+
 
 def ses_topic_arns() -> list[str]:
     """Return the SNS topic ARNs whose SES notifications are accepted (empty: accept none)."""
@@ -62,9 +64,22 @@ def callback_dedup_ttl_seconds() -> int:
     return int(sns_max_age_seconds() * 2 + 60)
 
 
-def twilio_auth_token() -> str:
-    """Return the Twilio auth token that signs status callbacks (empty: every callback is rejected)."""
-    return str(settings.TWILIO_AUTH_TOKEN)
+def twilio_auth_tokens() -> list[str]:
+    """Return the Twilio auth tokens that may sign status callbacks: the installation's, then each named account's.
+
+    Empty: every callback is rejected. A named account configured with an API key and no auth token has none
+    (Twilio signs with the account's auth token), so its callbacks are rejected.
+    """
+    tokens = [str(settings.TWILIO_AUTH_TOKEN)] if settings.TWILIO_AUTH_TOKEN else []
+    try:
+        accounts = provider_accounts.configured()
+    except provider_accounts.AccountError:
+        accounts = {}
+    for account in accounts.values():
+        token = account.options.get("auth_token") if account.provider == "twilio" else None
+        if isinstance(token, str) and token and token not in tokens:
+            tokens.append(token)
+    return tokens
 
 
 def public_base_url() -> str:

@@ -20,6 +20,7 @@ import redis
 from django.db import transaction
 from django.db.models import QuerySet
 
+from core import provider_accounts
 from core.redis_guard import get_redis, rkey
 from notifier.callbacks import conf
 from notifier.callbacks.verify import (
@@ -183,7 +184,10 @@ def provider_message_queries(
     CALLBACK_RECENT_DAYS days (its id says its day), so the first query touches that many partitions; the rest
     (a delivery scheduled far ahead, an unknown id) pay one probe of each partition's partial index.
     """
-    found = Delivery.objects.filter(provider=provider, provider_message_id=message_id).only(*fields)
+    # A project's named accounts of that provider send under their own names (core.provider_accounts).
+    names = provider_accounts.names_of_provider(provider)
+    found = Delivery.objects.filter(provider_message_id=message_id).only(*fields)
+    found = found.filter(provider=names[0]) if len(names) == 1 else found.filter(provider__in=names)
     low, high = recent_delivery_ids()
     return found.filter(id__gte=low, id__lt=high), found
 

@@ -293,7 +293,7 @@ def visit_subscribe_url(url: str) -> int:
 
 def verify_twilio_preconditions(*, signature: str) -> None:
     """Refuse a Twilio callback that cannot verify before reading its body: no token configured, or unsigned."""
-    if not conf.twilio_auth_token():
+    if not conf.twilio_auth_tokens():
         raise VerificationError("TWILIO_AUTH_TOKEN is not configured")
     if not signature:
         raise VerificationError("request is not signed")
@@ -305,8 +305,12 @@ def verify_twilio_request(*, urls: Sequence[str], params: Any, signature: str, h
     `urls` are the public URLs this request may have been sent to (Twilio signs the exact URL it called).
     """
     verify_twilio_preconditions(signature=signature)
-    token = conf.twilio_auth_token()
     algorithm = get_signature_algorithm(headers.get(SIGNATURE_SETTINGS_HEADER, ""))
-    validator = RequestValidator(token)
-    if not any(validator.validate(url, params, signature, algorithm=algorithm) for url in dict.fromkeys(urls)):
+    # The installation's account, then the projects' named Twilio accounts: whichever sent the message signs.
+    validators = [RequestValidator(token) for token in conf.twilio_auth_tokens()]
+    if not any(
+        validator.validate(url, params, signature, algorithm=algorithm)
+        for validator in validators
+        for url in dict.fromkeys(urls)
+    ):
         raise VerificationError("signature does not match")

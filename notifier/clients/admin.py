@@ -13,9 +13,9 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from audit.admin import AuditedAdminMixin
+from core.ratelimit import clean_rate_text
 from core.scopes import DEFAULT_SCOPES, SCOPES
 from notifier.clients.models import ApiClient
-from notifier.clients.rate_limit import parse_rate
 from notifier.clients.services import api_client_assign_key, api_client_rotate_key, webhook_secret_problem
 from projects.admin import OwnedAdmin
 from projects.models import DEFAULT_PROJECT_SLUG, Environment
@@ -81,13 +81,7 @@ class ApiClientForm(forms.ModelForm):
         return data
 
     def clean_rate_limit(self) -> str:
-        value = (self.cleaned_data.get("rate_limit") or "").strip()
-        if value:
-            try:
-                parse_rate(value)
-            except ValueError as exc:
-                raise forms.ValidationError(str(exc)) from None
-        return value
+        return clean_rate_text(self.cleaned_data.get("rate_limit"))
 
     def clean_webhook_secret(self) -> str:
         secret = (self.cleaned_data.get("webhook_secret") or "").strip()

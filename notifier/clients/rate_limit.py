@@ -4,7 +4,10 @@ It reuses the provider limiter's machinery (core.ratelimit: the same Lua token b
 and the same per-process fallback with the rate divided by RESILIENCE_ASSUMED_WORKERS while Redis is down).
 A client's limit is its own `rate_limit` ("200/s", "1000/m", "50000/h"), else API_CLIENT_RATE_LIMIT; the
 bucket holds the numerator's worth of tokens, so "200/s" allows bursts of 200 and refills 200 a second.
-Beyond it DRF raises Throttled, which the error handler answers as 429 `rate_limited` with Retry-After.
+A project with a `rate_limit` of its own has one more bucket, shared by all of its keys (both environments'):
+a request takes a token from its client's and its project's buckets at once, in the same script call (one
+Redis round trip, as with the client's alone), and only when both have one. Beyond either, DRF raises
+Throttled, which the error handler answers as 429 `rate_limited` with Retry-After.
 
 `RateThrottle` and `rate_take` are the same for any other caller with a bucket of its own (the browser
 inbox's tokens, notifier/inbox/rate_limit.py).
@@ -12,33 +15,25 @@ inbox's tokens, notifier/inbox/rate_limit.py).
 
 from __future__ import annotations
 
-import re
+import logging
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from rest_framework.request import Request
 from rest_framework.throttling import BaseThrottle
 
-from core.ratelimit import Grant, Limit, RateLimiter
+from core.ratelimit import Grant, Limit, RateLimiter, parse_rate
 from core.redis_guard import rkey
 from notifier.clients.auth import request_client
+from projects.scoping import owner_id
+from projects.selectors import environment_settings
 
 if TYPE_CHECKING:  # types only: DRF loads this module from settings, before the models may be
     from notifier.clients.models import ApiClient
 
-RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(s|sec|second|m|min|minute|h|hour)\s*$", re.IGNORECASE)
-PERIOD_SECONDS = {"s": 1, "m": 60, "h": 3600}
+logger = logging.getLogger(__name__)
 
 _limiter = RateLimiter()
-
-
-def parse_rate(text: str) -> tuple[float, float]:
-    """Parse "200/s", "1000/m" or "50000/h" into (tokens per second, burst); raise ValueError otherwise."""
-    match = RATE.match(text or "")
-    if not match or float(match.group(1)) <= 0:
-        raise ValueError(f"'{text}' is not a rate such as 200/s, 1000/m or 50000/h")
-    count = float(match.group(1))
-    return count / PERIOD_SECONDS[match.group(2)[0].lower()], max(count, 1.0)
 
 
 def rate_limit(text: str) -> Limit:
@@ -52,9 +47,31 @@ def client_limit(client: ApiClient) -> Limit:
     return rate_limit(getattr(client, "rate_limit", "") or settings.API_CLIENT_RATE_LIMIT)
 
 
+def project_bucket(environment_id: int) -> tuple[str, Limit] | None:
+    """Return the key and limit of the bucket of the project an environment belongs to, None if it has no limit.
+
+    Read from the per-process cache of the environment's settings (projects.selectors): no query per request.
+    """
+    found = environment_settings(environment_id)
+    if found is None or not found.rate_limit:
+        return None
+    try:
+        limit = rate_limit(found.rate_limit)
+    except ValueError:
+        # The admin refuses such a rate; one written otherwise must not fail every request of the project.
+        logger.error("project %s: rate_limit %r is not a rate; not enforced", found.slug, found.rate_limit)
+        return None
+    return rkey("api-rl-project", str(found.project_id)), limit
+
+
 def rate_take(key: str, limit: Limit) -> Grant:
     """Take one request's token from the shared bucket `key`; the grant says whether, and how long to wait if not."""
-    return _limiter.acquire_buckets([(key, limit)], 1, high=True)
+    return rate_take_all([(key, limit)])
+
+
+def rate_take_all(buckets: list[tuple[str, Limit]]) -> Grant:
+    """Take one token from each bucket at once (one script call), or none unless every bucket has one."""
+    return _limiter.acquire_buckets(buckets, 1, high=True)
 
 
 class RateThrottle(BaseThrottle):
@@ -71,11 +88,16 @@ class RateThrottle(BaseThrottle):
         """Return the key and limit of the bucket `request` takes a token from, or None to let it through."""
         raise NotImplementedError
 
-    def allow_request(self, request: Request, view: Any) -> bool:
+    def buckets(self, request: Request) -> list[tuple[str, Limit]]:
+        """Return every bucket `request` takes a token from (by default its `bucket`)."""
         bucket = self.bucket(request)
-        if bucket is None:
+        return [] if bucket is None else [bucket]
+
+    def allow_request(self, request: Request, view: Any) -> bool:
+        buckets = self.buckets(request)
+        if not buckets:
             return True
-        grant = rate_take(*bucket)
+        grant = rate_take_all(buckets)
         self._wait = grant.wait
         return grant.granted >= 1
 
@@ -84,10 +106,17 @@ class RateThrottle(BaseThrottle):
 
 
 class ApiClientRateThrottle(RateThrottle):
-    """Allow a request while its API client's shared bucket has a token."""
+    """Allow a request while its API client's shared bucket, and its project's if it has one, have a token."""
 
     def bucket(self, request: Request) -> tuple[str, Limit] | None:
         client = request_client(request)  # typed as the ApiClient; an anonymous user has no pk (next line)
         if client is None or not getattr(client, "pk", None):
             return None  # unauthenticated requests are answered 401 before this
         return rkey("api-rl", str(client.pk)), client_limit(client)
+
+    def buckets(self, request: Request) -> list[tuple[str, Limit]]:
+        own = self.bucket(request)
+        if own is None:
+            return []
+        project = project_bucket(owner_id(request_client(request)))
+        return [own] if project is None else [own, project]

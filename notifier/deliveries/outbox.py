@@ -111,7 +111,7 @@ MARK_PUBLISHED_SQL = _MARK_SQL.format(also="")
 # (a campaign's million) to mark two; the primary key reads only the ids given.
 MARK_STILL_QUEUED_SQL = _MARK_SQL.format(also=" AND status || '' = 'queued'")
 # How long the coalescer waits before marking what it published. Most singles are claimed by then, so their rows
-# are not written again; the relay leaves an unmarked row alone for OUTBOX_REPUBLISH_AFTER_SECONDS / 4 (15 s by
+# are not written again; the relay leaves an unmarked row alone for OUTBOX_REPUBLISH_AFTER_SECONDS / 4 (10 s by
 # default), far beyond this.
 MARK_AFTER_SECONDS = 1.0
 

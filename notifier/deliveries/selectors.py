@@ -281,11 +281,18 @@ STATS_GROUPS = {
     "channel": "d.channel",
     "status": "d.status",
     "template": "n.template_key",
+    # The id of the key that sent them; the answer names the key.
+    "client": "n.client_id",
 }
 
 
-def delivery_stats(*, client: ApiClient, first: date, last: date, group_by: Sequence[str]) -> list[dict[str, Any]]:
-    """Count the client's deliveries of the UTC days `first`..`last` (both included) per group of `group_by`.
+def delivery_stats(
+    *, client: ApiClient, first: date, last: date, group_by: Sequence[str], scope: str = "client"
+) -> list[dict[str, Any]]:
+    """Count deliveries of the UTC days `first`..`last` (both included) per group of `group_by`.
+
+    `scope` "client": the client's own; "project": those of every client of its project environment (grouped
+    by `client`, each row names its key).
 
     The delivery-id range of those days prunes the deliveries to their partitions; the notifications (for the
     client and the template) are bounded by the same days, widened by NOTIFICATION_ID_SLACK: a delivery made
@@ -302,19 +309,28 @@ def delivery_stats(*, client: ApiClient, first: date, last: date, group_by: Sequ
     ordering = f" ORDER BY {', '.join(map(str, range(1, len(columns) + 1)))}" if columns else ""
     sql = (
         f"SELECT {select} FROM notifier_delivery d JOIN notifier_notification n ON n.id = d.notification_id"  # noqa: S608
-        " WHERE d.id >= %s AND d.id < %s AND n.created_at >= %s AND n.created_at < %s AND n.client_id = %s"
+        " WHERE d.id >= %s AND d.id < %s AND n.created_at >= %s AND n.created_at < %s"
+        f" AND {'n.environment_id' if scope == 'project' else 'n.client_id'} = %s"
         f"{grouping}{ordering}"
     )
     with connection.cursor() as cursor:
-        cursor.execute(sql, [low, high, start, end, client.pk])
+        cursor.execute(sql, [low, high, start, end, owner_id(client) if scope == "project" else client.pk])
         rows = cursor.fetchall()
+    names: dict[int, str] = {}
+    if "client" in group_by:
+        ids = {row[group_by.index("client")] for row in rows}
+        names = dict(ApiClient.objects.filter(pk__in=ids, environment_id=owner_id(client)).values_list("pk", "name"))
     results = []
     for row in rows:
         item: dict[str, Any] = dict(zip(group_by, row[:-1], strict=True))
         if "day" in item:
             item["day"] = partitions.EPOCH + timedelta(days=int(item["day"]))
+        if "client" in item:
+            item["client"] = names.get(item["client"], "")
         item["count"] = row[-1]
         results.append(item)
+    if "client" in group_by:  # sorted by the keys' names, as every other group is by its value
+        results.sort(key=lambda item: tuple(item[key] for key in group_by))
     return results
 
 

@@ -64,12 +64,13 @@ from notifier.deliveries.queries import (
     page_deliveries_insert,
     page_deliveries_waiting,
 )
-from notifier.dispatch import localtime, pace
+from notifier.dispatch import localtime, pace, shares
 from notifier.dispatch.models import FanoutLane
 from notifier.statusevents.record import reach_record
 from preferences.compliance import suppressed_addresses
 from preferences.models import Recipient
 from preferences.queries import device_tokens, subscriber_count, subscriber_page, subscription_at
+from projects.selectors import environment_project_weight
 
 logger = logging.getLogger(__name__)
 
@@ -176,8 +177,8 @@ def pace_window_seconds() -> float:
 
 
 def stall_seconds() -> float:
-    """Return after how long without progress a fan-out counts as stalled (FANOUT_STALL_SECONDS, default 300)."""
-    return _setting("FANOUT_STALL_SECONDS", 300.0)
+    """Return after how long without progress a fan-out counts as stalled (FANOUT_STALL_SECONDS, default 30)."""
+    return _setting("FANOUT_STALL_SECONDS", 30.0)
 
 
 def lanes_wanted() -> int:
@@ -245,6 +246,12 @@ class RunResult:
     next_in: float | None = None
 
 
+# How long a run waits at most for room in a throttled queue before it makes way for other lanes, and how long
+# it pauses before doing so when it was another broadcast's turn (so a waiting lane does not spin).
+HOLD_SLEEP_SECONDS = 0.3
+TURN_SLEEP_SECONDS = 0.1
+
+
 class PublishIncomplete(RuntimeError):
     """The broker did not take every message of a page; the page is redone (its checkpoint did not move)."""
 
@@ -256,6 +263,7 @@ def fanout_run(*, notification_id: uuid.UUID | str, lane: int = 0, enqueue_next:
     # A page's bookkeeping (the in-app items' metrics and audit lines: 0.1 s for 5,000) is done once the next
     # page has committed: the next page's items reach their screens that much sooner.
     later: list[Callable[[], None]] = []
+    held = False
     try:
         while True:
             reset_queries()  # DEBUG keeps every query (with its 5,000-element arrays): keep memory flat anyway
@@ -273,6 +281,22 @@ def fanout_run(*, notification_id: uuid.UUID | str, lane: int = 0, enqueue_next:
             if step.stopped or step.done:
                 result.stopped, result.done = step.stopped, step.done
                 return result
+            if step.hold is not None:
+                # No room in a throttled queue, or another broadcast's turn. Room comes back within the horizon:
+                # wait for it once, briefly; then make way for the other lanes waiting for a fan-out process.
+                if step.hold.reason == "room" and not held:
+                    held = True
+                    time.sleep(min(step.hold.wait, HOLD_SLEEP_SECONDS))
+                    continue
+                if step.hold.reason == "turn":
+                    time.sleep(TURN_SLEEP_SECONDS)
+                result.next_in = step.hold.wait if step.hold.wait > 1 else 0.0
+                break
+            if step.contended:
+                # A fed page: go to the back of the fan-out queue, so that lanes of other broadcasts get their
+                # turn at the fan-out processes too (a lone broadcast's next run starts at once).
+                result.next_in = 0.0
+                break
             if step.pace_seconds is not None:
                 # A paced run does one page and comes back when that page's last message is due.
                 result.next_in = step.pace_seconds
@@ -308,6 +332,10 @@ class PageResult:
     done: bool = False
     stopped: str = ""
     pace_seconds: float | None = None
+    # Set when a throttled queue had no room or turn for this broadcast: nothing was written.
+    hold: shares.Share | None = None
+    # Whether other broadcasts wanted the page's throttled queue too (the run then makes way for their lanes).
+    contended: bool = False
 
 
 class _Row:
@@ -442,6 +470,7 @@ def fanout_page(
             "template_version",
             "payload",
             "trace_id",
+            "environment",
             "client__webhook_url",
             "client__mode",
             "campaign__id",
@@ -481,6 +510,38 @@ def fanout_page(
         if ahead > window:
             return PageResult(pace_seconds=ahead - window)
         size = max(1, min(size, int(min(pace.pace_for(c) for c in paced) * window)))
+    # A broadcast at normal or low priority feeds a throttled queue only as far as there is room in it and it is
+    # its project's (and its own) turn (notifier/dispatch/shares.py): the rest of the topic waits in PostgreSQL,
+    # as subscribers not yet paged, and a single published meanwhile waits behind seconds of work at most.
+    gated = n.priority != "high" and n.strategy not in _page_writers and shares.enabled()
+    gate = _gate_open(n, channels, size) if gated else None
+    if gate is not None:
+        if gate.hold is not None:
+            return PageResult(hold=gate.hold)
+        size = gate.size
+    fed: dict[str, int] = defaultdict(int)
+    try:
+        result = _page(n, lane, current, size, rate, fallback_zone, direct, later, fed)
+        result.contended = gate is not None and gate.contended
+        return result
+    finally:
+        if gate is not None:
+            gate.settle(fed)
+
+
+def _page(
+    n: Notification,
+    lane: int,
+    current: FanoutLane,
+    size: int,
+    rate: int | None,
+    fallback_zone: str,
+    direct: StoredChannel | None,
+    later: list[Callable[[], None]] | None,
+    fed: dict[str, int],
+) -> PageResult:
+    """Write, publish and checkpoint one page of `size` subscribers; count what was published per channel in `fed`."""
+    campaign_id = n.campaign_id
     cursor_before = current.cursor
     now = timezone.now()
 
@@ -567,12 +628,83 @@ def fanout_page(
     published, come_back = _publish_page(queued, priority=n.priority, rate=rate)
     if published < len(queued):
         raise PublishIncomplete(f"{len(queued) - published} of {len(queued)} deliveries not published")
+    for _, channel in queued:
+        fed[channel] += 1
     moved = _checkpoint(n, lane, len(page), page[-1][0], cursor_before)
     result = PageResult(subscribers=len(page), inserted=len(inserted), published=published, pace_seconds=come_back)
     if not moved:
         # Another run advanced this lane meanwhile: let that run carry on.
         result.stopped = "superseded"
     return result
+
+
+@dataclass
+class _Gate:
+    """The grants of a page's throttled queues (notifier/dispatch/shares.py), settled once the page is published."""
+
+    queues: dict[str, tuple[str, float, int]]  # channel -> (queue, provider rate, granted)
+    project: int
+    weight: int
+    flow: str
+    size: int = 0
+    hold: shares.Share | None = None
+    contended: bool = False
+
+    def settle(self, fed: dict[str, int]) -> None:
+        """Give back what the page did not feed (or add what it fed beyond its grant: a second push device)."""
+        for channel, (queue, rate, granted) in self.queues.items():
+            delta = fed.get(channel, 0) - granted
+            shares.settle(queue, rate=rate, project=self.project, weight=self.weight, flow=self.flow, delta=delta)
+
+
+# Subscribers of a topic at the start of its fan-out, per notification (the backlog shown on /metrics), kept for
+# the few broadcasts a process works on.
+_topic_sizes: dict[str, int] = {}
+
+
+def _gate_open(n: Notification, channels: list[str], size: int) -> _Gate | None:
+    """Ask each throttled queue of the page for room; return the grants (None: no throttled queue).
+
+    The page then takes as many subscribers as the smallest grant; a queue without room or turn holds the page
+    (`hold`) and the grants already taken are given back. A rate-capped campaign's page is counted in full,
+    though its messages are spread over the page's seconds: the level errs on the side of a shorter queue.
+    """
+    throttled = {c: r for c in channels if (r := shares.channel_rate(c))}
+    if not throttled:
+        return None
+    project, weight = environment_project_weight(n.environment_id)
+    flow = str(n.pk)
+    if flow not in _topic_sizes:
+        if len(_topic_sizes) > 64:
+            _topic_sizes.clear()
+        _topic_sizes[flow] = subscriber_count(n.topic_id)
+    backlog = max(0, _topic_sizes[flow] - (n.fanout_processed or 0))
+    gate = _Gate(queues={}, project=project, weight=weight, flow=flow)
+    for channel, provider_rate in throttled.items():
+        queue = queue_name(channel, n.priority)
+        share = shares.ask(
+            queue, rate=provider_rate, project=project, weight=weight, flow=flow, want=size, backlog=backlog
+        )
+        if not share.granted:
+            gate.settle({})
+            gate.hold = share
+            return gate
+        gate.queues[channel] = (queue, provider_rate, share.granted)
+        gate.contended = gate.contended or share.contended
+        size = min(size, share.granted)
+    gate.size = size
+    return gate
+
+
+def _gate_leave(n: Notification) -> None:
+    """Take a finished broadcast out of its throttled queues' turns."""
+    if n.priority == "high":
+        return
+    project, _ = environment_project_weight(n.environment_id)
+    for channel in n.channels:
+        if shares.channel_rate(channel):
+            shares.leave(queue_name(channel, n.priority), project=project, flow=str(n.pk))
+    _topic_sizes.pop(str(n.pk), None)
 
 
 def _checkpoint(n: Notification, lane: int, count: int, last_id: int, cursor_before: int) -> bool:
@@ -645,6 +777,7 @@ def _finish(n: Notification, lane: int, cursor_before: int) -> PageResult:
         finished = cursor.fetchone()[0] and notification_fanout_done(n.pk)
     if not finished:
         return PageResult(stopped="lane done")
+    _gate_leave(n)
     if n.campaign_id is not None:
         _campaign_gate().campaign_fanout_finished(campaign_id=n.campaign_id)
     return PageResult(done=True)

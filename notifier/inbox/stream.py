@@ -30,6 +30,7 @@ from urllib.parse import parse_qs
 import psycopg
 from django.conf import settings
 
+from core.database_url import parse_database_url
 from core.db import int_array
 from core.errors import error_body, retry_after_seconds, throttled_body
 from core.heap import freeze_loaded_heap
@@ -68,13 +69,28 @@ GC_TICK_SECONDS = 0.25
 _GC_NEVER = 2**30
 
 
-def _conninfo() -> str:
+# libpq's options of DATABASES that bound a silent server (config/settings.py): the LISTEN connection waits for
+# notifications with nothing to send, so without keepalives a vanished primary would leave it waiting forever.
+_TIMEOUT_OPTIONS = ("connect_timeout", "keepalives", "keepalives_idle", "keepalives_interval", "keepalives_count",
+                    "tcp_user_timeout")  # fmt: skip
+
+
+def _conninfo(*, listen: bool = False) -> str:
+    """Return the libpq connection string of the stream's reads, or of its LISTEN connection (`listen`).
+
+    LISTEN needs a session of its own on PostgreSQL: through a pooler in transaction mode it would be lost, so
+    INBOX_LISTEN_DATABASE_URL (when set) points the LISTEN connection at PostgreSQL itself.
+    """
     db = settings.DATABASES["default"]
+    options = db.get("OPTIONS", {})
+    if listen and settings.INBOX_LISTEN_DATABASE_URL:
+        db = parse_database_url(settings.INBOX_LISTEN_DATABASE_URL)
     return psycopg.conninfo.make_conninfo(
         dbname=db["NAME"], user=db.get("USER") or None, password=db.get("PASSWORD") or None,
         host=db.get("HOST") or None, port=str(db.get("PORT") or "") or None, application_name="notifier-stream",
         # A multi-host DATABASE_URL: the primary, as Django's own connections (core/database_url.py).
-        target_session_attrs=db.get("OPTIONS", {}).get("target_session_attrs"),
+        target_session_attrs=db.get("OPTIONS", {}).get("target_session_attrs") or options.get("target_session_attrs"),
+        **{name: options[name] for name in _TIMEOUT_OPTIONS if name in options},
     )  # fmt: skip
 
 
@@ -306,7 +322,7 @@ class Hub:
         delay = 0.5
         while True:
             try:
-                async with await psycopg.AsyncConnection.connect(_conninfo(), autocommit=True) as conn:
+                async with await psycopg.AsyncConnection.connect(_conninfo(listen=True), autocommit=True) as conn:
                     await conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
                     if self._ready.is_set():
                         # Reconnected: notifications may have been missed meanwhile; let every stream catch up.

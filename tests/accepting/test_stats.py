@@ -38,6 +38,7 @@ def _write(client: ApiClient, at: datetime, deliveries: list[tuple[str, str]], t
     notification = Notification.objects.create(
         id=partitions.uuid7(at),
         client=client,
+        environment_id=client.environment_id,
         category="transactional",
         template_key=template,
         priority="high",
@@ -56,6 +57,7 @@ def _write(client: ApiClient, at: datetime, deliveries: list[tuple[str, str]], t
             channel=channel,
             priority="high",
             address=f"{delivery_id}@example.com",
+            environment_id=client.environment_id,
             status=status,
         )
         for delivery_id, (channel, status) in zip(ids, deliveries, strict=True)
@@ -200,3 +202,49 @@ def test_stats_validate_their_parameters_with_400s_naming_the_field(api: Any, se
     assert f"Days {oldest - timedelta(days=1)} are archived" in one_day.json()["error"]["message"]
     # The window's first day itself is fine.
     assert api.get("/api/v1/stats", {"from": str(oldest)}).status_code == 200
+
+
+@pytest.mark.django_db
+def test_project_scope_counts_every_key_of_the_environment_grouped_by_client(api_client_factory: Any) -> None:
+    from projects.services import project_create
+
+    project_create(slug="shop")
+    project_create(slug="other")
+    orders, (shop, shop_api) = api_client_factory("orders", project="shop"), api_client_factory("shop", project="shop")
+    staging, staging_api = api_client_factory("staging", project="shop", mode="test")
+    other, _ = api_client_factory("elsewhere", project="other")
+    now = timezone.now()
+    _write(orders[0], now, [("email", "sent"), ("sms", "failed")], "otp")
+    _write(orders[0], now, [("email", "sent")], "welcome")
+    _write(shop, now, [("email", "sent")], "otp")
+    _write(staging, now, [("email", "sent"), ("email", "sent")], "otp")
+    _write(other, now, [("email", "sent")], "otp")
+
+    def results(api: Any, **query: str) -> list[dict[str, Any]]:
+        answer = api.get("/api/v1/stats", query)
+        assert answer.status_code == 200, answer.content
+        return list(answer.json()["results"])
+
+    # Without `scope`: the key's own deliveries, as before (and `client` is not among the default keys).
+    assert results(shop_api, group_by="status") == [{"status": "sent", "count": 1}]
+    assert all("client" not in row for row in results(shop_api))
+    # The project environment: every key of it, by key name; not the test environment's, not another project's.
+    assert results(shop_api, scope="project", group_by="client,status") == [
+        {"status": "failed", "client": "orders", "count": 1},
+        {"status": "sent", "client": "orders", "count": 2},
+        {"status": "sent", "client": "shop", "count": 1},
+    ]
+    assert results(shop_api, scope="project", group_by="client") == [
+        {"client": "orders", "count": 3},
+        {"client": "shop", "count": 1},
+    ]
+    assert results(shop_api, scope="project", group_by="template") == [
+        {"template": "otp", "count": 3},
+        {"template": "welcome", "count": 1},
+    ]
+    assert results(shop_api, scope="client", group_by="client") == [{"client": "shop", "count": 1}]
+    # The test key's project environment is the test one; the mode filter still applies.
+    assert results(staging_api, scope="project", group_by="client") == [{"client": "staging", "count": 2}]
+    assert results(shop_api, scope="project", mode="test") == []
+    bad = shop_api.get("/api/v1/stats", {"scope": "installation"})
+    assert bad.status_code == 400 and list(bad.json()["error"]["fields"]) == ["scope"]

@@ -295,3 +295,27 @@ def test_signature_for_the_configured_status_callback_url_is_accepted(settings: 
     assert post(params, signature=signature).status_code == 200
     d.refresh_from_db()
     assert d.status == "delivered"
+
+
+def test_a_projects_twilio_account_signs_callbacks_for_its_own_deliveries(settings: Any) -> None:
+    """A delivery sent through a named account: its callback is signed with that account's token and found."""
+    settings.PROVIDER_ACCOUNTS = {
+        "shop-sms": {"provider": "twilio", "account_sid": "AC" + "1" * 32, "auth_token": "shop-account-token"},
+        "shop-mail": {"provider": "smtp", "host": "127.0.0.1", "password": "not-a-twilio-token"},
+    }
+    d = make_delivery(provider="shop-sms", channel="sms", address="+15005550006")
+    params = status_params(d, "delivered")
+    signed = RequestValidator("shop-account-token").compute_signature(PUBLIC_URL, params)
+    assert post(params, signature=signed).status_code == 200
+    d.refresh_from_db()
+    assert d.status == "delivered"
+    # A token no account has (an SMTP account's password is not one) signs nothing.
+    forged = RequestValidator("not-a-twilio-token").compute_signature(PUBLIC_URL, status_params(d, "failed"))
+    assert post(status_params(d, "failed"), signature=forged).status_code == 403
+    # Without the account configured any more, its deliveries' callbacks no longer verify.
+    settings.PROVIDER_ACCOUNTS = {}
+    failed = status_params(d, "failed")
+    signed = RequestValidator("shop-account-token").compute_signature(PUBLIC_URL, failed)
+    assert post(failed, signature=signed).status_code == 403
+    d.refresh_from_db()
+    assert d.status == "delivered"

@@ -27,3 +27,44 @@ def test_worker_refuses_to_start_with_a_misconfigured_provider(start_worker: Any
     worker = start_worker(env={"EMAIL_PROVIDERS": "ses", "EMAIL_FROM": ""}, wait=False)
     assert worker.proc.wait(timeout=60) != 0
     assert "EMAIL_FROM is not set" in worker.log()
+
+
+def test_named_accounts_are_checked_at_start_naming_the_account_and_setting_never_a_secret(settings: Any) -> None:
+    from channels_app.providers.registry import get_provider, validate_all
+    from channels_app.providers.ses import SesProvider
+
+    get_provider.cache_clear()
+    try:
+        settings.PROVIDER_ACCOUNTS = {
+            "shop-sms": {"provider": "twilio", "account_sid": "AC1", "auth_tokn": "s3cret-value"},
+            "shop-mail": {"provider": "smtp", "port": 25},
+            "fine-ses": {"provider": "ses", "region": "eu-west-1", "from_email": "Shop <a@shop.example>"},
+        }
+        problems = validate_all()
+        assert any("account 'shop-sms'" in p and "unknown setting(s) auth_tokn" in p for p in problems), problems
+        assert any("account 'shop-mail'" in p and "host is not set" in p for p in problems), problems
+        assert not any("fine-ses" in p for p in problems), problems
+        assert not any("s3cret-value" in p for p in problems)
+        # A good account is an adapter of its own, with its own settings.
+        ses = get_provider("fine-ses")
+        assert isinstance(ses, SesProvider)
+        assert (ses.from_email, ses.client.meta.region_name) == ("Shop <a@shop.example>", "eu-west-1")
+
+        for bad, reason in [
+            ({"ses": {"provider": "ses"}}, "is a provider's name"),
+            ({"Shop Mail": {"provider": "ses"}}, "must be 1-32 of a-z"),
+            ({"shop-push": {"provider": "fcm"}}, "provider must be one of ses, smtp, sns, twilio"),
+            ([1, 2], "must be a JSON object"),
+        ]:
+            settings.PROVIDER_ACCOUNTS = bad
+            get_provider.cache_clear()
+            assert any(reason in p for p in validate_all()), (bad, validate_all())
+    finally:
+        get_provider.cache_clear()
+
+
+def test_a_project_naming_an_account_sends_only_through_it() -> None:
+    from channels_app.providers.registry import chain
+
+    assert chain("email", {"email": ["shop-ses"]}) == ["shop-ses"]
+    assert chain("sms", {"email": ["shop-ses"]}) == chain("sms") == chain("sms", {})

@@ -43,6 +43,27 @@ def _relay_with_lease(lease: int) -> dict[str, int]:
         settings.SENDING_LEASE_SECONDS = saved
 
 
+def _sent_while_relaying(ids: list[int], *, lease: int, every: float, timeout: float) -> None:
+    """Run the relay (as a worker with `lease` would) every `every` seconds until every delivery is sent."""
+    stop = threading.Event()
+
+    def relay_loop() -> None:
+        try:
+            while not stop.is_set():
+                _relay_with_lease(lease)
+                stop.wait(every)
+        finally:
+            connection.close()  # this thread's own connection: the test database is dropped afterwards
+
+    loop = threading.Thread(target=relay_loop, daemon=True)
+    loop.start()
+    try:
+        wait_for(lambda: _statuses(ids)["sent"] == len(ids), timeout=timeout, interval=0.5)
+    finally:
+        stop.set()
+        loop.join(timeout=30)
+
+
 @pytest.mark.django_db(transaction=True)
 def test_sigkill_mid_batch_repeats_at_most_the_calls_in_flight(
     start_worker: Any, receiver: TimedReceiver, webhook_env: dict[str, str]
@@ -113,23 +134,7 @@ def test_a_receiver_dripping_its_answer_for_three_leases_never_gets_a_neighbour_
     start_worker(queues=["webhook.high"], env=env, concurrency=2)
     publish_as_one(ids)
 
-    stop = threading.Event()
-
-    def relay_loop() -> None:
-        try:
-            while not stop.is_set():
-                _relay_with_lease(lease)
-                stop.wait(0.5)
-        finally:
-            connection.close()  # this thread's own connection: the test database is dropped afterwards
-
-    loop = threading.Thread(target=relay_loop, daemon=True)
-    loop.start()
-    try:
-        wait_for(lambda: _statuses(ids)["sent"] == len(ids), timeout=60, interval=0.5)
-    finally:
-        stop.set()
-        loop.join(timeout=10)
+    _sent_while_relaying(ids, lease=lease, every=0.5, timeout=60)
 
     calls = Counter(h.delivery_id for h in receiver.snapshot())
     assert set(calls) == set(ids)
@@ -153,3 +158,43 @@ def test_a_dripped_answer_is_cut_off_at_the_call_deadline(receiver: TimedReceive
     assert caught.value.maybe_sent and caught.value.retriable
     assert elapsed < 4.0, elapsed
     assert len(receiver.requests) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_batch_longer_than_the_shipped_lease_is_sent_once(
+    start_worker: Any, receiver: TimedReceiver, webhook_env: dict[str, str]
+) -> None:
+    """With the shipped lease and heartbeat (nothing overridden), a batch that runs 1.4 leases sends nothing twice.
+
+    One provider call at a time, three deliveries answering after 14 s each: the last one is claimed at the start
+    and answered 42 s later, past the 30 s lease; only the heartbeat keeps the relay from handing it to the other
+    worker process while it waits its turn.
+    """
+    webhook_template()
+    lease = settings.SENDING_LEASE_SECONDS
+    assert settings.SENDING_HEARTBEAT_SECONDS == 0, "the shipped heartbeat: a third of the lease"
+    per_call = 14.0
+    ids = make_batch(n=3, address=f"{receiver.url}/hooks")
+    assert per_call * len(ids) > lease * 1.3
+    # The answer drips (each byte within the read timeout), so every call lasts its 14 s and ends well.
+    receiver.add_rule(StubResponse(200, b'{"ok":true}', drip=per_call))
+    env = {
+        **webhook_env,
+        "WEBHOOK_PROVIDERS": "webhook",
+        "PROVIDER_CONCURRENCY": "1",
+        "PROVIDER_RATE_LIMITS": NO_LIMIT,
+    }
+    # Two processes: one sends the batch, the other would take anything the relay hands back.
+    start_worker(queues=["webhook.high"], env=env, concurrency=2)
+    publish_as_one(ids)
+
+    # The shipped relay: the lease and the interval config/settings.py has.
+    _sent_while_relaying(ids, lease=lease, every=settings.OUTBOX_RELAY_INTERVAL_SECONDS, timeout=120)
+
+    calls = Counter(h.delivery_id for h in receiver.snapshot())
+    print(f"\n{len(ids)} calls of {per_call:.0f}s each in one batch, lease {lease}s: calls per delivery {dict(calls)}")
+    assert set(calls) == set(ids)
+    assert {i: n for i, n in calls.items() if n != 1} == {}
+    assert not DeliveryEvent.objects.filter(delivery_id__in=ids, detail__contains="reclaimed").exists()
+    assert list(Delivery.objects.filter(pk__in=ids).values_list("attempts", flat=True)) == [1] * len(ids)

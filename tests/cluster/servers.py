@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import psycopg
 import redis
 
@@ -67,6 +68,14 @@ def _wait(predicate: Callable[[], bool], what: str, timeout: float) -> None:
             return
         time.sleep(0.2)
     raise TimeoutError(f"{what} within {timeout:.0f}s")
+
+
+def answers_ok(url: str) -> bool:
+    """Return whether `url` answers 200 within a second (a server a test started is up)."""
+    try:
+        return httpx.get(url, timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def _run(args: list[str], timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -121,6 +130,10 @@ class RabbitNode:
             "RABBITMQ_LOG_BASE": str(self.dir / "log"),
             "RABBITMQ_PID_FILE": str(self.dir / "beam.pid"),
             "ERL_EPMD_ADDRESS": "127.0.0.1",
+            # rabbitmqctl takes a distribution port of its own from a range of ten by default: a few CLI calls hung
+            # elsewhere on the machine use them all up, and every further call fails ("nodistribution").
+            "RABBITMQ_CTL_DIST_PORT_MIN": "35672",
+            "RABBITMQ_CTL_DIST_PORT_MAX": "35772",
             # Distribution on loopback only; a small scheduler count: three nodes share two cores with everything.
             "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1} +S 1:1",
         }
@@ -141,9 +154,16 @@ class RabbitNode:
 
     def wait_started(self, timeout: float = 90) -> None:
         """Block until the node's rabbit application runs."""
-        # await_startup fails at once while the VM is not yet registered with epmd: ask again until it says yes.
-        _wait(lambda: self.ctl("await_startup", "--timeout", "20", timeout=30, check=False).returncode == 0,
-              f"RabbitMQ node {self.node} started", timeout=timeout)  # fmt: skip
+
+        # await_startup fails at once while the VM is not yet registered with epmd, and on a loaded machine the CLI
+        # itself may outlast its 30 s: ask again until it says yes.
+        def started() -> bool:
+            try:
+                return self.ctl("await_startup", "--timeout", "20", timeout=30, check=False).returncode == 0
+            except subprocess.TimeoutExpired:
+                return False
+
+        _wait(started, f"RabbitMQ node {self.node} started", timeout=timeout)
 
     def log_tail(self, lines: int = 30) -> str:
         """Return the last lines the node's server printed on its latest start."""
@@ -152,6 +172,15 @@ class RabbitNode:
             return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
         except OSError as exc:
             return f"(no log: {exc})"
+
+    def stop_app(self) -> None:
+        """Stop the rabbit application (the VM stays): clients are cut off and new connections refused."""
+        self.ctl("stop_app")
+
+    def start_app(self) -> None:
+        """Start the rabbit application again and wait until it runs."""
+        self.ctl("start_app")
+        self.ctl("await_startup", "--timeout", "60", timeout=90)
 
     def beam_pid(self) -> int:
         """Return the node's Erlang VM process id (from its pid file)."""
@@ -284,6 +313,30 @@ class PgServer:
         if (self.dir / "postmaster.pid").exists():
             with contextlib.suppress(subprocess.CalledProcessError, subprocess.TimeoutExpired):
                 self._as_postgres(_pg_bin("pg_ctl"), "-D", str(self.dir), "-m", mode, "-w", "stop", timeout=60)
+
+    def _pids(self) -> list[int]:
+        """Return the postmaster's process id and its children's (every backend and background process)."""
+        postmaster = int((self.dir / "postmaster.pid").read_text().split()[0])
+        children = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                # The parent pid is the second field after the command, which is in parentheses.
+                if int(stat.read_text().rpartition(")")[2].split()[1]) == postmaster:
+                    children.append(int(stat.parent.name))
+        return [postmaster, *children]
+
+    def pause(self) -> None:
+        """SIGSTOP the server and every process of it: it keeps its sockets but answers nothing (a hung host)."""
+        for pid in self._pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT a paused server."""
+        with contextlib.suppress(OSError, ValueError):
+            for pid in self._pids():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
 
     def promote(self) -> None:
         """Promote this standby to a primary and wait until it accepts writes."""

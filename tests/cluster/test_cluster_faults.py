@@ -36,7 +36,7 @@ import httpx
 import psycopg
 import pytest
 
-from tests.cluster.servers import PgPair, RabbitCluster, RabbitNode, RedisSentinelSet, missing_requirements
+from tests.cluster.servers import PgPair, RabbitCluster, RabbitNode, RedisSentinelSet, answers_ok, missing_requirements
 from tests.conftest import NS, ROOT, ServerProcess
 from tests.redis_server import free_port
 from tests.stubs.config import WEBHOOK_SECRET
@@ -89,17 +89,8 @@ def _service_env(rabbit: RabbitCluster, pg: PgPair, rs: RedisSentinelSet) -> dic
         "API_CLIENT_RATE_LIMIT": "10000/s",
         "RETRY_BACKOFF_BASE_SECONDS": "1",
         "RETRY_BACKOFF_MAX_SECONDS": "8",
-        "OUTBOX_RELAY_INTERVAL_SECONDS": "5",
-        # A claim whose commit the crash of the primary made ambiguous (committed on the standby, the error seen
-        # by the worker), or that was cut off between the claim and the first provider call, stays `sending`
-        # until its lease runs out; then the relay publishes it again. 30 s (not 300) keeps that within the
-        # 60 s bound; the lease is renewed every 10 s while a batch runs (docs/cluster.md).
-        "SENDING_LEASE_SECONDS": "30",
-        # The same for a fan-out whose task message waited on a lost or hung node: the sweep resumes it from its
-        # checkpoint (a resumed page never doubles) within the bound, not after the default 5 minutes.
-        "FANOUT_STALL_SECONDS": "20",
-        "FANOUT_SWEEP_INTERVAL_SECONDS": "5",
-        "OUTBOX_REPUBLISH_AFTER_SECONDS": "15",
+        # The recovery settings are the shipped defaults (lease 30 s renewed every 10 s, relay every 5 s, republish
+        # after 40 s, fan-out stall 30 s with a sweep every 10 s): production runs what this bounds at 60 s.
         "DEVELOPMENT": "true",
         "WEB_WORKERS": "1",
         "WEB_THREADS": "8",
@@ -153,7 +144,7 @@ def stack() -> Iterator[Stack]:
                                                "-s", str(root / "beat-schedule")], env)
             )  # fmt: skip
             api = f"http://127.0.0.1:{port}"
-            processes[0].wait_ready(lambda: _answers(f"{api}/healthz"), timeout=60)
+            processes[0].wait_ready(lambda: answers_ok(f"{api}/healthz"), timeout=60)
             for worker in processes[1:3]:
                 worker.wait_ready()
             print(f"stack up in {time.monotonic() - started:.0f}s")
@@ -165,13 +156,6 @@ def stack() -> Iterator[Stack]:
             pg.stop()
             rs.stop()
             shutil.rmtree(root, ignore_errors=True)
-
-
-def _answers(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 # --- load and figures -------------------------------------------------------------------------------------------
@@ -338,22 +322,29 @@ def run_fault(
     phase_started = stack.sql("SELECT now()")[0][0]
     probe = Probe(f"{stack.api}/readyz")
     load = Load(stack, f"{name}-{int(since)}").start()
-    with load.client() as http:
-        body = {"topic": "everyone", "template": "news", "channels": ["webhook"], "payload": {"ref": name},
-                "dedup_key": f"{name}-{int(since)}-topic"}  # fmt: skip
-        assert load.post(http, "topic", body) == 202
-    fan_sql = (
-        "SELECT count(*) FROM notifier_delivery d JOIN preferences_recipient r ON r.id = d.recipient_id"
-        " WHERE d.created_at >= %s AND r.user_id LIKE 'fan-%%'"
-    )
-    fan_sent = lambda: stack.sql(fan_sql + " AND d.status = 'sent'", [phase_started])[0][0]  # noqa: E731
-    _until(lambda: fan_sent() >= FANOUT // 4, f"{name}: a quarter of the fan-out delivered before the fault", 90)
-    in_flight = {row[0] for row in stack.sql("SELECT id FROM notifier_delivery WHERE status = 'sending'")}
-    t_fault = time.time()
-    inject()
-    t_back = restore()
-    time.sleep(5)  # load keeps coming after the return too
-    load.stop()
+    try:
+        with load.client() as http:
+            body = {"topic": "everyone", "template": "news", "channels": ["webhook"], "payload": {"ref": name},
+                    "dedup_key": f"{name}-{int(since)}-topic"}  # fmt: skip
+            assert load.post(http, "topic", body) == 202
+        fan_sql = (
+            "SELECT count(*) FROM notifier_delivery d JOIN preferences_recipient r ON r.id = d.recipient_id"
+            " WHERE d.created_at >= %s AND r.user_id LIKE 'fan-%%'"
+        )
+        fan_sent = lambda: stack.sql(fan_sql + " AND d.status = 'sent'", [phase_started])[0][0]  # noqa: E731
+        _until(lambda: fan_sent() >= FANOUT // 4, f"{name}: a quarter of the fan-out delivered before the fault", 90)
+        in_flight = {row[0] for row in stack.sql("SELECT id FROM notifier_delivery WHERE status = 'sending'")}
+        t_fault = time.time()
+        inject()
+        t_back = restore()
+        time.sleep(5)  # load keeps coming after the return too
+    except BaseException:
+        probe.stop()
+        raise
+    finally:
+        # Also when the fault could not be injected or restored: a load left running would post into the next
+        # scenarios (their rows would never settle).
+        load.stop()
     t_end = time.time()
 
     def settled() -> bool:

@@ -38,6 +38,7 @@ from notifier_client import (
     PermissionDeniedError,
     Preferences,
     RateLimitedError,
+    RecipientResult,
     RetryPolicy,
     ServerError,
     WebhookVerificationError,
@@ -49,6 +50,8 @@ from core.scopes import SCOPES
 from notifier.clients.services import api_client_create
 from notifier.deliveries.models import Delivery
 from preferences.services import preference_token_read, recipient_upsert
+from projects import quotas
+from projects.models import DEFAULT_LIVE_ENVIRONMENT_ID, Environment
 from templates_app.services import template_put
 from tests.conftest import wait_for
 
@@ -162,6 +165,16 @@ def test_recipients_preferences_and_preference_links(notifier: Notifier) -> None
     with pytest.raises(BadRequestError) as bad:
         notifier.put_recipient("u-r@x", timezone="Mars/Olympus")
     assert "timezone" in bad.value.fields
+    results = notifier.put_recipients(
+        [
+            {"user_id": "u-r@x", "locale": "fr"},
+            {"user_id": "u-b", "email": "b@example.com"},
+            {"user_id": "u-c", "phone": "1"},
+        ]
+    )
+    assert results[:2] == [RecipientResult(user_id="u-r@x", status=200), RecipientResult(user_id="u-b", status=201)]
+    assert isinstance(results[2], BadRequestError) and "phone" in results[2].fields
+    assert notifier.get_recipient("u-r@x").locale == "fr"
 
     prefs = Preferences(
         channels={"sms": False},
@@ -594,6 +607,36 @@ def test_promotion_from_test_to_live_and_rollbacks(server: dict[str, Any], notif
     assert "promo" not in listed and (template_version, layout_version, workflow_version) == (4, 4, 4)
 
 
+def test_get_project_shows_the_quotas_a_send_uses(
+    notifier: Notifier, server: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The quotas' day by a clock the test sets (the live server runs in this process): 22:30 UTC.
+    monkeypatch.setattr(quotas.daily, "clock", lambda: dt.datetime(2031, 3, 4, 22, 30, tzinfo=dt.UTC))
+    environment = Environment.objects.get(pk=DEFAULT_LIVE_ENVIRONMENT_ID)
+    environment.quotas = {"email": 2, "sms": 50}
+    environment.save()
+    for n in range(2):
+        notifier.send(recipient=f"u-q{n}", **SEND, channels=["email"], payload={"order_id": n})
+    with pytest.raises(RateLimitedError) as refused:
+        notifier.send(recipient="u-q9", **SEND, channels=["email"], payload={"order_id": 9})
+    assert refused.value.code == "quota_exceeded" and refused.value.fields == {"channel": ["email"]}
+    assert refused.value.retry_after == 5400  # until midnight UTC: beyond any retry budget, raised at once
+
+    project = notifier.get_project()
+
+    assert (project.slug, project.environment, project.promotion) == ("default", "live", "direct")
+    email = project.quotas["email"]
+    assert (email.limit, email.used, email.left) == (2, 2, 0)
+    assert email.resets_at == dt.datetime(2031, 3, 5, tzinfo=dt.UTC)
+    assert (project.quotas["sms"].used, project.quotas["sms"].left) == (0, 50)
+
+    async def via_async() -> int:
+        async with AsyncNotifier(base_url=server["base_url"], api_key=server["api_key"], retry=FAST) as client:
+            return (await client.get_project()).quotas["email"].used
+
+    assert asyncio.run(via_async()) == 2
+
+
 def test_event_endpoint_lifecycle(notifier: Notifier, settings: Any) -> None:
     settings.WEBHOOK_ALLOW_PRIVATE_TARGETS = True
     created = notifier.set_event_endpoint(url="http://127.0.0.1:9/events", events=["delivery.sent"], max_batch=10)
@@ -721,11 +764,13 @@ def test_stats_and_the_browser_inbox_send_what_the_contract_says(scripted: Any) 
     row = {"day": "2026-12-01", "channel": "email", "status": "sent", "count": 3}
     scripted.script[:] = [(200, {}, {"results": [row], "from": "2026-11-30", "to": "2026-12-01"})]
     client = Notifier(base_url=scripted.url, api_key="k", retry=FAST)
-    stats = client.stats(from_day=dt.date(2026, 11, 30), to_day="2026-12-01", group_by=["day", "channel"], mode="test")
+    stats = client.stats(
+        from_day=dt.date(2026, 11, 30), to_day="2026-12-01", group_by=["day", "channel"], mode="test", scope="project"
+    )
     assert (stats.rows, stats.from_day, stats.to_day) == ([row], "2026-11-30", "2026-12-01")
     path = scripted.seen[0]["path"]
     assert path.startswith("/api/v1/stats?") and set(path.split("?")[1].split("&")) == {
-        "from=2026-11-30", "to=2026-12-01", "group_by=day%2Cchannel", "mode=test"
+        "from=2026-11-30", "to=2026-12-01", "group_by=day%2Cchannel", "mode=test", "scope=project"
     }  # fmt: skip
     # The browser inbox is under /inbox/v1/ and authenticates with the inbox token, not the API key.
     scripted.seen.clear()

@@ -12,6 +12,7 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
+from django.conf import settings
 from kubernetes_validate.utils import ValidationError
 
 from core.queues import WORKER_CLASSES, build_queues
@@ -151,13 +152,18 @@ def test_migrations_run_in_a_job_and_every_database_user_waits_for_them() -> Non
         assert any("migrate --check" in " ".join(c["command"]) for c in init), name
 
 
-def test_worker_grace_period_is_below_the_sending_lease() -> None:
-    """A worker finishing its batch in its grace period is never raced by the relay re-sending after the lease."""
-    lease = int(of_kind(BASE, "ConfigMap")["notifier-config"]["data"]["SENDING_LEASE_SECONDS"])
-    relay = int(of_kind(BASE, "ConfigMap")["notifier-config"]["data"]["OUTBOX_RELAY_INTERVAL_SECONDS"])
+def test_the_recovery_settings_are_the_shipped_defaults() -> None:
+    """The manifests run the lease, relay and stall settings that `make run` ships (and the fault tests use)."""
+    data = of_kind(BASE, "ConfigMap")["notifier-config"]["data"]
+    for name in ("SENDING_LEASE_SECONDS", "OUTBOX_RELAY_INTERVAL_SECONDS", "OUTBOX_REPUBLISH_AFTER_SECONDS",
+                 "FANOUT_STALL_SECONDS"):  # fmt: skip
+        assert float(data[name]) == float(getattr(settings, name)), name
+    # A dead worker's claim is taken again within a minute of its death, a live one renews it in time.
+    assert settings.SENDING_LEASE_SECONDS + settings.OUTBOX_RELAY_INTERVAL_SECONDS <= 60
+    assert settings.SENDING_HEARTBEAT_SECONDS == 0  # a third of the lease: two renewals may fail in a row
     for name in WORKERS:
-        grace = pod_spec(DEPLOYMENTS[name])["terminationGracePeriodSeconds"]
-        assert 60 <= grace <= lease - 2 * relay, name
+        # The heartbeat renews the lease until the process exits, so the grace period need not stay below it.
+        assert pod_spec(DEPLOYMENTS[name])["terminationGracePeriodSeconds"] >= 60, name
 
 
 def test_every_long_running_component_has_a_disruption_budget() -> None:
@@ -268,3 +274,18 @@ def test_postgresql_connection_budget_fits_the_pooler() -> None:
             continue  # Flower reads the broker only
         total += per_pod * max_replicas.get(name, deployment["spec"]["replicas"])
     assert 400 < total <= 1000, total
+
+
+def test_the_manifests_name_the_replicated_dependencies_as_the_cluster_tests_run_them() -> None:
+    """Every broker node listed, Redis through Sentinel, the LISTEN connection on PostgreSQL's writable host."""
+    from core.database_url import database_hosts, parse_database_url
+
+    config = of_kind(BASE, "ConfigMap")["notifier-config"]["data"]
+    secret = of_kind(BASE, "Secret")["notifier-secrets"]["stringData"]
+    brokers = secret["CELERY_BROKER_URL"].split(";")
+    assert len(brokers) == 3 and all(url.startswith("amqp://") and url.endswith("/notifier") for url in brokers)
+    assert ";" not in secret["KEDA_RABBITMQ_URL"]  # KEDA takes one URL
+    assert len(config["REDIS_SENTINELS"].split(",")) == 3 and config["REDIS_SENTINEL_MASTER"]
+    listen = secret["INBOX_LISTEN_DATABASE_URL"]
+    assert len(database_hosts(listen)) == 2
+    assert parse_database_url(listen)["OPTIONS"]["target_session_attrs"] == "read-write"

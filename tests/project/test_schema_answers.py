@@ -36,7 +36,8 @@ from notifier.deliveries.models import Delivery, Notification
 from notifier.inbox.services import inbox_token_create
 from notifier.statusevents.models import EventEndpoint
 from preferences.services import recipient_upsert, topic_subscribe, topic_upsert
-from projects.models import Project
+from projects.models import Environment, Project
+from projects.scoping import owner_id
 from templates_app.services import template_put
 from tests import factories
 from tests.callbacks.test_callbacks_ses import _stub_server, ses_event, signing, stub  # noqa: F401 - fixtures
@@ -418,6 +419,24 @@ def _stats_get(w: World) -> None:
     w.call("stats_get", 400, query={"group_by": "planet"})
 
 
+def _project_get(w: World) -> None:
+    answer = w.call("project_get", 200)
+    assert (answer["slug"], answer["environment"], answer["quotas"]) == ("default", "live", {})
+    environment = Environment.objects.get(pk=owner_id(w.service))
+    environment.quotas = {"email": 1, "sms": 10}
+    environment.save()
+    w.template()
+    w.send(channels=["email", "sms"])
+    refused = w.send(429, channels=["email"])  # the send's documented 429, over the quota
+    assert refused["error"]["code"] == "quota_exceeded"
+    quotas = w.call("project_get", 200)["quotas"]
+    assert {channel: quota["used"] for channel, quota in quotas.items()} == {"email": 1, "sms": 1}
+    _, test = w.client(mode="test", scopes=["send"])
+    assert w.call("project_get", 200, http=test)["environment"] == "test"
+    _, templates_only = w.client(scopes=["templates"])
+    w.call("project_get", 403, http=templates_only)
+
+
 # --- Templates, layouts, workflows ---------------------------------------------------------------------------
 
 
@@ -587,6 +606,22 @@ def _recipient_put(w: World) -> None:
     w.call("recipient_put", 201, user_id="u r+1@x", body=body)
     w.call("recipient_put", 200, user_id="u r+1@x", body={"email": None, "phone": ""})
     w.call("recipient_put", 400, user_id="u r+1@x", body={"timezone": "Mars/Olympus"})
+
+
+def _recipients_batch(w: World) -> None:
+    w.topic()
+    items = [
+        {"user_id": "u-b1", "email": "b1@example.com", "phone": "+4915112345678", "locale": "de",
+         "timezone": "Europe/Berlin", "topics": ["fans"]},
+        {"user_id": "u-b1", "tracking_opt_out": True},
+        {"user_id": "u-b2", "email": "not an email", "topics": ["no-such-topic"]},
+        {"user_id": "u-b3", "topics": ["no-such-topic"]},
+        [],
+    ]  # fmt: skip
+    results = w.call("recipients_batch", 200, body={"recipients": items})["results"]
+    assert [r["status"] for r in results] == [201, 200, 400, 400, 400]
+    w.call("recipients_batch", 400, body={"recipients": []})
+    w.call("recipients_batch", 400, body={"recipients": [{}] * 1001})
 
 
 def _recipient_erase(w: World) -> None:
@@ -955,6 +990,7 @@ CALLS: dict[str, Callable[[World], None]] = {
     "notification_get": _notification_get,
     "notification_cancel": _notification_cancel,
     "stats_get": _stats_get,
+    "project_get": _project_get,
     "templates_list": _templates_list,
     "template_get": _template_get,
     "template_put": _template_put,
@@ -974,6 +1010,7 @@ CALLS: dict[str, Callable[[World], None]] = {
     "recipient_get": _recipient_get,
     "recipient_put": _recipient_put,
     "recipient_erase": _recipient_erase,
+    "recipients_batch": _recipients_batch,
     "recipient_device_add": _recipient_device_add,
     "recipient_device_remove": _recipient_device_remove,
     "preferences_get": _preferences_get,

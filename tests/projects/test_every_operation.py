@@ -378,6 +378,20 @@ def _stats(walk: Walk, other: Key) -> None:
     assert sum(row["count"] for row in theirs) == own, theirs
 
 
+def _project(walk: Walk, other: Key) -> None:
+    """The other key reads its own project and environment, never A's, nor A's quotas or their use."""
+    mine = Environment.objects.select_related("project").get(pk=owner_id(walk.a.client))
+    mine.quotas = {"inapp": 1_000_000}
+    mine.save()
+    ours = walk.world.call("project_get", 200, http=walk.a.http)
+    assert (ours["slug"], ours["environment"], list(ours["quotas"])) == (mine.project.slug, mine.name, ["inapp"])
+    theirs = walk.call(other, "project_get", 200)
+    own = Environment.objects.select_related("project").get(pk=owner_id(other.client))
+    assert (theirs["slug"], theirs["environment"], theirs["quotas"]) == (own.project.slug, own.name, {}), theirs
+    mine.quotas = {}
+    mine.save()
+
+
 # Templates, layouts, workflows
 
 
@@ -418,6 +432,19 @@ def _recipient_put(walk: Walk, other: Key) -> None:
     # An inbox item of the twin: the inbox answers below list it, and never A's.
     twin_recipient = Recipient.objects.get(environment_id=owner_id(other.client), user_id=USER)
     _inbox_item(other.client, twin_recipient, "Theirs")
+
+
+def _recipients_batch_before(walk: Walk, other: Key) -> None:
+    """A's topic is not the other key's to join: that item is refused, nothing written."""
+    body = {"recipients": [{"user_id": "own-batch-user", "topics": [TOPIC]}]}
+    (result,) = walk.call(other, "recipients_batch", 200, body=body)["results"]
+    assert result["status"] == 400 and "topics" in result["error"]["fields"], result
+
+
+def _recipients_batch_after(walk: Walk, other: Key) -> None:
+    """A's user id names the other key's twin: the batch updates the twin, never A's recipient."""
+    body = {"recipients": [{"user_id": USER, "email": f"{USER}@theirs.example"}]}
+    assert walk.call(other, "recipients_batch", 200, body=body)["results"] == [{"user_id": USER, "status": 200}]
 
 
 def _recipient_erase_after(walk: Walk, other: Key) -> None:
@@ -631,6 +658,7 @@ CASES: dict[str, Case] = {
     "workflow_get": gone_then("workflow_get", twin("workflow_get", key=WORKFLOW), key=WORKFLOW),
     "recipients_list": listed("recipients_list"),
     "recipient_put": Case(create=_recipient_put),
+    "recipients_batch": Case(before=_recipients_batch_before, after=_recipients_batch_after),
     "recipient_get": gone_then("recipient_get", twin("recipient_get", user_id=USER), user_id=USER),
     "recipient_erase": gone_then("recipient_erase", _recipient_erase_after, user_id=USER),
     "recipient_device_add": Case(
@@ -667,6 +695,7 @@ CASES: dict[str, Case] = {
         "notification_cancel", lambda m: [m.notifications["later"], m.notifications["flow"]], "notification_id"
     ),
     "stats_get": Case(before=_stats, after=_stats),
+    "project_get": Case(before=_project, after=_project),
     "suppressions_list": listed("suppressions_list"),
     "suppression_add": Case(create=_suppression_add),
     "suppression_remove": gone("suppression_remove", suppression_id=lambda m: m.suppression),

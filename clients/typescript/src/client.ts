@@ -313,6 +313,12 @@ export class Notifier {
     return this.request("put", "/api/v1/recipients/{user_id}", { path: { user_id: userId }, body: fields });
   }
 
+  /** Create or change up to 1,000 recipients, each alone: a result per item (201, 200, 400 with its error). */
+  async putRecipients(recipients: Array<Schemas["RecipientBatchItem"]>): Promise<Schemas["RecipientBatchResult"][]> {
+    const answer = await this.request("post", "/api/v1/recipients/batch", { body: { recipients } });
+    return answer.results;
+  }
+
   getRecipient(userId: string): Promise<Schemas["RecipientOutput"]> {
     return this.request("get", "/api/v1/recipients/{user_id}", { path: { user_id: userId } });
   }

@@ -348,6 +348,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/project": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Read the key's project
+         * @description The project and environment of the calling key, with each daily quota of the environment (its limit, what today has used, when it resets: midnight UTC) and the project's promotion rule.
+         */
+        get: operations["project_get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/promotion": {
         parameters: {
             query?: never;
@@ -647,6 +667,30 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/recipients/batch": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Create or update recipients in bulk
+         * @description POST /recipients/batch creates or updates up to 1,000 recipients, each alone (a bad item fails alone).
+         *
+         *     Each item takes `user_id`, the fields of `PUT /recipients/{user_id}` (checked the same way; those sent
+         *     replace those fields) and `topics` (existing topics to join; needs the `topics` scope too). One result per
+         *     item, in order: 201 created, 200 updated, 400 refused with the error body's `error`.
+         */
+        post: operations["recipients_batch"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/sandbox/messages": {
         parameters: {
             query?: never;
@@ -676,7 +720,9 @@ export interface paths {
         };
         /**
          * Delivery statistics
-         * @description GET /stats: counts of the client's deliveries per day, channel, status and template, from the delivery log.
+         * @description GET /stats: counts of deliveries per day, channel, status, template and key, from the delivery log.
+         *
+         *     The calling key's own (`scope=client`, the default) or its project environment's (`scope=project`).
          */
         get: operations["stats_get"];
         put?: never;
@@ -1455,6 +1501,12 @@ export interface components {
             token: string;
             active: boolean;
         };
+        /**
+         * @description * `live` - live
+         *     * `test` - test
+         * @enum {string}
+         */
+        EnvironmentEnum: "live" | "test";
         /** @description The body of every error answer. */
         Error: {
             error: components["schemas"]["ErrorDetail"];
@@ -1864,6 +1916,29 @@ export interface components {
          * @enum {string}
          */
         PriorityEnum: "high" | "normal" | "low";
+        /** @description The calling key's project and environment. */
+        ProjectOutput: {
+            slug: string;
+            name: string;
+            /**
+             * @description The key's environment (its mode).
+             *
+             *     * `live` - live
+             *     * `test` - test
+             */
+            environment: components["schemas"]["EnvironmentEnum"];
+            /** @description The environment's daily quotas by channel; a channel not listed has none. */
+            quotas: {
+                [key: string]: components["schemas"]["QuotaOutput"];
+            };
+            /**
+             * @description `required`: live's templates, layouts and workflows change only by promotion from test.
+             *
+             *     * `direct` - direct
+             *     * `required` - required
+             */
+            promotion: components["schemas"]["PromotionEnum"];
+        };
         /** @description A layout, template or workflow whose version in test differs from live's. */
         PromotionCandidateOutput: {
             /** @description `layout`, `template` or `workflow`. */
@@ -1876,6 +1951,12 @@ export interface components {
             /** @description Unified diff from live's version to test's, of their canonical JSON (keys sorted, indented). */
             diff: string;
         };
+        /**
+         * @description * `direct` - direct
+         *     * `required` - required
+         * @enum {string}
+         */
+        PromotionEnum: "direct" | "required";
         /** @description The body of POST /api/v1/promotion: what to promote from test to live. */
         PromotionInput: {
             /** @description Up to 1,000 objects `{"kind": "template", "key": "order_shipped"}`; kind: `layout`, `template` or `workflow`. */
@@ -1915,6 +1996,54 @@ export interface components {
             start: string;
             end: string;
         };
+        /** @description One channel's daily quota. */
+        QuotaOutput: {
+            /** @description Messages a UTC day on this channel. */
+            limit: number;
+            /** @description Counted today (sends accepted; a topic send counts its subscribers). */
+            used: number;
+            /**
+             * Format: date-time
+             * @description When the count starts again: the next midnight UTC.
+             */
+            resets_at: string;
+        };
+        /** @description Up to 1,000 recipients to create or update, each as `PUT /recipients/{user_id}` takes it, plus `user_id`. */
+        RecipientBatchInput: {
+            recipients: components["schemas"]["RecipientBatchItem"][];
+        };
+        /**
+         * @description One recipient of a batch or an import: its user id, the fields a PUT takes (its validators), topics to join.
+         *
+         *     A subclass of the PUT's serializer: every field the PUT learns, a batch item takes too, checked the same way.
+         */
+        RecipientBatchItem: {
+            email?: (string) | null;
+            phone?: string | null;
+            locale?: string | null;
+            timezone?: string | null;
+            webhook_url?: (string) | null;
+            tracking_opt_out?: boolean;
+            user_id: string;
+            topics?: string[];
+        };
+        /** @description One result per item, in the order sent. */
+        RecipientBatchOutput: {
+            results: components["schemas"]["RecipientBatchResult"][];
+        };
+        /** @description What became of one item: 201 created, 200 updated, 400 refused (with the error). */
+        RecipientBatchResult: {
+            user_id: string | null;
+            status: components["schemas"]["RecipientBatchResultStatusEnum"];
+            error?: components["schemas"]["ErrorDetail"];
+        };
+        /**
+         * @description * `201` - 201
+         *     * `200` - 200
+         *     * `400` - 400
+         * @enum {integer}
+         */
+        RecipientBatchResultStatusEnum: 201 | 200 | 400;
         /** @description Contact data of a recipient; fields left out keep their current value, null or "" clears them. */
         RecipientInput: {
             email?: (string) | null;
@@ -2009,6 +2138,8 @@ export interface components {
             channel?: string;
             status?: string;
             template?: string;
+            /** @description The name of the API key that sent them. */
+            client?: string;
             count: number;
         };
         /**
@@ -2317,7 +2448,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -2430,7 +2561,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -2532,7 +2663,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -2665,7 +2796,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -2795,7 +2926,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -2905,7 +3036,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -3034,7 +3165,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -3163,7 +3294,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -3276,7 +3407,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -3376,7 +3507,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -3489,7 +3620,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -3588,7 +3719,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -3693,7 +3824,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -3811,7 +3942,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -3913,7 +4044,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -4046,7 +4177,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -4170,7 +4301,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -4270,7 +4401,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -4402,7 +4533,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -4504,7 +4635,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -4624,7 +4755,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -4737,7 +4868,98 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description A request header is larger than the server reads (8,190 bytes); HTML. */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/html": string;
+                };
+            };
+            /** @description The database is unavailable; retry after Retry-After. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    project_get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ProjectOutput"];
+                };
+            };
+            /** @description Invalid input: the fields at fault and why. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description No valid key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The key may not do this: a scope, category or priority it does not have. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The Accept header asks for something other than JSON. */
+            406: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The request line (method, path and query) is longer than the server reads (4,094 bytes); HTML. */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/html": string;
+                };
+            };
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -4828,7 +5050,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -4941,7 +5163,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -5039,7 +5261,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -5141,7 +5363,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -5275,7 +5497,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -5376,7 +5598,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -5500,7 +5722,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -5602,7 +5824,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -5713,7 +5935,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -5837,7 +6059,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -5958,7 +6180,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -6079,7 +6301,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -6200,7 +6422,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -6321,7 +6543,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -6441,7 +6663,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -6565,7 +6787,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -6667,7 +6889,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -6791,7 +7013,120 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description A request header is larger than the server reads (8,190 bytes); HTML. */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/html": string;
+                };
+            };
+            /** @description The database is unavailable; retry after Retry-After. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    recipients_batch: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["RecipientBatchInput"];
+            };
+        };
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["RecipientBatchOutput"];
+                };
+            };
+            /** @description Invalid input: the fields at fault and why. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description No valid key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The key may not do this: a scope, category or priority it does not have. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The Accept header asks for something other than JSON. */
+            406: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The body is larger than MAX_REQUEST_BYTES (5 MiB unless configured); refused before it is read. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The request line (method, path and query) is longer than the server reads (4,094 bytes); HTML. */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/html": string;
+                };
+            };
+            /** @description The body's Content-Type is not one the operation reads (JSON unless documented otherwise), or its charset is one Python cannot decode with. */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -6890,7 +7225,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -6924,7 +7259,7 @@ export interface operations {
             query?: {
                 /** @description First UTC day counted (YYYY-MM-DD); default: the `to` day. */
                 from?: string;
-                /** @description Comma-separated, any of day, channel, status, template; default all four. */
+                /** @description Comma-separated, any of day, channel, status, template, client; default the first four. */
                 group_by?: string;
                 /**
                  * @description Only notifications sent in this mode.
@@ -6933,6 +7268,13 @@ export interface operations {
                  *     * `test` - Test
                  */
                 mode?: "live" | "test";
+                /**
+                 * @description client (default): the calling key's deliveries; project: every key's of its project environment.
+                 *
+                 *     * `client` - client
+                 *     * `project` - project
+                 */
+                scope?: "client" | "project";
                 /** @description Last UTC day counted (YYYY-MM-DD); default: today. */
                 to?: string;
             };
@@ -6950,7 +7292,7 @@ export interface operations {
                     "application/json": components["schemas"]["StatsOutput"];
                 };
             };
-            /** @description Invalid from, to, group_by or mode, or archived days. */
+            /** @description Invalid from, to, group_by, scope or mode, or archived days. */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -6995,7 +7337,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -7100,7 +7442,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -7223,7 +7565,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -7324,7 +7666,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -7420,7 +7762,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -7522,7 +7864,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -7655,7 +7997,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -7779,7 +8121,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -7903,7 +8245,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -8006,7 +8348,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -8102,7 +8444,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -8204,7 +8546,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -8338,7 +8680,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -8462,7 +8804,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -8564,7 +8906,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -8660,7 +9002,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -8762,7 +9104,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -8895,7 +9237,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -9019,7 +9361,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Over the client's rate limit or shed under load; see Retry-After. */
+            /** @description Over the client's or its project's rate limit, over a daily quota of the project environment (`quota_exceeded`, naming the channel; Retry-After until midnight UTC), or shed under load; see Retry-After. */
             429: {
                 headers: {
                     [name: string]: unknown;

@@ -28,9 +28,11 @@ from notifier_client.models import (
     PreferenceLink,
     Preferences,
     Preview,
+    Project,
     PromotionCandidate,
     PromotionResult,
     Recipient,
+    RecipientResult,
     SandboxMessage,
     Stats,
     SubscribeResult,
@@ -192,6 +194,10 @@ class AsyncNotifier:
     async def put_recipient(self, user_id: str, **fields: Any) -> Recipient:
         """Create or update a recipient (email, phone, locale, timezone, webhook_url); fields left out are kept."""
         return await self.call(_core.put_recipient(user_id, **fields))
+
+    async def put_recipients(self, recipients: Sequence[Mapping[str, Any]]) -> list[RecipientResult | NotifierError]:
+        """Create or update up to 1,000 recipients, each alone: a result or the error of each, in order."""
+        return await self.call(_core.put_recipients(recipients))
 
     async def get_recipient(self, user_id: str) -> Recipient:
         """Return a recipient."""
@@ -401,6 +407,12 @@ class AsyncNotifier:
         """Run an earlier version of a workflow again, as its next version (answers that new version)."""
         return await self.call(_core.rollback_workflow(key, version=version))
 
+    # --- The key's project -------------------------------------------------------------------------------------
+
+    async def get_project(self) -> Project:
+        """Return the key's project and environment, with its daily quotas (limit, used, reset) and promotion rule."""
+        return await self.call(_core.get_project())
+
     # --- Promotion from test to live ---------------------------------------------------------------------------
 
     async def promotions(self) -> list[PromotionCandidate]:
@@ -501,6 +513,10 @@ class AsyncNotifier:
         to_day: dt.date | str,
         group_by: Sequence[str] = ("day",),
         mode: str | None = None,
+        scope: str | None = None,
     ) -> Stats:
-        """Return delivery counts of this client's notifications per group (day, channel, status, template)."""
-        return await self.call(_core.stats(from_day=from_day, to_day=to_day, group_by=group_by, mode=mode))
+        """Return delivery counts per group (day, channel, status, template, client): this key's, or its project's.
+
+        `scope="project"` counts every key's notifications of this key's project environment.
+        """
+        return await self.call(_core.stats(from_day=from_day, to_day=to_day, group_by=group_by, mode=mode, scope=scope))

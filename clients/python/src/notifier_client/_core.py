@@ -34,9 +34,11 @@ from notifier_client.models import (
     PreferenceLink,
     Preferences,
     Preview,
+    Project,
     PromotionCandidate,
     PromotionResult,
     Recipient,
+    RecipientResult,
     SandboxMessage,
     Stats,
     SubscribeResult,
@@ -315,6 +317,21 @@ def put_recipient(user_id: str, **fields: Any) -> Call[Recipient]:
     return Call("PUT", f"recipients/{_seg(user_id)}", Recipient.from_api, json=fields)
 
 
+def _recipients_result(body: Any) -> list[RecipientResult | NotifierError]:
+    out: list[RecipientResult | NotifierError] = []
+    for item in body["results"]:
+        if "error" in item:
+            out.append(error_for(int(item.get("status") or 400), item))
+        else:
+            out.append(RecipientResult(user_id=str(item["user_id"]), status=int(item["status"])))
+    return out
+
+
+def put_recipients(recipients: Sequence[Mapping[str, Any]]) -> Call[list[RecipientResult | NotifierError]]:
+    """POST /recipients/batch: up to 1,000 recipients (each `user_id` and put_recipient's fields, `topics`)."""
+    return Call("POST", "recipients/batch", _recipients_result, json={"recipients": [dict(r) for r in recipients]})
+
+
 def get_recipient(user_id: str) -> Call[Recipient]:
     """GET /recipients/{user_id}."""
     return Call("GET", f"recipients/{_seg(user_id)}", Recipient.from_api)
@@ -577,6 +594,14 @@ def list_workflows(*, cursor: str | None = None, limit: int | None = None) -> Ca
     return Call("GET", "workflows", _page(Workflow.from_api), params=_query(cursor, limit=limit))
 
 
+# --- The key's project -------------------------------------------------------------------------------------
+
+
+def get_project() -> Call[Project]:
+    """GET /project: the key's project and environment, its daily quotas (limit, used, reset) and promotion rule."""
+    return Call("GET", "project", Project.from_api)
+
+
 # --- Promotion from test to live ---------------------------------------------------------------------------
 
 
@@ -723,8 +748,13 @@ def stats(
     to_day: dt.date | str,
     group_by: Sequence[str] = ("day",),
     mode: str | None = None,
+    scope: str | None = None,
 ) -> Call[Stats]:
-    """GET /stats: delivery counts per group (day, channel, status, template) of this client's notifications."""
-    params = _query(None, to=_day(to_day), group_by=",".join(group_by), mode=mode)
+    """GET /stats: delivery counts per group (day, channel, status, template, client).
+
+    `scope`: "client" (the server's default) counts this key's notifications, "project" every key's of its
+    project environment.
+    """
+    params = _query(None, to=_day(to_day), group_by=",".join(group_by), mode=mode, scope=scope)
     params["from"] = _day(from_day)
     return Call("GET", "stats", Stats.from_api, params=params)

@@ -27,9 +27,11 @@ from notifier_client.models import (
     PreferenceLink,
     Preferences,
     Preview,
+    Project,
     PromotionCandidate,
     PromotionResult,
     Recipient,
+    RecipientResult,
     SandboxMessage,
     Stats,
     SubscribeResult,
@@ -191,6 +193,10 @@ class Notifier:
     def put_recipient(self, user_id: str, **fields: Any) -> Recipient:
         """Create or update a recipient (email, phone, locale, timezone, webhook_url); fields left out are kept."""
         return self.call(_core.put_recipient(user_id, **fields))
+
+    def put_recipients(self, recipients: Sequence[Mapping[str, Any]]) -> list[RecipientResult | NotifierError]:
+        """Create or update up to 1,000 recipients, each alone: a result or the error of each, in order."""
+        return self.call(_core.put_recipients(recipients))
 
     def get_recipient(self, user_id: str) -> Recipient:
         """Return a recipient."""
@@ -398,6 +404,12 @@ class Notifier:
         """Run an earlier version of a workflow again, as its next version (answers that new version)."""
         return self.call(_core.rollback_workflow(key, version=version))
 
+    # --- The key's project -------------------------------------------------------------------------------------
+
+    def get_project(self) -> Project:
+        """Return the key's project and environment, with its daily quotas (limit, used, reset) and promotion rule."""
+        return self.call(_core.get_project())
+
     # --- Promotion from test to live ---------------------------------------------------------------------------
 
     def promotions(self) -> list[PromotionCandidate]:
@@ -498,6 +510,10 @@ class Notifier:
         to_day: dt.date | str,
         group_by: Sequence[str] = ("day",),
         mode: str | None = None,
+        scope: str | None = None,
     ) -> Stats:
-        """Return delivery counts of this client's notifications per group (day, channel, status, template)."""
-        return self.call(_core.stats(from_day=from_day, to_day=to_day, group_by=group_by, mode=mode))
+        """Return delivery counts per group (day, channel, status, template, client): this key's, or its project's.
+
+        `scope="project"` counts every key's notifications of this key's project environment.
+        """
+        return self.call(_core.stats(from_day=from_day, to_day=to_day, group_by=group_by, mode=mode, scope=scope))

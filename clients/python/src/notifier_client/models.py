@@ -212,6 +212,14 @@ class Topic:
 
 
 @dataclass(frozen=True)
+class RecipientResult:
+    """What a batch did with one recipient: `status` 201 created or 200 updated (refused ones are errors)."""
+
+    user_id: str
+    status: int
+
+
+@dataclass(frozen=True)
 class SubscribeResult:
     """How many subscriptions a call added, and the topic's total."""
 
@@ -340,6 +348,46 @@ class Layout:
         return cls(
             key=data["key"], version=int(data["version"]), html=data.get("html") or "", text=data.get("text") or "",
             raw=data,
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Quota:
+    """One channel's daily quota of the key's project environment."""
+
+    limit: int
+    used: int
+    resets_at: dt.datetime | None  # the next midnight UTC
+
+    @property
+    def left(self) -> int:
+        """Return how many messages the channel may still send today."""
+        return max(0, self.limit - self.used)
+
+    @classmethod
+    def from_api(cls, data: dict[str, Any]) -> Quota:
+        """Build from the API's JSON."""
+        return cls(limit=int(data["limit"]), used=int(data["used"]), resets_at=parse_time(data.get("resets_at")))
+
+
+@dataclass(frozen=True)
+class Project:
+    """The calling key's project and environment: its daily quotas by channel and its promotion rule."""
+
+    slug: str
+    name: str
+    environment: str  # "live" or "test"
+    quotas: dict[str, Quota] = field(default_factory=dict)  # a channel not here has no quota
+    promotion: str = "direct"  # "required": live changes only by promotion from test
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_api(cls, data: dict[str, Any]) -> Project:
+        """Build from the API's JSON."""
+        return cls(
+            slug=data["slug"], name=data.get("name") or "", environment=data["environment"],
+            quotas={channel: Quota.from_api(q) for channel, q in (data.get("quotas") or {}).items()},
+            promotion=data.get("promotion") or "direct", raw=data,
         )  # fmt: skip
 
 
@@ -582,7 +630,7 @@ class SandboxMessage:
 
 @dataclass(frozen=True)
 class Stats:
-    """Delivery counts per group (day, channel, status, template) over a range of days."""
+    """Delivery counts per group (day, channel, status, template, client) over a range of days."""
 
     rows: list[dict[str, Any]]
     from_day: str = ""

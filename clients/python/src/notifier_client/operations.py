@@ -20,6 +20,7 @@ OPERATIONS: dict[str, str | None] = {
     # Recipients, devices, preferences
     "recipients_list": "recipients",
     "recipient_put": "put_recipient",
+    "recipients_batch": "put_recipients",
     "recipient_get": "get_recipient",
     "recipient_erase": "delete_recipient",
     "recipient_device_add": "add_device",
@@ -67,6 +68,8 @@ OPERATIONS: dict[str, str | None] = {
     "workflow_put": "put_workflow",
     "workflow_get": "get_workflow",
     "workflow_rollback": "rollback_workflow",
+    # The key's project
+    "project_get": "get_project",
     # Promotion from test to live
     "promotion_list": "promotions",
     "promotion_apply": "promote",

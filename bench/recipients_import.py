@@ -1,0 +1,114 @@
+"""Recipients written per second: the batch endpoint beside the single PUT, and the import command, in one run.
+
+    BENCH_NS=me .venv/bin/python bench/recipients_import.py [--batches 30] [--singles 1000] [--rows 100000] [--keep]
+
+On a fresh bench database (bench/_common.py), through the whole API stack in process (DRF's test client with
+an API key: authentication, scopes, parsing, validation, the answer): `--singles` single
+`PUT /api/v1/recipients/{user_id}` calls, then `--batches` calls of `POST /api/v1/recipients/batch` of 1,000
+new recipients each (email, phone, locale, time zone and a topic), then the same batches again (every item an
+update). Then `manage.py import_recipients` on a CSV of `--rows` rows (1 % refused). Prints recipients per
+second of each (wall clock) and the batch's ratio to the single PUT, and beside them the rate per second of this
+process's own CPU time (everything but PostgreSQL's share runs in it): on a shared, loaded box the wall-clock rate
+says more about the neighbours than about the code.
+"""
+
+from __future__ import annotations
+
+import io
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._common import cleanup, log, parser, prepare
+
+
+def _item(i: int) -> dict[str, object]:
+    return {
+        "user_id": f"user-{i:08d}",
+        "email": f"user{i}@example.com",
+        "phone": f"+4915112{i % 1_000_000:06d}",
+        "locale": "de-DE",
+        "timezone": "Europe/Berlin",
+        "topics": ["all-users"],
+    }
+
+
+def main() -> None:
+    """Run the benchmark and print the rates."""
+    p = parser(__doc__.splitlines()[0])
+    p.add_argument("--batches", type=int, default=30, help="calls of 1,000 recipients")
+    p.add_argument("--singles", type=int, default=1000, help="single PUTs")
+    p.add_argument("--rows", type=int, default=100_000, help="rows of the imported CSV")
+    args = p.parse_args()
+    prepare(broker=False)
+    try:
+        from django.core.management import call_command
+        from rest_framework.test import APIClient
+
+        from core.scopes import SCOPES
+        from notifier.clients.services import api_client_create
+        from preferences.models import Recipient
+
+        client, key = api_client_create(name="bench", allowed_categories=[], scopes=list(SCOPES))
+        client.rate_limit = "1000000/s"  # the API's rate limit is not what is measured
+        client.save(update_fields=["rate_limit"])
+        api = APIClient()
+        api.credentials(HTTP_AUTHORIZATION=f"Bearer {key}")
+        assert api.put("/api/v1/topics/all-users", {"name": "All"}, format="json").status_code == 201
+
+        log(f"{args.singles:,} single PUTs")
+        started, cpu = time.perf_counter(), time.process_time()
+        for i in range(args.singles):
+            body = {k: v for k, v in _item(10_000_000 + i).items() if k not in ("user_id", "topics")}
+            r = api.put(f"/api/v1/recipients/single-{i}", body, format="json")
+            assert r.status_code == 201, r.content
+        single = args.singles / (time.perf_counter() - started)
+        single_cpu = args.singles / (time.process_time() - cpu)
+
+        rates, cpu_rates = [], []
+        for label, expected in (("created", 201), ("updated", 200)):
+            log(f"{args.batches} batches of 1,000 ({label})")
+            started, cpu = time.perf_counter(), time.process_time()
+            for b in range(args.batches):
+                items = [_item(b * 1000 + i) for i in range(1000)]
+                r = api.post("/api/v1/recipients/batch", {"recipients": items}, format="json")
+                assert r.status_code == 200, r.content
+                assert all(x["status"] == expected for x in r.json()["results"]), r.json()["results"][:3]
+            rates.append(args.batches * 1000 / (time.perf_counter() - started))
+            cpu_rates.append(args.batches * 1000 / (time.process_time() - cpu))
+
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder) / "recipients.csv"
+            with path.open("w") as f:
+                f.write("user_id,email,phone,locale,timezone\n")
+                for i in range(args.rows):
+                    email = "broken" if i % 100 == 99 else f"import{i}@example.com"
+                    f.write(f"import-{i},{email},+4915113{i % 1_000_000:06d},en,Europe/London\n")
+            log(f"import_recipients of {args.rows:,} rows")
+            started, cpu = time.perf_counter(), time.process_time()
+            call_command("import_recipients", str(path), stdout=io.StringIO(), stderr=io.StringIO())
+            imported = args.rows / (time.perf_counter() - started)
+            imported_cpu = args.rows / (time.process_time() - cpu)
+        total = Recipient.objects.count()
+        expected_total = args.singles + args.batches * 1000 + args.rows - args.rows // 100
+        assert total == expected_total, (total, expected_total)
+
+        print()
+        print(f"{'':<36} {'per second':>12} {'per CPU second':>16}  vs the single PUT")
+        lines = [
+            ("single PUT", single, single_cpu),
+            ("batch of 1,000, new recipients", rates[0], cpu_rates[0]),
+            ("batch of 1,000, updates", rates[1], cpu_rates[1]),
+            ("import_recipients (CSV, 1 % bad)", imported, imported_cpu),
+        ]
+        for label, rate, cpu_rate in lines:
+            print(f"{label:<36} {rate:>12,.0f} {cpu_rate:>16,.0f}  {rate / single:.0f}x")
+    finally:
+        cleanup(args.keep, broker=False)
+
+
+if __name__ == "__main__":
+    main()

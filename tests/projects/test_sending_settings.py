@@ -1,0 +1,372 @@
+"""A project's sending settings reach its deliveries: sender identities, default layout, provider accounts.
+
+Real workers send through the real provider SDKs to local stand-ins (tests/stubs): what each stand-in received
+(the From and Reply-To of an email, the sender of an SMS, which account's server got which message) is what is
+checked. Project A sets everything, project B nothing: B's deliveries keep the installation's.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import boto3
+import pytest
+
+from channels_app import breaker
+from notifier.deliveries.models import Delivery
+from projects.models import Project
+from projects.services import project_create
+from tests.conftest import wait_for
+from tests.projects.test_promotion_admin import _inline
+from tests.stubs import aws, twilio
+from tests.stubs.config import EMAIL_FROM, SMS_FROM
+from tests.stubs.smtp import SmtpStub
+from tests.stubs.twilio import TwilioStub
+
+CONTENT = {
+    "en": {
+        "email": {"subject": "Order {{ order }}", "text": "Shipped {{ order }}", "html": "<p>Shipped {{ order }}</p>"},
+        "sms": {"text": "Order {{ order }} shipped"},
+    }
+}
+SHOP_FROM = "Shop <hello@shop.example>"
+SHOP_REPLY_TO = "help@shop.example"
+SHOP_SMS = "+15005550077"
+
+
+@pytest.fixture
+def projects(api_client_factory: Any) -> dict[str, tuple[Any, Any]]:
+    """Project A (every sending setting) and B (none), each with a live key, a template and a recipient."""
+    shop = project_create(slug="shop")
+    project_create(slug="other")
+    shop.email_from, shop.email_reply_to, shop.sms_sender = SHOP_FROM, SHOP_REPLY_TO, SHOP_SMS
+    shop.save()  # through the model: the configuration cache of every process is invalidated
+    keys = {"a": api_client_factory(project="shop"), "b": api_client_factory(project="other")}
+    for name, (_, api) in keys.items():
+        body = {"category": "transactional", "default_locale": "en", "content": CONTENT}
+        assert api.put("/api/v1/templates/shipped", body, format="json").status_code == 201
+        person = {"email": f"{name}@example.com", "phone": "+1415555010" + ("1" if name == "a" else "2")}
+        assert api.put("/api/v1/recipients/u-1", person, format="json").status_code == 201
+    return keys
+
+
+def _send(api: Any, channel: str, order: str = "A-1") -> int:
+    body = {"recipient": {"user_id": "u-1"}, "template": "shipped", "channels": [channel], "payload": {"order": order}}
+    answer = api.post("/api/v1/notifications", body, format="json")
+    assert answer.status_code == 202, answer.content
+    return int(Delivery.objects.get(notification_id=answer.json()["id"], channel=channel).pk)
+
+
+def _sent(*ids: int, timeout: float = 60) -> list[Delivery]:
+    found = wait_for(lambda: len(Delivery.objects.filter(pk__in=ids, status="sent")) == len(ids), timeout)
+    assert found, list(Delivery.objects.filter(pk__in=ids).values_list("status", "last_error"))
+    return sorted(Delivery.objects.filter(pk__in=ids), key=lambda d: ids.index(d.pk))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_smtp_and_twilio_see_the_projects_sender_identities(
+    projects: dict[str, tuple[Any, Any]],
+    start_worker: Any,
+    smtp_stub: Any,
+    smtp_env: dict[str, str],
+    twilio_stub: Any,
+    twilio_env: dict[str, str],
+) -> None:
+    start_worker(env={**smtp_env, **twilio_env, "EMAIL_PROVIDERS": "smtp", "SMS_PROVIDERS": "twilio"})
+    (_, a), (_, b) = projects["a"], projects["b"]
+    _sent(_send(a, "email"), _send(b, "email"), _send(a, "sms"), _send(b, "sms"))
+
+    mails = {mail.rcpt_tos[0]: mail.message for mail in smtp_stub.messages}
+    assert (mails["a@example.com"]["From"], mails["a@example.com"]["Reply-To"]) == (SHOP_FROM, SHOP_REPLY_TO)
+    assert (mails["b@example.com"]["From"], mails["b@example.com"]["Reply-To"]) == (EMAIL_FROM, None)
+    # The Message-ID is made in the sender's domain.
+    assert mails["a@example.com"]["Message-ID"].endswith("@shop.example>")
+    senders = {m["To"]: m["From"] for m in twilio_stub.messages()}
+    assert senders == {"+14155550101": SHOP_SMS, "+14155550102": SMS_FROM}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_ses_and_sns_see_the_projects_sender_identities(
+    projects: dict[str, tuple[Any, Any]], start_worker: Any, moto_server: Any, aws_stub: Any, aws_env: dict[str, str]
+) -> None:
+    session = boto3.session.Session(
+        aws_access_key_id=aws.ACCESS_KEY, aws_secret_access_key=aws.SECRET_KEY, region_name=aws.REGION
+    )
+    ses = session.client("sesv2", endpoint_url=moto_server.url)
+    for identity in ("shop.example", "notifier.test"):  # SES sends only from verified identities
+        ses.create_email_identity(EmailIdentity=identity)
+    # An alphanumeric sender id this time: SNS takes it as the SenderID (a number would be the origination number).
+    shop = Project.objects.get(slug="shop")
+    shop.sms_sender = "SHOP"
+    shop.save()
+    env = {**aws_env, "EMAIL_PROVIDERS": "ses", "SMS_PROVIDERS": "sns", "SNS_SENDER_ID": "NOTIFIER"}
+    start_worker(env=env)
+    (_, a), (_, b) = projects["a"], projects["b"]
+    _sent(_send(a, "email"), _send(b, "email"), _send(a, "sms"), _send(b, "sms"))
+
+    sends = {json.loads(r.body)["Destination"]["ToAddresses"][0]: json.loads(r.body) for r in aws_stub.ses_sends()}
+    assert sends["a@example.com"]["FromEmailAddress"] == SHOP_FROM
+    assert sends["a@example.com"]["ReplyToAddresses"] == [SHOP_REPLY_TO]
+    assert sends["b@example.com"]["FromEmailAddress"] == EMAIL_FROM
+    assert "ReplyToAddresses" not in sends["b@example.com"]
+    sender_ids = {}
+    for form in aws_stub.sns_publishes():
+        attributes = {
+            form[key]: form[key.replace(".Name", ".Value.StringValue")]
+            for key in form
+            if key.startswith("MessageAttributes.entry.") and key.endswith(".Name")
+        }
+        sender_ids[form["PhoneNumber"]] = attributes.get("AWS.SNS.SMS.SenderID")
+    assert sender_ids == {"+14155550101": "SHOP", "+14155550102": "NOTIFIER"}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_email_whose_template_names_no_layout_is_wrapped_in_the_projects_default_layout(
+    api_client_factory: Any, start_worker: Any
+) -> None:
+    shop = project_create(slug="shop")
+    project_create(slug="other")
+    shop.default_layout = "brand"
+    shop.save()
+    keys = {
+        "a_test": api_client_factory(project="shop", mode="test"),
+        "b_test": api_client_factory(project="other", mode="test"),
+    }
+    for name, (_, api) in keys.items():
+        # Each environment has a layout `brand` of its own: the project's default is looked up in the delivery's.
+        layout = {"html": f"<main data-env='{name}'>{{{{ content }}}}</main>", "text": f"{name} | {{{{ content }}}}"}
+        assert api.put("/api/v1/layouts/brand", layout, format="json").status_code == 201
+        body = {"category": "transactional", "default_locale": "en", "content": CONTENT}
+        assert api.put("/api/v1/templates/shipped", body, format="json").status_code == 201
+        assert api.put("/api/v1/recipients/u-1", {"email": f"{name}@example.com"}, format="json").status_code == 201
+    start_worker(queues=["email.high", "email.low"])
+    ids = [_send(api, "email") for _, api in keys.values()]
+    _sent(*ids)
+
+    for name, (_, api) in keys.items():
+        answer = api.get("/api/v1/sandbox/messages", {"channel": "email"})
+        [email] = answer.json()["results"]
+        if name == "a_test":  # the project's default layout, of its own test environment
+            assert any(f"data-env={q}a_test{q}" in email["content"]["html"] for q in "'\"")
+            assert "<p>Shipped A-1</p>" in email["content"]["html"]
+            assert email["content"]["text"].startswith("a_test | Shipped A-1")
+        else:  # project B names no default layout: the template's HTML as it is
+            assert "<main" not in email["content"]["html"] and "<p>Shipped A-1</p>" in email["content"]["html"]
+            assert email["content"]["text"].startswith("Shipped A-1")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_projects_provider_accounts_carry_only_its_traffic_with_breakers_of_their_own(
+    projects: dict[str, tuple[Any, Any]],
+    start_worker: Any,
+    smtp_stub: Any,
+    smtp_env: dict[str, str],
+    twilio_stub: Any,
+    twilio_env: dict[str, str],
+) -> None:
+    shop_smtp = SmtpStub().start()
+    with TwilioStub() as shop_twilio:
+        try:
+            accounts = {
+                "shop-mail": {"provider": "smtp", "host": shop_smtp.host, "port": shop_smtp.port},
+                "shop-sms": {
+                    "provider": "twilio",
+                    "account_sid": twilio.ACCOUNT_SID,
+                    "auth_token": twilio.AUTH_TOKEN,
+                    "base_url": shop_twilio.url,
+                },
+            }
+            shop = Project.objects.get(slug="shop")
+            shop.provider_accounts = {"email": "shop-mail", "sms": "shop-sms"}
+            shop.save()
+            env = {
+                **smtp_env,
+                **twilio_env,
+                "EMAIL_PROVIDERS": "smtp",
+                "SMS_PROVIDERS": "twilio",
+                "PROVIDER_ACCOUNTS": json.dumps(accounts),
+                # A breaker that opens after two failed calls, and stays open for the rest of the test.
+                "PROVIDER_CIRCUIT_BREAKERS": json.dumps(
+                    {"default": {"min_calls": 2, "failure_threshold": 0.5, "cooldown_seconds": 600}}
+                ),
+                "RETRY_BACKOFF_BASE_SECONDS": "0.5",
+            }
+            start_worker(env=env)
+            (_, a), (_, b) = projects["a"], projects["b"]
+            a_mail, b_mail, a_sms, b_sms = _send(a, "email"), _send(b, "email"), _send(a, "sms"), _send(b, "sms")
+            sent = _sent(a_mail, b_mail, a_sms, b_sms)
+            assert [d.provider for d in sent] == ["shop-mail", "smtp", "shop-sms", "twilio"]
+
+            # Each stand-in saw its own project's traffic only, with that project's sender.
+            assert [m.rcpt_tos for m in shop_smtp.messages] == [["a@example.com"]]
+            assert shop_smtp.messages[0].message["From"] == SHOP_FROM
+            assert [m.rcpt_tos for m in smtp_stub.messages] == [["b@example.com"]]
+            assert [(m["To"], m["From"]) for m in shop_twilio.messages()] == [("+14155550101", SHOP_SMS)]
+            assert [(m["To"], m["From"]) for m in twilio_stub.messages()] == [("+14155550102", SMS_FROM)]
+
+            # The project's SMS account goes down: its breaker opens, the installation's stays closed, and the
+            # other project's SMS keep going out through the installation's account.
+            shop_twilio.fail(503, 20500)
+            failing = [_send(a, "sms", order=f"F-{n}") for n in range(3)]
+            wait_for(lambda: breaker.state("shop-sms") == breaker.OPEN, 60)
+            later = _sent(_send(b, "sms", order="B-2"))
+            assert later[0].provider == "twilio"
+            assert breaker.state("twilio") == breaker.CLOSED
+            # A's deliveries wait for their own account (never the installation's): none is sent elsewhere.
+            waiting = Delivery.objects.filter(pk__in=failing)
+            assert not waiting.filter(status="sent").exists()
+            assert set(waiting.values_list("provider", flat=True)) <= {"shop-sms", ""}
+            assert [m["To"] for m in twilio_stub.messages()] == ["+14155550102", "+14155550102"]
+        finally:
+            shop_smtp.stop()
+
+
+ACCOUNTS = {
+    "shop-ses": {"provider": "ses", "region": "eu-west-1"},
+    "shop-sms": {"provider": "twilio", "account_sid": twilio.ACCOUNT_SID, "auth_token": "a-secret-token"},
+}
+
+
+def _project_form(project: Project, **fields: str) -> dict[str, str]:
+    """Return the admin change form of `project` as a browser posts it, with `fields` changed."""
+    body = {
+        "slug": project.slug,
+        "name": project.name,
+        "promotion": project.promotion,
+        "email_from": "",
+        "email_reply_to": "",
+        "sms_sender": "",
+        "default_layout": "",
+        "rate_limit": "",
+        "weight": "1",
+        "email_account": "",
+        "sms_account": "",
+        **_inline("environments", 2),
+        **_inline("memberships", 0),
+    }
+    for n, environment in enumerate(project.environments.order_by("pk")):
+        body |= {f"environments-{n}-id": str(environment.pk), f"environments-{n}-project": str(project.pk)}
+        body[f"environments-{n}-quotas"] = "{}"
+    return {**body, **fields}
+
+
+@pytest.mark.django_db
+def test_the_admin_refuses_bad_senders_and_accounts_not_configured_with_form_errors(staff: Any, settings: Any) -> None:
+    from django.urls import reverse
+
+    settings.PROVIDER_ACCOUNTS = ACCOUNTS
+    shop = project_create(slug="shop")
+    url = reverse("admin:projects_project_change", args=[shop.pk])
+    page = staff.get(url)
+    # The accounts are offered by channel, by name; their settings (the token) never reach the page.
+    form = page.context["adminform"].form
+    assert [value for value, _ in form.fields["email_account"].choices] == ["", "shop-ses"]
+    assert [value for value, _ in form.fields["sms_account"].choices] == ["", "shop-sms"]
+    assert b"a-secret-token" not in page.content
+
+    bad = [
+        ("email_from", "no-reply@", "Enter an email address"),
+        ("email_from", "Shop <no-reply@shop>", "not a valid email address"),
+        ("email_from", "Shop <a@shop.example>\r\nBcc: x@evil.example", "one line"),
+        ("email_reply_to", "Help help@shop.example", "not a valid email address"),
+        ("sms_sender", "+1 (415) call-me", "E.164"),
+        ("sms_sender", "SHOP-SENDER-TOO-LONG", "1-11 letters"),
+        ("default_layout", "brand layout", "layout key"),
+        ("email_account", "shop-sms", "Select a valid choice"),  # an SMS account for email
+        ("sms_account", "nowhere", "Select a valid choice"),
+    ]
+    for field, value, reason in bad:
+        answer = staff.post(url, _project_form(shop, **{field: value}))
+        assert answer.status_code == 200, field  # the form again, not a redirect
+        errors = answer.context["adminform"].form.errors
+        assert list(errors) == [field] and reason in " ".join(errors[field]), (field, errors)
+    shop.refresh_from_db()
+    assert (shop.email_from, shop.sms_sender, shop.provider_accounts) == ("", "", {})
+
+    good = {
+        "email_from": SHOP_FROM,
+        "email_reply_to": SHOP_REPLY_TO,
+        "sms_sender": "SHOP",
+        "default_layout": "brand",
+        "email_account": "shop-ses",
+        "sms_account": "shop-sms",
+    }
+    answer = staff.post(url, _project_form(shop, **good))
+    assert answer.status_code == 302, answer.context and answer.context["adminform"].form.errors
+    shop.refresh_from_db()
+    assert (shop.email_from, shop.email_reply_to, shop.sms_sender) == (SHOP_FROM, SHOP_REPLY_TO, "SHOP")
+    assert shop.provider_accounts == {"email": "shop-ses", "sms": "shop-sms"}
+
+    # An account removed from the environment since: shown as such, and saving says why it cannot stay.
+    settings.PROVIDER_ACCOUNTS = {"shop-ses": ACCOUNTS["shop-ses"]}
+    page = staff.get(url)
+    assert ("shop-sms", "shop-sms (not configured)") in page.context["adminform"].form.fields["sms_account"].choices
+    answer = staff.post(url, _project_form(shop, **good))
+    errors = answer.context["adminform"].form.errors
+    assert list(errors) == ["sms_account"] and "not a sms account of PROVIDER_ACCOUNTS" in errors["sms_account"][0]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_projects_settings_cost_a_send_batch_no_query(api_client_factory: Any) -> None:
+    """Sender identities and the default layout are read from the per-process cache, not per delivery.
+
+    Project A sets every sending setting and names no layout in its template (its default layout applies); B sets
+    none and names the same layout in its template. Their batches, of the same size, make the same queries.
+    """
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from channels_app.services import deliver
+
+    shop = project_create(slug="shop")
+    project_create(slug="other")
+    shop.email_from, shop.email_reply_to, shop.sms_sender, shop.default_layout = (
+        SHOP_FROM,
+        SHOP_REPLY_TO,
+        "SHOP",
+        "brand",
+    )
+    shop.save()
+    keys = {"a": api_client_factory(project="shop"), "b": api_client_factory(project="other")}
+    for name, (_, api) in keys.items():
+        assert (
+            api.put("/api/v1/layouts/brand", {"html": "<main>{{ content }}</main>"}, format="json").status_code == 201
+        )
+        body = {
+            "category": "transactional",
+            "default_locale": "en",
+            "content": CONTENT,
+            "layout": "" if name == "a" else "brand",
+        }
+        assert api.put("/api/v1/templates/shipped", body, format="json").status_code == 201
+        for n in range(4):
+            person = {"email": f"{name}{n}@example.com"}
+            assert api.put(f"/api/v1/recipients/u-{n}", person, format="json").status_code == 201
+
+    def batch(api: Any, users: range) -> list[int]:
+        ids = []
+        for n in users:
+            body = {
+                "recipient": {"user_id": f"u-{n}"},
+                "template": "shipped",
+                "channels": ["email"],
+                "payload": {"order": n},
+            }
+            answer = api.post("/api/v1/notifications", body, format="json")
+            assert answer.status_code == 202, answer.content
+            ids.append(Delivery.objects.get(notification_id=answer.json()["id"]).pk)
+        return ids
+
+    queries = {}
+    for name, (_, api) in keys.items():
+        assert deliver(batch(api, range(1))).sent == 1  # the caches warm up: the template, the project
+        ids = batch(api, range(1, 4))
+        with CaptureQueriesContext(connection) as captured:
+            assert deliver(ids).sent == 3
+        queries[name] = len(captured.captured_queries)
+        # The project's settings came from the cache: no statement of the batch read a project.
+        assert not [q["sql"] for q in captured.captured_queries if "projects_" in q["sql"]]
+        html = [m["content"]["html"] for m in api.get("/api/v1/sandbox/messages").json()["results"]]
+        assert len(html) == 4 and all(h.startswith("<main>") or "<main" in h for h in html), html
+    assert queries["a"] == queries["b"], queries
