@@ -138,7 +138,6 @@ def own_broker() -> Iterator[RabbitNode]:
 
 
 @pytest.mark.slow
-@pytest.mark.serial  # stops the whole RabbitMQ node: every other run on it would lose its broker
 @pytest.mark.django_db(transaction=True)
 def test_broker_down_during_accept_then_everything_delivered_once(
     start_worker: Any, start_process: Callable[..., ServerProcess], own_broker: RabbitNode
