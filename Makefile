@@ -30,7 +30,7 @@ RUN_PROCESSES := web worker_high worker_low worker_fanout worker_maintenance wor
 PIP_COMPILE := CUSTOM_COMPILE_COMMAND="make lock" $(VENV)/bin/pip-compile --quiet --generate-hashes \
 	--allow-unsafe --strip-extras --no-emit-index-url --no-emit-find-links
 
-.PHONY: run test typecheck lint format services migrate demo bench clean lock client-dist client-ts client-ts-types
+.PHONY: run test test-fast typecheck lint format services migrate demo bench clean lock client-dist client-ts client-ts-types
 
 # The Python client is installed for its tests (tests/project/test_client_python.py); its only dependency, httpx, is
 # in the development lock, and a hashed lock file cannot name a local path, hence a second install, --no-deps.
@@ -75,9 +75,18 @@ run: demo
 	$(DEV) INBOX_DEMO_ENABLED=true CELERY_TASK_LOGS=$(CELERY_TASK_LOGS) DELIVERY_SENT_LOGS=$(DELIVERY_SENT_LOGS) PORT=$(PORT) FLOWER_PORT=$(FLOWER_PORT) STREAM_WORKERS=$(STREAM_WORKERS) \
 		$(VENV)/bin/honcho start -f Procfile -p $(PORT) $(RUN_PROCESSES)
 
+# The suite runs in two phases (docs/development.md, "How the suite runs"): every test not marked `serial` on
+# TEST_WORKERS pytest-xdist workers, each in a namespace of its own, then the `serial` ones (they stop the broker,
+# measure, or build clusters) one at a time with nothing else running. Most of the suite waits on real workers and
+# servers, so on a 2-core machine TEST_WORKERS=3 finishes soonest (measured: docs/development.md).
+TEST_WORKERS ?= 3
+PYTEST_ARGS ?=
+TEST_STARTED := $(shell date +%s)
+
 ## Run the test suite against the real PostgreSQL, RabbitMQ and Redis, after the lint, the import contract and the
 ## OpenAPI schema, which must generate without a single warning (docs/api.md, "The schema and how views are written").
 ## The TypeScript client's tests compile it themselves with its pinned toolchain, installed first from its lock file.
+## The last line is the wall time of the whole target.
 test: services $(TS_TOOLCHAIN)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -85,7 +94,18 @@ test: services $(TS_TOOLCHAIN)
 	$(PY) scripts/import_graph.py
 	DEVELOPMENT=true $(VENV)/bin/mypy .
 	DEVELOPMENT=true DEBUG=true $(PY) manage.py spectacular --validate --fail-on-warn --file var/openapi.yml
-	$(VENV)/bin/pytest
+	@checks=$$(( $$(date +%s) - $(TEST_STARTED) )); \
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadgroup -m "not serial" $(PYTEST_ARGS); parallel=$$?; \
+	$(VENV)/bin/pytest -m serial $(PYTEST_ARGS); serial=$$?; \
+	[ $$serial -eq 5 ] && serial=0; \
+	echo "make test: $$(( $$(date +%s) - $(TEST_STARTED) )) s wall time ($$checks s lint, types and schema; pytest on $(TEST_WORKERS) workers, then the serial tests; exit codes $$parallel and $$serial)"; \
+	[ $$parallel -eq 0 ] && [ $$serial -eq 0 ]
+
+## The pure tests alone (marker `pure`: no PostgreSQL, RabbitMQ or Redis), in seconds. They run with all three
+## pointed at a closed port, so a test that reaches one fails here instead of passing by luck.
+test-fast: $(VENV)/.installed
+	REDIS_URL=redis://127.0.0.1:9/0 NOTIFIER_TEST_AMQP=127.0.0.1:9 DATABASE_URL=postgres://nobody@127.0.0.1:9/none \
+		$(VENV)/bin/pytest -m pure -q $(PYTEST_ARGS)
 
 ## Build the Python client's release artifacts (wheel and sdist) into dist/ and check them as PyPI would. The tests
 ## do the same in a temporary directory (tests/project/test_client_python.py), with `mypy --strict` on the package.

@@ -1,7 +1,11 @@
 """Shared fixtures: real PostgreSQL, RabbitMQ and Redis, isolated per test namespace, and real workers.
 
 Each run uses its own test database (`test_notifier_<ns>`), RabbitMQ vhost (`notifier_test_<ns>`) and Redis
-key prefix, with `<ns>` from NOTIFIER_TEST_NS (default "main"), so several runs can share one machine.
+key prefix, with `<ns>` from NOTIFIER_TEST_NS (default "main"), so several runs can share one machine; under
+pytest-xdist each worker is such a run, `<ns>_gw0`, `<ns>_gw1`, ...
+
+Tests marked `pure` touch none of the three: they run without them (`make test-fast`), and neither the vhost
+nor the Redis cleanup is set up for them.
 """
 
 from __future__ import annotations
@@ -30,7 +34,12 @@ if TYPE_CHECKING:
 pytest_plugins = ["tests.stubs.fixtures", "tests.browser"]
 
 ROOT = Path(__file__).resolve().parent.parent
-NS = settings.TEST_NAMESPACE
+# Under pytest-xdist each worker process is a run of its own, in the namespace `<ns>_<worker id>` ("main_gw0"):
+# its own test database, vhost and Redis prefix. pytest-django's own suffix is turned off below, so the
+# database's name is this one from the start (worker subprocesses get it through test_database_url()).
+XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+NS = f"{settings.TEST_NAMESPACE}_{XDIST_WORKER}" if XDIST_WORKER else settings.TEST_NAMESPACE
+settings.DATABASES["default"]["TEST"]["NAME"] = f"test_notifier_{NS}"
 VHOST = f"notifier_test_{NS}"
 # The machine's RabbitMQ unless a run names another node it started itself (host:port and its node name).
 AMQP_ADDRESS = os.environ.get("NOTIFIER_TEST_AMQP", "127.0.0.1:5672")
@@ -51,7 +60,6 @@ def _ensure_vhost() -> None:
     rabbitmqctl("set_permissions", "-p", VHOST, "guest", ".*", ".*", ".*")
 
 
-_ensure_vhost()
 celery_app.conf.broker_url = BROKER_URL  # type: ignore[misc]  # a settable key; celery-types: read-only
 settings.CELERY_BROKER_URL = BROKER_URL
 settings.REDIS_KEY_PREFIX = REDIS_PREFIX
@@ -81,13 +89,26 @@ def queue_depth(name: str) -> int:
         return int(count)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _broker_vhost(request: pytest.FixtureRequest) -> None:
+    """Create this namespace's vhost once a session, unless every test selected is pure."""
+    if not all(item.get_closest_marker("pure") for item in request.session.items):
+        _ensure_vhost()
+
+
 @pytest.fixture(autouse=True)
-def _clean_redis() -> Iterator[None]:
-    """Remove this namespace's Redis keys before each test."""
+def _clean_redis(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Remove this namespace's Redis keys before each test (pure tests have none)."""
     from tests.redis_server import delete_namespace_keys
 
-    delete_namespace_keys(settings.REDIS_URL, REDIS_PREFIX)
+    if not request.node.get_closest_marker("pure"):
+        delete_namespace_keys(settings.REDIS_URL, REDIS_PREFIX)
     yield
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings_xdist_suffix() -> None:
+    """Leave the test database's name alone under pytest-xdist: the worker's namespace already names it."""
 
 
 class ServerProcess:

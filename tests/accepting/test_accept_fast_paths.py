@@ -92,6 +92,7 @@ def _assert_agrees(data: Any) -> bool:
     return True
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize(("field", "value"), [(f, v) for f, values in FIELD_VALUES.items() for v in values])
 def test_each_field_value_alone_is_validated_as_drf_validates_it(field: str, value: Any) -> None:
     _assert_agrees({**PLAIN, field: value})
@@ -114,6 +115,7 @@ def test_random_bodies_are_validated_as_drf_validates_them_and_plain_ones_take_t
     assert fast > 100  # the common shapes are not all handed to DRF
 
 
+@pytest.mark.pure
 def test_a_plain_body_is_taken_with_every_field_in_drf_order() -> None:
     body = {
         "locale": "pt-BR", "priority": "low", "dedup_key": "k-1", "payload": {"n": [1, 2]},
@@ -137,6 +139,7 @@ def _result(*, topic: Topic | None = None, total: int | None = None, duplicate: 
     return AcceptResult(notification=notification, duplicate=duplicate, deliveries=[] if topic else deliveries)
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize(
     "result",
     [
@@ -154,6 +157,7 @@ def test_the_plain_answer_is_the_serializers(result: AcceptResult) -> None:
     assert set(found) <= set(AcceptOutput().fields)
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize("model", [Notification, Delivery])
 def test_built_instances_hold_what_model_init_would(model: type[Any]) -> None:
     assert not signals.pre_init.has_listeners(model) and not signals.post_init.has_listeners(model)

@@ -17,6 +17,8 @@ from projects.ownership import INSTALLATION_WIDE, OWNED_WITHOUT_SCOPE
 from projects.scoping import OwnedManager
 from tests.architecture.sql_text import Statement, statements, table_owners
 
+pytestmark = pytest.mark.pure
+
 APP_PACKAGES = ("notifier", "channels_app", "templates_app", "preferences", "projects", "audit", "core", "ops")
 
 

@@ -13,6 +13,8 @@ import pytest
 
 from tests.architecture.sql_text import PACKAGES, ROOT, statements, table_owners
 
+pytestmark = pytest.mark.pure
+
 WRITER = "notifier.deliveries.status"
 _SET_STATUS = re.compile(r"\bSET\b(?P<set>.*?)(?:\bWHERE\b|\bFROM\b|\bRETURNING\b|$)", re.I | re.S)
 

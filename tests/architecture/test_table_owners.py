@@ -12,6 +12,8 @@ import pytest
 
 from tests.architecture.sql_text import Statement, app_of, layer_ranks, statements, table_owners
 
+pytestmark = pytest.mark.pure
+
 
 def _problems(statement: Statement, owners: dict[str, str], ranks: dict[str, int]) -> list[str]:
     app = app_of(statement.module)

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import ast
 
+import pytest
+
 from config.celery import app
 from core import task_names
 from tests.architecture.sql_text import PACKAGES, ROOT
+
+pytestmark = pytest.mark.pure
 
 
 def _registered() -> set[str]:

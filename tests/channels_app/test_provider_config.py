@@ -9,6 +9,7 @@ from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 
 
+@pytest.mark.pure
 def test_manage_check_names_the_missing_variable(settings: Any) -> None:
     from channels_app.providers.registry import get_provider
 

@@ -12,6 +12,8 @@ from channels_app.providers.smtp import SmtpProvider
 from tests.stubs.config import configure_settings
 from tests.stubs.smtp import SmtpStub, free_port
 
+pytestmark = pytest.mark.pure
+
 pytest_plugins = ["tests.stubs.fixtures"]
 
 TO = "bob@example.test"

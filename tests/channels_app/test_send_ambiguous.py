@@ -103,12 +103,14 @@ MESSAGE = OutboundMessage(
 )
 
 
+@pytest.mark.pure
 def test_twilio_connection_aborted_after_the_request_was_written_is_ambiguous(hangup_server: int) -> None:
     with pytest.raises(RetriableError) as caught:
         _provider(hangup_server).send(MESSAGE)
     assert caught.value.maybe_sent and caught.value.code == "connection_error"
 
 
+@pytest.mark.pure
 def test_twilio_connection_refused_is_not_ambiguous() -> None:
     with pytest.raises(RetriableError) as caught:
         _provider(free_port()).send(MESSAGE)

@@ -6,6 +6,8 @@ import pytest
 
 from templates_app.sms import GSM7, UCS2, sms_info
 
+pytestmark = pytest.mark.pure
+
 
 @pytest.mark.parametrize(
     ("text", "encoding", "units", "segments"),

@@ -24,6 +24,7 @@ from tests.dispatch.test_fanout import accept_topic, make_client, make_template,
 from tests.stubs.tcp_relay import TcpRelay
 
 
+@pytest.mark.pure
 def test_own_queue_reads_the_queue_behind_a_delay_prefix() -> None:
     assert own_queue("fanout") == "fanout"
     assert own_queue("0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.1.0.1.fanout") == "fanout"

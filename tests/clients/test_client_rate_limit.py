@@ -58,6 +58,7 @@ def test_redis_down_falls_back_to_a_per_process_share(
     assert [http.get(URL).status_code for _ in range(3)] == [200, 200, 429]
 
 
+@pytest.mark.pure
 def test_parse_rate() -> None:
     assert rate_limit.parse_rate("200/s") == (200.0, 200.0)
     assert rate_limit.parse_rate("60/m") == (1.0, 60.0)

@@ -47,6 +47,7 @@ def _endpoints() -> list[tuple[str, str, Any]]:
 ENDPOINTS = _endpoints()
 
 
+@pytest.mark.pure
 def test_every_api_view_declares_a_scope_for_each_method() -> None:
     assert len(ENDPOINTS) >= 30, ENDPOINTS  # the walk found the API, not an empty list
     undeclared = [(route, method) for route, method, view in ENDPOINTS if view_scope(view, method) not in SCOPES]
@@ -92,6 +93,7 @@ def test_without_a_key_is_401_not_403(api: Any) -> None:
     assert response.status_code == 401
 
 
+@pytest.mark.pure
 def test_parse_scopes() -> None:
     assert parse_scopes("all") == list(SCOPES)
     assert parse_scopes("topics, send") == ["send", "topics"]

@@ -42,7 +42,8 @@ from tests.redis_server import free_port
 from tests.stubs.config import WEBHOOK_SECRET
 from tests.stubs.webhook import TimedReceiver
 
-pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.slow]
+# Serial: three clusters, the service and a load generator take the whole machine.
+pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.slow, pytest.mark.serial]
 
 FANOUT = 1500  # subscribers of the topic sent to under every fault
 SINGLES_PER_SECOND = 8

@@ -30,6 +30,7 @@ def _readyz(settings: Any, broker_url: str) -> tuple[int, dict[str, Any]]:
     return response.status_code, response.json()
 
 
+@pytest.mark.pure
 def test_a_multi_host_database_url_gives_libpq_lists_and_keeps_its_options() -> None:
     """Two hosts and target_session_attrs: HOST and PORT as libpq's lists, the option passed to psycopg."""
     config = parse_database_url(
@@ -42,6 +43,7 @@ def test_a_multi_host_database_url_gives_libpq_lists_and_keeps_its_options() -> 
     assert configured_hosts(config) == [("db-a", 5433), ("db-b", 5432)]
 
 
+@pytest.mark.pure
 def test_a_single_host_database_url_is_read_as_before() -> None:
     """One host: exactly what dj-database-url makes of it (an int port)."""
     config = parse_database_url("postgres://postgres@127.0.0.1:5432/notifier")

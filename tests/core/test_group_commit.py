@@ -5,7 +5,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
+import pytest
+
 from core.group_commit import GroupCommit
+
+pytestmark = pytest.mark.pure
 
 
 def test_calls_made_while_one_writes_are_written_as_one_group_the_writers_own_work_first() -> None:

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from core.checks import secret_key_set
+
+pytestmark = pytest.mark.pure
 
 
 def test_production_without_a_secret_key_is_refused(settings: Any) -> None:

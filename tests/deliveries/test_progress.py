@@ -32,6 +32,7 @@ from tests.stubs import aws
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.pure
 def test_plain_lines_come_every_interval_with_counts_rate_and_time_left() -> None:
     """Not a terminal: a start line, a line once the interval has passed (not per advance), a closing line."""
     out, clock = io.StringIO(), HandClock()
@@ -53,6 +54,7 @@ def test_plain_lines_come_every_interval_with_counts_rate_and_time_left() -> Non
     assert len(lines) == 3
 
 
+@pytest.mark.pure
 def test_the_bar_redraws_in_place_with_percentage_rate_and_time_left() -> None:
     """On a terminal: carriage returns and a bar, not a line per advance; the last state stays on its own line."""
     out, clock = io.StringIO(), HandClock()
@@ -78,6 +80,7 @@ def test_the_bar_redraws_in_place_with_percentage_rate_and_time_left() -> None:
     assert "|" + "█" * 12 + "░" * 12 + "| 75/150 rows (50 %)" in middle
 
 
+@pytest.mark.pure
 def test_an_estimate_is_marked_and_never_shows_more_than_all() -> None:
     """An estimated total is shown with "~"; a count past it drops the percentage instead of exceeding 100 %."""
     out, clock = io.StringIO(), HandClock()
@@ -96,6 +99,7 @@ def test_an_estimate_is_marked_and_never_shows_more_than_all() -> None:
     assert lines[2].startswith("archive x: 15 rows, 8 rows/s, 0:02 so far")
 
 
+@pytest.mark.pure
 def test_an_error_ends_the_report_with_what_was_done() -> None:
     """Work that raises says how far it got, then the error goes on."""
     out = io.StringIO()
@@ -106,6 +110,7 @@ def test_an_error_ends_the_report_with_what_was_done() -> None:
     assert out.getvalue().splitlines()[-1].startswith("replay: stopped after 2 dead letters (0:00): RuntimeError")
 
 
+@pytest.mark.pure
 def test_outside_a_command_nothing_is_reported() -> None:
     """A Celery task or a test runs the same code with no reporter: the counting writes nowhere."""
     assert not progress.watching()

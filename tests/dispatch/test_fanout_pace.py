@@ -177,6 +177,7 @@ def test_reservations_fill_second_by_second_and_fall_back_without_redis(settings
         pace.reset(["sms"])
 
 
+@pytest.mark.pure
 def test_a_malformed_pace_is_refused_at_start(settings: Any) -> None:
     settings.FANOUT_HIGH_PACE = "email=fast"
     with pytest.raises(SystemCheckError, match="FANOUT_HIGH_PACE"):

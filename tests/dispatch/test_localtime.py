@@ -25,6 +25,7 @@ def utc(year: int, month: int, day: int, hour: int = 0, minute: int = 0, second:
     return datetime(year, month, day, hour, minute, second, tzinfo=UTC)
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize(
     ("wall", "zone", "expected"),
     [

@@ -129,6 +129,7 @@ def test_an_inbox_token_over_its_rate_gets_429_with_retry_after_and_others_are_u
     assert APIClient().get("/inbox/v1/messages", HTTP_AUTHORIZATION="Bearer garbage").status_code == 401
 
 
+@pytest.mark.pure
 def test_a_bad_inbox_token_rate_limit_is_refused_at_start_up(settings: Any) -> None:
     from django.core.management import CommandError, call_command
 

@@ -21,6 +21,7 @@ def _rest(title: str = 'Sale "30%" für alle', url: str = " https://shop.example
     return (uuid.uuid4(), title, "body\u2028line", url, "marketing", "sent", created, None, None)
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize("delivery_id", [0, 7, 1234567890123456789])
 def test_a_message_event_built_from_shared_halves_is_the_items_own_encoding(delivery_id: int) -> None:
     rest = _rest()
@@ -30,11 +31,13 @@ def test_a_message_event_built_from_shared_halves_is_the_items_own_encoding(deli
     assert built.startswith(b"id: 1700000000123\nevent: message\ndata: {") and built.endswith(b"}\n\n")
 
 
+@pytest.mark.pure
 def test_an_unsafe_url_is_dropped_in_the_shared_half_too() -> None:
     _, tail = stream.message_events(_rest(url="javascript:alert(1)"), 1)
     assert b'"url":""' in tail
 
 
+@pytest.mark.pure
 def test_a_burst_is_queued_once_per_item_with_its_count_and_wakes_the_pump() -> None:
     async def run() -> None:
         sub = stream.Subscriber(1)
@@ -49,6 +52,7 @@ def test_a_burst_is_queued_once_per_item_with_its_count_and_wakes_the_pump() -> 
     asyncio.run(run())
 
 
+@pytest.mark.pure
 def test_a_stream_that_stops_reading_overflows_instead_of_buffering_without_bound() -> None:
     sub = stream.Subscriber(1)
     for k in range(stream.MAX_QUEUED):
@@ -106,6 +110,7 @@ def test_the_hub_runs_the_full_collections_in_quiet_moments_only(monkeypatch: An
     assert _full_collections_while(stream.Hub(), 0.3, busy=True)[1] >= 1
 
 
+@pytest.mark.pure
 def test_a_quiet_hub_is_not_busy_and_a_change_makes_it_busy() -> None:
     hub = stream.Hub()
     assert not hub.busy()

@@ -20,6 +20,7 @@ from tests.inbox.test_inbox_browser import stream_server as stream_server  # the
 from tests.inbox.test_inbox_fanout import _accept, _client, _template
 
 
+@pytest.mark.pure
 def test_new_items_are_added_to_a_known_count_once() -> None:
     counts = UnreadCounts(HandClock())
     assert counts.added(7, [1]) is None  # unknown: the caller must read it
@@ -31,6 +32,7 @@ def test_new_items_are_added_to_a_known_count_once() -> None:
     assert not counts.known(7) and counts.added(7, [12]) is None
 
 
+@pytest.mark.pure
 def test_an_item_in_the_read_and_notified_after_it_is_not_counted_twice() -> None:
     clock = HandClock()
     counts = UnreadCounts(clock)
@@ -41,6 +43,7 @@ def test_an_item_in_the_read_and_notified_after_it_is_not_counted_twice() -> Non
     assert counts.added(3, [6]) == 2
 
 
+@pytest.mark.pure
 def test_items_added_while_a_read_was_under_way_survive_it_unless_it_saw_them() -> None:
     clock = HandClock()
     counts = UnreadCounts(clock)
@@ -54,6 +57,7 @@ def test_items_added_while_a_read_was_under_way_survive_it_unless_it_saw_them() 
     assert counts.added(4, [22]) == 2 and counts.added(4, [21]) == 2
 
 
+@pytest.mark.pure
 def test_an_older_read_does_not_replace_a_newer_one() -> None:
     clock = HandClock()
     counts = UnreadCounts(clock)
@@ -63,6 +67,7 @@ def test_an_older_read_does_not_replace_a_newer_one() -> None:
     assert counts.stored(8, 3, [], older) == 5
 
 
+@pytest.mark.pure
 def test_additions_older_than_the_window_are_forgotten(monkeypatch: Any) -> None:
     clock = HandClock()
     counts = UnreadCounts(clock)

@@ -6,7 +6,11 @@ import io
 import json
 import logging
 
+import pytest
+
 from core.logs import MAX_FIELD_CHARS, json_formatter, mask_text, mask_value
+
+pytestmark = pytest.mark.pure
 
 
 def test_a_huge_field_is_cut_to_head_and_tail_and_still_masked() -> None:

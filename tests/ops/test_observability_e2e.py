@@ -10,7 +10,7 @@ import pytest
 from notifier.deliveries.models import Delivery
 from preferences.services import recipient_upsert
 from templates_app.services import template_put
-from tests.conftest import wait_for
+from tests.conftest import free_port, wait_for
 
 CONTENT = {"en": {"email": {"subject": "Code {{ code }}", "text": "Your code is {{ code }}"}}}
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -73,7 +73,7 @@ def test_worker_exports_accept_to_sent_latency_by_priority(api: Any, start_worke
 
     template_put(key="otp", category="security", default_locale="en", content=CONTENT)
     recipient_upsert(user_id="u-lat", email="lat@example.com")
-    port = 18103
+    port = free_port()  # a port of its own: parallel runs start workers at once
     # Prefork children write their samples to the multiprocess directory; the main process serves them.
     start_worker(env={"METRICS_WORKER_PORT": str(port), "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)})
     response = api.post(

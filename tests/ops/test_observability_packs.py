@@ -45,6 +45,7 @@ def _all_exprs() -> list[str]:
     return [rule["expr"] for rule in _rules()] + _dashboard_exprs()
 
 
+@pytest.mark.pure
 def test_alert_rules_parse_and_follow_the_house_rules() -> None:
     """Unique alert names, a `for`, a known severity, a summary and a description; balanced brackets."""
     spec = yaml.safe_load(RULES.read_text())
@@ -77,6 +78,7 @@ def _runbook_sections() -> dict[str, str]:
     return sections
 
 
+@pytest.mark.pure
 def test_every_alert_has_a_runbook_section_that_says_what_to_do() -> None:
     """Each rule's runbook_url points at a section of docs/runbooks.md that exists and says what the alert
     means, what to look at first and what fixes it; no section is left for an alert that is gone."""
@@ -97,6 +99,7 @@ def test_every_alert_has_a_runbook_section_that_says_what_to_do() -> None:
         assert target in sections, f"docs/runbooks.md links to a missing section #{target}"
 
 
+@pytest.mark.pure
 def test_alerts_cover_what_an_operator_must_hear_about() -> None:
     """Queue depth and age, dead letters growing, breaker open, outbox backlog, OTP latency, nothing sent."""
     by_metric = " ".join(rule["expr"] for rule in _rules())
@@ -112,6 +115,7 @@ def test_alerts_cover_what_an_operator_must_hear_about() -> None:
         assert needed in by_metric, needed
 
 
+@pytest.mark.pure
 def test_dashboard_parses_and_shows_every_topic() -> None:
     """Unique panel ids, panels inside the 24-column grid, one data source variable, every topic present."""
     dashboard = _dashboard()
@@ -191,12 +195,14 @@ def _promtool() -> str:
     return promtool
 
 
+@pytest.mark.pure
 def test_promtool_accepts_the_alert_rules() -> None:
     """`promtool check rules` parses every expression and template."""
     result = subprocess.run([_promtool(), "check", "rules", str(RULES)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.pure
 def test_promtool_accepts_every_dashboard_query(tmp_path: Path) -> None:
     """Each panel query, Grafana's $__rate_interval made concrete, is valid PromQL (as a recording rule)."""
     promtool = _promtool()

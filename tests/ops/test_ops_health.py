@@ -16,6 +16,7 @@ def _closed_loopback_port() -> int:
         return int(sock.getsockname()[1])
 
 
+@pytest.mark.pure
 def test_healthz_needs_no_dependency_and_no_key() -> None:
     """Liveness answers 200 without an API key and without touching the database."""
     response = Client().get("/healthz")
@@ -51,6 +52,7 @@ def test_readyz_is_503_when_the_broker_is_unreachable(settings: Settings) -> Non
     assert "guest" not in response.content.decode()
 
 
+@pytest.mark.pure
 def test_ops_endpoints_refuse_writes() -> None:
     """The probes are read-only."""
     assert Client().post("/healthz").status_code == 405

@@ -45,6 +45,7 @@ def log_lines() -> Iterator[Callable[[], list[dict[str, Any]]]]:
     clear_log_context()
 
 
+@pytest.mark.pure
 def test_bound_ids_are_json_keys_of_stdlib_and_structlog_lines(log_lines: Callable[[], list[dict[str, Any]]]) -> None:
     """A line logged while ids are bound carries notification_id, delivery_id and trace_id as keys."""
     trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -68,6 +69,7 @@ def test_bound_ids_are_json_keys_of_stdlib_and_structlog_lines(log_lines: Callab
     assert "delivery_id" not in after and "trace_id" not in after
 
 
+@pytest.mark.pure
 def test_bulk_lines_written_as_json_directly_equal_what_the_renderer_writes() -> None:
     """The JSON formatter's own encoding of `log_lines` is byte for byte structlog's JSONRenderer's."""
     lines = [
@@ -92,6 +94,7 @@ def test_bulk_lines_written_as_json_directly_equal_what_the_renderer_writes() ->
     assert len(fast.splitlines()) == 4 and EMAIL not in fast and '"api_key": "' in fast
 
 
+@pytest.mark.pure
 def test_plain_bind_stays_until_cleared() -> None:
     """Without `with`, ids stay bound for the rest of the task until the context is cleared."""
     clear_log_context()
@@ -101,6 +104,7 @@ def test_plain_bind_stays_until_cleared() -> None:
     assert bound_log_context() == {}
 
 
+@pytest.mark.pure
 def test_masking_removes_email_phone_and_token_from_every_field(log_lines: Callable[[], list[dict[str, Any]]]) -> None:
     """Emails, phone numbers and push tokens are masked in the message, extra fields and nested values."""
     logging.getLogger("notifier.test").warning(
@@ -128,6 +132,7 @@ def test_masking_removes_email_phone_and_token_from_every_field(log_lines: Calla
     assert "ValueError: bounce for [email]" in lines[2]["exception"]
 
 
+@pytest.mark.pure
 def test_masking_keeps_ids_dates_and_paths() -> None:
     """What operators need to read stays: UUIDs, traceparents, dates, times, URL paths and module names."""
     text = (
@@ -138,6 +143,7 @@ def test_masking_keeps_ids_dates_and_paths() -> None:
     assert mask_text(text) == text
 
 
+@pytest.mark.pure
 def test_bulk_lines_come_out_one_json_object_each_with_context_and_masking(
     log_lines: Callable[[], list[dict[str, Any]]],
 ) -> None:

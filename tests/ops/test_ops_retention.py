@@ -115,6 +115,7 @@ def test_celery_task_uses_the_configured_age(settings: Any) -> None:
     assert not Delivery.objects.filter(pk=d.id).exists()
 
 
+@pytest.mark.pure
 def test_rejects_nonsense_arguments() -> None:
     """An age under one day would delete live traffic: refused."""
     with pytest.raises(ValueError):

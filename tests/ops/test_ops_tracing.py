@@ -52,6 +52,7 @@ def _lines(stream: io.StringIO) -> list[dict[str, Any]]:
     return [json.loads(line) for line in stream.getvalue().splitlines() if line.strip()]
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize(
     "value",
     [
@@ -70,6 +71,7 @@ def test_invalid_traceparent_is_rejected(value: str | None) -> None:
     assert tracing.parse_traceparent(value) is None
 
 
+@pytest.mark.pure
 def test_traceparent_round_trip_and_future_versions() -> None:
     """A valid header parses to its parts; a later version with extra fields is accepted."""
     ctx = tracing.parse_traceparent(INCOMING)
@@ -82,6 +84,7 @@ def test_traceparent_round_trip_and_future_versions() -> None:
     assert child.trace_id == fresh.trace_id and child.span_id != fresh.span_id
 
 
+@pytest.mark.pure
 @pytest.mark.urls(__name__)
 def test_incoming_traceparent_is_bound_for_logs_and_echoed(log_stream: io.StringIO) -> None:
     """The caller's trace id is in the view's log context and log lines, and comes back on the response."""
@@ -103,6 +106,7 @@ def test_incoming_traceparent_is_bound_for_logs_and_echoed(log_stream: io.String
     assert bound_log_context() == {}
 
 
+@pytest.mark.pure
 @pytest.mark.urls(__name__)
 def test_missing_or_invalid_traceparent_starts_a_new_trace() -> None:
     """Without a usable header, the response still carries a valid, fresh traceparent."""
@@ -136,6 +140,7 @@ def test_publish_puts_the_current_trace_in_the_message_headers() -> None:
     purge_all_queues()
 
 
+@pytest.mark.pure
 def test_worker_side_binds_the_task_trace_and_clears_it_after() -> None:
     """task_prerun binds the task span's trace id (a child of the caller's) and task id; postrun clears them."""
     seen: dict[str, Any] = {}
@@ -160,6 +165,7 @@ def test_worker_side_binds_the_task_trace_and_clears_it_after() -> None:
     assert tracing.current_trace() is None
 
 
+@pytest.mark.pure
 def test_eager_run_restores_the_callers_context() -> None:
     """A task applied eagerly inside a request gets its own span and hands the caller's context back after."""
     caller = tracing.new_trace()
@@ -194,6 +200,7 @@ def exporter() -> Iterator[Any]:
     tracing.reset_tracing()
 
 
+@pytest.mark.pure
 @pytest.mark.urls(__name__)
 def test_without_an_exporter_nothing_is_recorded_but_ids_propagate() -> None:
     """No OTEL_EXPORTER_OTLP_ENDPOINT: configure_tracing is off, spans are not recorded, the trace id travels."""
@@ -207,6 +214,7 @@ def test_without_an_exporter_nothing_is_recorded_but_ids_propagate() -> None:
     assert tracing.parse_traceparent(response["traceparent"]).trace_id == TRACE_ID
 
 
+@pytest.mark.pure
 @pytest.mark.urls(__name__)
 def test_the_django_instrumentations_middleware_runs_only_while_exporting(monkeypatch: Any) -> None:
     """In MIDDLEWARE the instrumentation's middleware stands behind a switch: off, a request never reaches it."""
@@ -236,6 +244,7 @@ def test_the_django_instrumentations_middleware_runs_only_while_exporting(monkey
         tracing.reset_tracing()
 
 
+@pytest.mark.pure
 @pytest.mark.urls(__name__)
 def test_request_becomes_a_django_server_span_in_the_callers_trace(exporter: Any) -> None:
     """With an exporter, the Django instrumentation's server span continues the caller's trace; the response
@@ -252,6 +261,7 @@ def test_request_becomes_a_django_server_span_in_the_callers_trace(exporter: Any
     assert status == 200
 
 
+@pytest.mark.pure
 def test_probes_make_no_spans(exporter: Any) -> None:
     """/healthz is excluded from the instrumentation; its logs still get a trace id."""
     response = Client().get("/healthz")
@@ -357,6 +367,7 @@ def _root_traces(count: int) -> set[str]:
     return ids
 
 
+@pytest.mark.pure
 @pytest.mark.urls(__name__)
 def test_always_off_records_nothing(sampled_exporter: Any) -> None:
     """OTEL_TRACES_SAMPLER=always_off: no span is recorded, not even for a caller that asked for sampling, and
@@ -368,6 +379,7 @@ def test_always_off_records_nothing(sampled_exporter: Any) -> None:
     assert memory.get_finished_spans() == ()
 
 
+@pytest.mark.pure
 def test_traceidratio_half_records_about_half_of_the_traces(sampled_exporter: Any) -> None:
     """traceidratio with OTEL_TRACES_SAMPLER_ARG=0.5 records about half of 400 traces (binomial: 35-65 % is
     six standard deviations either side), and a recorded trace is recorded whole."""
@@ -380,6 +392,7 @@ def test_traceidratio_half_records_about_half_of_the_traces(sampled_exporter: An
     assert len(spans) == 2 * len(recorded)  # the child follows its root's decision
 
 
+@pytest.mark.pure
 @pytest.mark.urls(__name__)
 def test_default_sampler_follows_the_callers_flag(sampled_exporter: Any) -> None:
     """Unset switches mean parentbased_always_on: a caller's unsampled traceparent records nothing, a sampled
@@ -393,6 +406,7 @@ def test_default_sampler_follows_the_callers_flag(sampled_exporter: Any) -> None
     assert len(memory.get_finished_spans()) == 1 + 40
 
 
+@pytest.mark.pure
 def test_a_bad_sampler_switch_falls_back_to_the_default(sampled_exporter: Any) -> None:
     """An unknown sampler name or a ratio that is not a number is not fatal: the SDK's default applies."""
     sampled_exporter("sometimes")

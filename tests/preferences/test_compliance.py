@@ -28,6 +28,7 @@ def _eval(recipient: Recipient, category: str = "marketing", channel: str = "ema
     return evaluate(recipient=recipient, category=category, channel=channel, **kw)  # type: ignore[arg-type]  # test overrides
 
 
+@pytest.mark.pure
 def test_plain_recipient_is_sent() -> None:
     assert _eval(_recipient()) == Verdict("send")
 
@@ -47,16 +48,19 @@ def test_suppression_list_applies_to_every_category() -> None:
     )
 
 
+@pytest.mark.pure
 def test_caller_known_suppression_wins_without_query() -> None:
     # No django_db mark: a query here would raise.
     assert _eval(_recipient(), category="security", suppressed=True) == Verdict("suppress", "suppressed")
 
 
+@pytest.mark.pure
 def test_erased_and_no_address() -> None:
     assert _eval(_recipient(erased_at=NOON), category="security") == Verdict("suppress", "erased")
     assert _eval(_recipient(), category="security", address="") == Verdict("suppress", "no_address")
 
 
+@pytest.mark.pure
 def test_opt_out_and_channel_switch_only_affect_optional_categories() -> None:
     opted = _recipient(opted_out=True)
     assert _eval(opted) == Verdict("suppress", "opted_out")
@@ -69,6 +73,7 @@ def test_opt_out_and_channel_switch_only_affect_optional_categories() -> None:
     assert _eval(no_sms, category="security", channel="sms", address="+4915112345678").action == "send"
 
 
+@pytest.mark.pure
 def test_category_disabled_or_channel_not_listed() -> None:
     off = _recipient(category_prefs={"marketing": {"enabled": False}})
     assert _eval(off) == Verdict("suppress", "category_disabled")
@@ -81,6 +86,7 @@ def test_category_disabled_or_channel_not_listed() -> None:
     assert _eval(forced, category="security").action == "send"
 
 
+@pytest.mark.pure
 def test_digest_frequencies() -> None:
     daily = _recipient(category_prefs={"marketing": {"frequency": "daily_digest"}})
     assert _eval(daily) == Verdict("digest", "digest:daily_digest")
@@ -95,6 +101,7 @@ def _quiet(start: str, end: str, tz: str = "") -> Recipient:
     return _recipient(quiet_start=dt.time.fromisoformat(start), quiet_end=dt.time.fromisoformat(end), timezone=tz)
 
 
+@pytest.mark.pure
 def test_quiet_hours_defer_until_window_end_in_utc_without_timezone() -> None:
     r = _quiet("09:00", "17:00")
     assert _eval(r, now=NOON) == Verdict("defer", "quiet_hours", dt.datetime(2025, 6, 1, 17, 0, tzinfo=UTC))
@@ -103,6 +110,7 @@ def test_quiet_hours_defer_until_window_end_in_utc_without_timezone() -> None:
     assert _eval(r, now=NOON.replace(hour=8, minute=59)).action == "send"
 
 
+@pytest.mark.pure
 def test_quiet_window_wrapping_midnight() -> None:
     r = _quiet("22:00", "08:00", "Europe/Berlin")  # June: CEST, UTC+2
     late = dt.datetime(2025, 6, 1, 21, 30, tzinfo=UTC)  # 23:30 local
@@ -113,6 +121,7 @@ def test_quiet_window_wrapping_midnight() -> None:
     assert _eval(r, now=dt.datetime(2025, 6, 1, 19, 59, tzinfo=UTC)).action == "send"  # 21:59 local
 
 
+@pytest.mark.pure
 def test_quiet_hours_across_october_dst_change_in_berlin() -> None:
     # Clocks go back 03:00 CEST -> 02:00 CET on Sunday 26 October 2025: the night is 25 hours long.
     r = _quiet("22:00", "08:00", "Europe/Berlin")
@@ -125,6 +134,7 @@ def test_quiet_hours_across_october_dst_change_in_berlin() -> None:
     assert _eval(r, now=dt.datetime(2025, 10, 26, 1, 30, tzinfo=UTC)).until == verdict.until
 
 
+@pytest.mark.pure
 def test_quiet_hours_across_march_dst_change_in_berlin() -> None:
     # Clocks go forward 02:00 CET -> 03:00 CEST on Sunday 30 March 2025: the night is 23 hours long.
     r = _quiet("22:00", "08:00", "Europe/Berlin")
@@ -134,6 +144,7 @@ def test_quiet_hours_across_march_dst_change_in_berlin() -> None:
     assert _eval(r, now=dt.datetime(2025, 3, 30, 5, 59, tzinfo=UTC)).action == "defer"
 
 
+@pytest.mark.pure
 def test_quiet_end_inside_spring_forward_gap_is_never_early() -> None:
     zone_end = quiet_hours_end(
         start=dt.time(1, 0),
@@ -146,6 +157,7 @@ def test_quiet_end_inside_spring_forward_gap_is_never_early() -> None:
     assert zone_end >= dt.datetime(2025, 3, 30, 1, 0, tzinfo=UTC)
 
 
+@pytest.mark.pure
 def test_non_optional_categories_are_never_held_by_quiet_hours() -> None:
     r = _quiet("00:00", "23:59", "Europe/Berlin")
     assert _eval(r, category="transactional").action == "send"
@@ -154,6 +166,7 @@ def test_non_optional_categories_are_never_held_by_quiet_hours() -> None:
     assert _eval(r, category="never-configured").action == "defer"
 
 
+@pytest.mark.pure
 def test_invalid_or_missing_timezone_falls_back_to_utc() -> None:
     r = _quiet("11:00", "13:00", "Not/AZone")
     assert _eval(r, now=NOON).until == dt.datetime(2025, 6, 1, 13, 0, tzinfo=UTC)

@@ -58,6 +58,7 @@ def test_link_api_returns_a_signed_expiring_url(api: Any, settings: Any) -> None
     assert bad.status_code == 400 and "ttl_seconds" in bad.json()["error"]["fields"]
 
 
+@pytest.mark.pure
 def test_link_view_declares_its_scope() -> None:
     from preferences.apis import PreferenceLinkApi
 

@@ -35,6 +35,8 @@ from templates_app.services import template_put
 ROOT = Path(__file__).resolve().parents[2]
 CLIENT_DIR = ROOT / "clients" / "typescript"
 CONTENT = {"en": {"email": {"subject": "Order {{ order_id }}", "text": "Shipped {{ order_id }}"}}}
+# One pytest-xdist worker runs the whole module: the compile (module fixture) costs a core for a while, once.
+pytestmark = pytest.mark.xdist_group("typescript-client")
 
 
 def _tool(name: str) -> str:

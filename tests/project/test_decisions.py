@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.pure
+
 DECISIONS = Path(__file__).resolve().parents[2] / "docs" / "decisions"
 RECORDS = sorted(p for p in DECISIONS.glob("[0-9][0-9][0-9][0-9]-*.md"))
 # A page of prose: about fifty lines of a dozen words, a little more for a record's headings and code names.

@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+pytestmark = pytest.mark.pure
+
 ROOT = Path(__file__).resolve().parents[2]
 REQUIRED = {"SECRET_KEY": "x", "POSTGRES_PASSWORD": "x", "RABBITMQ_PASSWORD": "x", "FLOWER_BASIC_AUTH": "a:b"}
 

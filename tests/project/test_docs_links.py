@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.pure
+
 ROOT = Path(__file__).resolve().parents[2]
 TOP_PAGES = ["README.md", "CHANGELOG.md", "SECURITY.md", "clients/python/README.md"]
 PAGES = sorted([*(ROOT / name for name in TOP_PAGES), *(ROOT / "docs").rglob("*.md")])

@@ -17,6 +17,7 @@ def _pyproject_version() -> str:
     return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 
 
+@pytest.mark.pure
 def test_version_is_semver_and_the_settings_use_it() -> None:
     """pyproject.toml holds the version (MAJOR.MINOR.PATCH, or a PEP 440 pre-release of one before a release is
     cut); settings and the schema settings take it from there."""
@@ -34,6 +35,7 @@ def test_openapi_schema_carries_the_package_version() -> None:
     assert response.json()["info"]["version"] == _pyproject_version()
 
 
+@pytest.mark.pure
 def test_changelog_has_unreleased_and_the_current_version() -> None:
     """CHANGELOG.md keeps an Unreleased section first; a released version has a heading of its own, a pre-release
     is named in the Unreleased section (it has no release to head)."""
@@ -48,6 +50,7 @@ def test_changelog_has_unreleased_and_the_current_version() -> None:
         assert f"`{version}`" in unreleased
 
 
+@pytest.mark.pure
 def test_license_and_security_policy() -> None:
     """An Apache-2.0 LICENSE (as pyproject declares) and a SECURITY.md that points at docs/security.md."""
     assert "Apache License" in (ROOT / "LICENSE").read_text()[:200]

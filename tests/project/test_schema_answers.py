@@ -169,6 +169,7 @@ def schema(django_db_blocker: Any) -> Schema:
     return Schema(json.loads(response.content))
 
 
+@pytest.mark.pure
 def test_the_check_refuses_what_a_generated_client_cannot_parse(schema: Schema) -> None:
     """A required field left out (a read-only one too), a null where none is allowed, an unknown field, a bad date."""
     prefs = {"opted_out": False, "channels": {"sms": False}, "categories": {}, "quiet_hours": None}
@@ -1073,6 +1074,7 @@ CALLS: dict[str, Callable[[World], None]] = {
 }
 
 
+@pytest.mark.pure
 def test_every_operation_of_the_schema_is_called(schema: Schema) -> None:
     assert len(schema.operations) > 40  # the schema was generated, not an empty document
     missing = sorted(set(schema.operations) - set(CALLS))

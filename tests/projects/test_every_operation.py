@@ -729,6 +729,7 @@ CASES: dict[str, Case] = {
 PHASES = ("before", "create", "after")
 
 
+@pytest.mark.pure
 def test_every_operation_of_the_schema_has_a_case(schema: Schema) -> None:  # noqa: F811 - the fixture
     assert len(schema.operations) > 40  # the schema was generated, not an empty document
     missing = sorted(set(schema.operations) - set(CASES))

@@ -177,6 +177,7 @@ def test_remote_stylesheets_are_never_fetched(api: Any) -> None:
     assert "169.254.169.254" not in html_out and "Order <b>1</b>" in html_out
 
 
+@pytest.mark.pure
 def test_html_to_text() -> None:
     html_in = (
         "<html><head><title>T</title><style>p{x:y}</style></head><body><h1>Hi&nbsp;there</h1>"

@@ -142,6 +142,7 @@ def test_a_bomb_fails_its_delivery_with_template_budget_and_workers_keep_serving
     assert delivered.reason != "template_budget"
 
 
+@pytest.mark.pure
 def test_guarded_filters_behave_like_jinjas_own() -> None:
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 

@@ -136,6 +136,7 @@ def _version_with(text: str) -> Any:
     return TemplateVersion(template=template, version=1, content={"en": {"sms": {"text": text}}})
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize(
     "source",
     [
@@ -230,6 +231,7 @@ def test_cache_picks_up_newly_published_version(version: Any) -> None:
     assert render(old, channel="sms", locale="en", payload=PAYLOAD).parts["text"] == "Order A-1001 shipped"
 
 
+@pytest.mark.pure
 def test_cache_is_bounded() -> None:
     cache = rendering._LRU(3)
     for i in range(10):
@@ -277,6 +279,7 @@ def test_resolve(version: Any) -> None:
         template_version_resolve("drafty")
 
 
+@pytest.mark.pure
 def test_environment_has_no_loader_even_without_the_compile_check() -> None:
     # Defence in depth: were the AST check bypassed, the sandbox has no loader to read a file with.
     template = rendering._TEXT_ENV.from_string("{% include '/etc/passwd' %}")
