@@ -131,29 +131,25 @@ def account_names(value: Any) -> list[str]:
 def sending_settings(environment_id: int | None) -> SendingSettings:
     """Return the sending settings of the project an environment belongs to (NO_SETTINGS for none).
 
-    Cached per process (core.config_cache; a project saved anywhere invalidates it): the send workers read it
-    for every delivery, and a batch's reads share one look at the generation, so sending gains no query.
+    Part of the environment's cached settings (environment_settings): the send workers read them for every
+    delivery, and a batch's reads share one look at the generation, so sending gains no query.
     """
-    if environment_id is None:
-        return NO_SETTINGS
+    found = None if environment_id is None else environment_settings(environment_id)
+    return NO_SETTINGS if found is None else found.sending
 
-    def load() -> SendingSettings | None:
-        project = Project.objects.filter(environments__id=environment_id).first()
-        if project is None:
-            return None
-        return SendingSettings(
-            email_from=project.email_from,
-            email_reply_to=project.email_reply_to,
-            sms_sender=project.sms_sender,
-            default_layout=project.default_layout,
-            provider_accounts={
-                channel: names
-                for channel, value in (project.provider_accounts or {}).items()
-                if (names := account_names(value))
-            },
-        )
 
-    return cached("project-sending", str(environment_id), load) or NO_SETTINGS
+def _sending_settings_of(project: Project) -> SendingSettings:
+    return SendingSettings(
+        email_from=project.email_from,
+        email_reply_to=project.email_reply_to,
+        sms_sender=project.sms_sender,
+        default_layout=project.default_layout,
+        provider_accounts={
+            channel: names
+            for channel, value in (project.provider_accounts or {}).items()
+            if (names := account_names(value))
+        },
+    )
 
 
 @dataclass(frozen=True)
@@ -172,6 +168,8 @@ class EnvironmentSettings:
     quotas: Mapping[str, int]
     # The project's share of a queue among broadcasting projects (dispatch.shares), at least 1.
     weight: int
+    # What the send path reads: sender identities, default layout, provider accounts.
+    sending: SendingSettings
 
 
 def environment_settings(environment_id: int) -> EnvironmentSettings | None:
@@ -195,6 +193,7 @@ def environment_settings(environment_id: int) -> EnvironmentSettings | None:
             promotion=project.promotion,
             rate_limit=project.rate_limit,
             weight=max(1, int(project.weight or 1)),
+            sending=_sending_settings_of(project),
             # Whole numbers only (the admin checks them, projects.quotas.quotas_validate); anything else is no limit.
             quotas=MappingProxyType(
                 {str(k): v for k, v in dict(found.quotas or {}).items() if type(v) is int and v >= 0}
