@@ -15,6 +15,7 @@ inbox's tokens, notifier/inbox/rate_limit.py).
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -36,8 +37,13 @@ logger = logging.getLogger(__name__)
 _limiter = RateLimiter()
 
 
+@functools.lru_cache(maxsize=256)
 def rate_limit(text: str) -> Limit:
-    """Return the token bucket limit of a rate such as "200/s": that many tokens, refilled over the period."""
+    """Return the token bucket limit of a rate such as "200/s": that many tokens, refilled over the period.
+
+    Cached: every request asks for its client's (and project's) limit, and a few rate texts serve them all; a
+    Limit is immutable, and a text that is not a rate raises again each time (exceptions are not cached).
+    """
     rate, burst = parse_rate(text)
     return Limit(rate=rate, burst=burst, high_reserve=0.0, min_rate=rate, increase=0.0)
 
