@@ -54,7 +54,12 @@ def offences(source: str) -> list[str]:
             args = [s for arg in node.args for s in _strings(arg)]
             words = " ".join(args).upper()
             rabbitmqctl = name in {"rabbitmqctl", "ctl"} or "rabbitmqctl" in args
-            if RABBITMQ_STOPPING & set(args) or (rabbitmqctl and RABBITMQCTL_STOPPING & set(args)):
+            stopping = RABBITMQ_STOPPING & set(args) or (rabbitmqctl and RABBITMQCTL_STOPPING & set(args))
+            # Closing the connections of one vhost touches only the run that owns it (its namespace's vhost): the
+            # node, and every other run on it, go on.
+            if stopping == {"close_all_connections"} and "--vhost" in args:
+                stopping = set()
+            if stopping:
                 what = "rabbitmqctl stopping a node"
             elif args and Path(args[0].split()[0] if args[0].split() else "").name in PROGRAMS:
                 what = f"{args[0]} (a server's or a process's stop)"
@@ -82,6 +87,7 @@ def test_the_scanner_finds_each_kind_of_stopping_command() -> None:
         "process.send_signal(signal.SIGSTOP)",
         'subprocess.run(["rabbitmqctl", "-n", node, "stop_app"])',
         'subprocess.run(["systemctl", "stop", "redis"])',
+        'rabbitmqctl("close_all_connections", "reason")',
     ]
     for line in caught:
         assert offences(line), line
@@ -91,6 +97,7 @@ def test_the_scanner_finds_each_kind_of_stopping_command() -> None:
         "sock.shutdown(socket.SHUT_RDWR)",
         "self.server.shutdown()",
         'rabbitmqctl("add_vhost", VHOST)',
+        'rabbitmqctl("close_all_connections", "--vhost", VHOST, "--limit", "10000", "a test of its own vhost")',
         'phases.append("stop")',
         "# rabbitmqctl stop_app would stop the machine's broker",
         '"""A docstring may say SIGSTOP and pg_ctl stop."""',
