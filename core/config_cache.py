@@ -114,6 +114,13 @@ def forget(kind: str, key: str) -> None:
         _entries.pop((kind, key), None)
 
 
+def forget_all() -> None:
+    """Drop every entry of this process (a test's rows go with it, so must what was cached of them)."""
+    with _lock:
+        _entries.clear()
+        _seen_generation[0] = None
+
+
 def config_changed() -> None:
     """Invalidate every process's cache once the current transaction commits (at once outside one)."""
     with _lock:

@@ -98,11 +98,17 @@ def _broker_vhost(request: pytest.FixtureRequest) -> None:
 
 @pytest.fixture(autouse=True)
 def _clean_redis(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Remove this namespace's Redis keys before each test (pure tests have none)."""
+    """Remove this namespace's Redis keys before each test (pure tests have none), and this process's cache.
+
+    The configuration generation lives in Redis: with its key gone every test starts at generation 0, and an entry
+    that a test before it cached at 0 (its template, its client) would look current to the next one.
+    """
+    from core.config_cache import forget_all
     from tests.redis_server import delete_namespace_keys
 
     if not request.node.get_closest_marker("pure"):
         delete_namespace_keys(settings.REDIS_URL, REDIS_PREFIX)
+    forget_all()
     yield
 
 

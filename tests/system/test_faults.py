@@ -88,8 +88,15 @@ def test_worker_killed_mid_send_loses_nothing_and_sends_nothing_twice(
     client, _ = _setup(total)
     for i in range(total):
         _accept(client, i)
-    worker = start_worker(env={"SANDBOX_BEHAVIOUR": "slow:30"}, concurrency=2)
-    wait_for(lambda: Delivery.objects.filter(status="sent").count() >= 150, timeout=60)
+    worker = start_worker(env={"SANDBOX_BEHAVIOUR": "slow:100"}, concurrency=2)
+
+    def mid_batch() -> bool:
+        # Kill while a batch is at the provider, not in the gap between two (the retake is what is tested).
+        return bool(
+            Delivery.objects.filter(status="sent").count() >= 150 and Delivery.objects.filter(status="sending").exists()
+        )
+
+    wait_for(mid_batch, timeout=60, interval=0.05)
     worker.kill()  # SIGKILL to the main process and its children: no chance to ack or clean up
     worker.proc.wait(timeout=10)
     killed_at = _db_now()
@@ -99,7 +106,7 @@ def test_worker_killed_mid_send_loses_nothing_and_sends_nothing_twice(
     assert in_flight, "nothing was being sent at the kill; the test proved nothing about retaking claims"
 
     # The shipped defaults: no lease, relay or republish setting is overridden for the new worker or for beat.
-    start_worker(env={"SANDBOX_BEHAVIOUR": "slow:30"}, concurrency=2)
+    start_worker(env={"SANDBOX_BEHAVIOUR": "slow:100"}, concurrency=2)
     start_process("beat", BEAT)
     wait_for(lambda: Delivery.objects.filter(status="sent").count() == total, timeout=180, interval=1)
     resent = _assert_each_sent_once(total)
