@@ -95,8 +95,8 @@ test: services $(TS_TOOLCHAIN)
 	DEVELOPMENT=true $(VENV)/bin/mypy .
 	DEVELOPMENT=true DEBUG=true $(PY) manage.py spectacular --validate --fail-on-warn --file var/openapi.yml
 	@checks=$$(( $$(date +%s) - $(TEST_STARTED) )); \
-	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadgroup -m "not serial" $(PYTEST_ARGS); parallel=$$?; \
-	$(VENV)/bin/pytest -m serial $(PYTEST_ARGS); serial=$$?; \
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadgroup -m "not serial" --durations=40 $(PYTEST_ARGS); parallel=$$?; \
+	$(VENV)/bin/pytest -m serial --durations=10 $(PYTEST_ARGS); serial=$$?; \
 	[ $$serial -eq 5 ] && serial=0; \
 	echo "make test: $$(( $$(date +%s) - $(TEST_STARTED) )) s wall time ($$checks s lint, types and schema; pytest on $(TEST_WORKERS) workers, then the serial tests; exit codes $$parallel and $$serial)"; \
 	[ $$parallel -eq 0 ] && [ $$serial -eq 0 ]

@@ -105,7 +105,7 @@ def test_gather_takes_the_waiting_messages_and_settles_them(empty_queues: None) 
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_lone_single_gathers_nothing_and_the_limit_holds(empty_queues: None) -> None:
+def test_a_lone_single_gathers_nothing_and_the_limit_holds(empty_queues: None, settings: Any) -> None:
     webhook_template()
     lone = gather(QUEUE, [7])
     assert lone.ids == [7] and lone.messages == []
@@ -114,10 +114,7 @@ def test_a_lone_single_gathers_nothing_and_the_limit_holds(empty_queues: None) -
     _publish_each(waiting)
     wait_for(lambda: queue_depth(QUEUE) == 8)
     settings.SEND_GATHER_MAX = 5
-    try:
-        batch = gather(QUEUE, [own])
-    finally:
-        settings.SEND_GATHER_MAX = 0
+    batch = gather(QUEUE, [own])
     assert len(batch.ids) == 5 and len(batch.messages) == 4
     assert queue_depth(QUEUE) == 4
     batch.requeue()

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from django.conf import settings
 from django.db import connection
+from django.test import override_settings
 
 from channels_app.providers.base import DeadlineExceeded, OutboundMessage
 from channels_app.providers.webhook import WebhookProvider
@@ -35,12 +36,8 @@ def _statuses(ids: list[int]) -> Counter[str]:
 
 def _relay_with_lease(lease: int) -> dict[str, int]:
     """Run the outbox relay as a worker with this lease would (what hands expired leases to a worker)."""
-    saved = settings.SENDING_LEASE_SECONDS
-    settings.SENDING_LEASE_SECONDS = lease
-    try:
+    with override_settings(SENDING_LEASE_SECONDS=lease):
         return relay()
-    finally:
-        settings.SENDING_LEASE_SECONDS = saved
 
 
 def _sent_while_relaying(ids: list[int], *, lease: int, every: float, timeout: float) -> None:
