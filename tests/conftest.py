@@ -120,12 +120,12 @@ def django_db_modify_db_settings_xdist_suffix() -> None:
 class ServerProcess:
     """A real process of this project (Celery worker or beat, gunicorn, uvicorn) started by a test.
 
-    The one place tests start them: `python -m <args>` in the repository, on this namespace's broker, test
-    database and Redis prefix (`env` adds or overrides variables), logging to var/, in a session of its own
-    so that stopping it stops its children too.
+    The one place tests start them: `python -m <args>` in the repository (or in `cwd`, another release's tree),
+    on this namespace's broker, test database and Redis prefix (`env` adds or overrides variables), logging to
+    var/, in a session of its own so that stopping it stops its children too.
     """
 
-    def __init__(self, kind: str, args: list[str], env: dict[str, str] | None = None) -> None:
+    def __init__(self, kind: str, args: list[str], env: dict[str, str] | None = None, cwd: Path = ROOT) -> None:
         self.kind = kind
         self.log_path = ROOT / "var" / f"test-{kind}-{NS}-{os.getpid()}-{time.monotonic_ns()}.log"
         self.log_path.parent.mkdir(exist_ok=True)
@@ -140,7 +140,7 @@ class ServerProcess:
         self._log = self.log_path.open("w")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", *args],
-            cwd=ROOT, env=full_env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+            cwd=cwd, env=full_env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
 
     def wait_ready(self, ready: str | Callable[[], bool] = "ready.", timeout: float = 60) -> None:
@@ -186,8 +186,8 @@ def start_process() -> Iterator[Callable[..., ServerProcess]]:
     """Start real processes of this project for a test (see ServerProcess); all are stopped afterwards."""
     started: list[ServerProcess] = []
 
-    def _start(kind: str, args: list[str], env: dict[str, str] | None = None) -> ServerProcess:
-        process = ServerProcess(kind, args, env)
+    def _start(kind: str, args: list[str], env: dict[str, str] | None = None, cwd: Path = ROOT) -> ServerProcess:
+        process = ServerProcess(kind, args, env, cwd)
         started.append(process)
         return process
 
@@ -207,6 +207,7 @@ def start_worker(start_process: Callable[..., ServerProcess]) -> Callable[..., S
         concurrency: int = 2,
         pool: str = "prefork",
         wait: bool = True,
+        cwd: Path = ROOT,
     ) -> ServerProcess:
         args = [
             "celery", "-A", "config", "worker", "-Q", ",".join(queues or [*ALL_SEND_QUEUES, "fanout", "maintenance"]),
@@ -216,7 +217,7 @@ def start_worker(start_process: Callable[..., ServerProcess]) -> Callable[..., S
         ]  # fmt: skip
         # Celery's per-task lines are off by default (config/ops_settings.py); tests wait for "succeeded" lines.
         env = {"OUTBOX_RELAY_INTERVAL_SECONDS": "3600", "CELERY_TASK_LOGS": "true", **(env or {})}
-        worker = start_process("worker", args, env)
+        worker = start_process("worker", args, env, cwd)
         if wait:
             worker.wait_ready()
         return worker
