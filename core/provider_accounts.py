@@ -1,6 +1,6 @@
 """Provider accounts named in the environment (PROVIDER_ACCOUNTS), which projects may send through.
 
-`PROVIDER_ACCOUNTS` is a JSON object, name → account: `{"provider": "ses" | "smtp" | "twilio" | "sns", ...}` and
+`PROVIDER_ACCOUNTS` is a JSON object, name → account: `{"provider": <a kind of ACCOUNT_PROVIDERS>, ...}` and
 that provider's own settings (docs/configuration.md lists them). A project names accounts by channel
 (a project's `provider_accounts`, `{"email": "ses-shop"}`); its credentials are only ever read here, from
 the environment, never from the database. The channels_app registry builds one adapter per account (its breaker
@@ -17,10 +17,36 @@ from typing import Any
 
 from django.conf import settings
 
-# The provider kinds an account may be of, and the channel each serves.
-ACCOUNT_PROVIDERS: dict[str, str] = {"ses": "email", "smtp": "email", "twilio": "sms", "sns": "sms"}
+# The provider kinds an account may be of, and the channel each serves. Teams and Discord have none: their
+# credential is the incoming webhook's URL, which is the address itself.
+ACCOUNT_PROVIDERS: dict[str, str] = {
+    "ses": "email",
+    "smtp": "email",
+    "twilio": "sms",
+    "sns": "sms",
+    "slack": "slack",
+    "telegram": "telegram",
+    "twilio_whatsapp": "whatsapp",
+}
 # The installation's own providers' names, which an account may not take (its breaker and limit are by name).
-RESERVED_NAMES = frozenset({"sandbox", "inapp", "fcm", "ses", "smtp", "twilio", "sns", "webhook", "default"})
+RESERVED_NAMES = frozenset(
+    {
+        "sandbox",
+        "inapp",
+        "fcm",
+        "ses",
+        "smtp",
+        "twilio",
+        "sns",
+        "webhook",
+        "slack",
+        "teams",
+        "discord",
+        "telegram",
+        "twilio_whatsapp",
+        "default",
+    }
+)
 # Short enough for a delivery's `provider` column (32), readable in metrics and events.
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
 
@@ -79,10 +105,10 @@ def names_for(channel: str) -> list[str]:
     return sorted(name for name, account in accounts.items() if account.channel == channel)
 
 
-def names_of_provider(provider: str) -> list[str]:
-    """Return `provider` and the names of the accounts of that kind (what a provider callback may have sent)."""
+def names_of_provider(*providers: str) -> list[str]:
+    """Return the `providers` and the names of the accounts of those kinds (what a provider callback may have sent)."""
     try:
         accounts = configured()
     except AccountError:
         accounts = {}
-    return [provider, *sorted(name for name, account in accounts.items() if account.provider == provider)]
+    return [*providers, *sorted(name for name, account in accounts.items() if account.provider in providers)]

@@ -21,8 +21,14 @@ from core.keys import KEY_PATTERN, KEY_RULE
 from core.ratelimit import clean_rate_text
 from projects.models import Project
 
-# The channels a project may choose accounts for, and the form field of each.
-ACCOUNT_FIELDS = {"email": "email_account", "sms": "sms_account"}
+# The channels a project may choose accounts for (core.provider_accounts.ACCOUNT_PROVIDERS), and each one's field.
+ACCOUNT_FIELDS = {
+    "email": "email_account",
+    "sms": "sms_account",
+    "slack": "slack_account",
+    "telegram": "telegram_account",
+    "whatsapp": "whatsapp_account",
+}
 E164 = re.compile(r"^\+[1-9]\d{6,14}$")
 # Carriers accept 1-11 letters, digits and spaces, at least one letter.
 ALPHANUMERIC_SENDER = re.compile(r"^(?=.*[A-Za-z])[A-Za-z0-9 ]{1,11}$")
@@ -59,19 +65,23 @@ def clean_sms_sender(value: str) -> str:
     )
 
 
+def account_field(label: str, channel: str) -> forms.ChoiceField:
+    """Return the choice of a channel's provider account (the choices are the configured names, set per form)."""
+    return forms.ChoiceField(
+        required=False,
+        label=f"{label} provider account",
+        help_text=f"A name of PROVIDER_ACCOUNTS; empty: the installation's {channel} providers.",
+    )
+
+
 class ProjectForm(forms.ModelForm):
     """A project's settings; its provider accounts are chosen per channel among the configured names."""
 
-    email_account = forms.ChoiceField(
-        required=False,
-        label="Email provider account",
-        help_text="A name of PROVIDER_ACCOUNTS; empty: the installation's email providers.",
-    )
-    sms_account = forms.ChoiceField(
-        required=False,
-        label="SMS provider account",
-        help_text="A name of PROVIDER_ACCOUNTS; empty: the installation's SMS providers.",
-    )
+    email_account = account_field("Email", "email")
+    sms_account = account_field("SMS", "SMS")
+    slack_account = account_field("Slack", "Slack")
+    telegram_account = account_field("Telegram", "Telegram")
+    whatsapp_account = account_field("WhatsApp", "WhatsApp")
 
     class Meta:
         model = Project
@@ -108,11 +118,15 @@ class ProjectForm(forms.ModelForm):
             )
         return name
 
-    def clean_email_account(self) -> str:
-        return self._clean_account("email")
-
-    def clean_sms_account(self) -> str:
-        return self._clean_account("sms")
+    def clean(self) -> dict[str, Any]:
+        cleaned: dict[str, Any] = super().clean() or {}
+        for channel, name in ACCOUNT_FIELDS.items():
+            if name in cleaned:  # absent: the field itself refused the value (not one of its choices)
+                try:
+                    cleaned[name] = self._clean_account(channel)
+                except ValidationError as exc:
+                    self.add_error(name, exc)
+        return cleaned
 
     def clean_email_from(self) -> str:
         return clean_sender_address(self.cleaned_data.get("email_from") or "")

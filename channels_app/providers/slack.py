@@ -1,6 +1,7 @@
 """Slack provider: `chat.postMessage` through the official `slack_sdk` WebClient.
 
-One bot token per installation (SLACK_BOT_TOKEN). The address is a user id (a direct message from the bot), a
+One bot token per installation (SLACK_BOT_TOKEN), and one per named account of PROVIDER_ACCOUNTS (a project's own
+workspace bot, `bot_token`). The address is a user id (a direct message from the bot), a
 conversation id or a channel name; the message is the chat part's `text` (Slack's notification and fallback
 text) with its Block Kit `blocks` as given. The SDK's own retries are off: the pipeline owns retries, the shared
 rate limit and the breaker. SLACK_BASE_URL points the real SDK at a stand-in.
@@ -21,6 +22,7 @@ from slack_sdk.errors import SlackApiError, SlackClientError
 from slack_sdk.web import WebClient
 
 from channels_app.providers.base import (
+    AccountOptions,
     ConfigurationError,
     OutboundMessage,
     PermanentError,
@@ -68,6 +70,7 @@ class SlackProvider(Provider):
 
     name: ClassVar[str] = "slack"
     channels: ClassVar[tuple[str, ...]] = ("slack",)
+    account_keys: ClassVar[tuple[str, ...]] = ("bot_token", "base_url", "timeout_seconds")
 
     def __init__(self, *, token: str, base_url: str = "", timeout: float = 10.0, pool_size: int = 16) -> None:
         kwargs: dict[str, Any] = {"base_url": base_url} if base_url else {}
@@ -86,6 +89,19 @@ class SlackProvider(Provider):
             token=settings.SLACK_BOT_TOKEN,
             base_url=settings.SLACK_BASE_URL,
             timeout=settings.SLACK_TIMEOUT_SECONDS,
+            pool_size=settings.PROVIDER_CONCURRENCY,
+        )
+
+    @classmethod
+    def from_account(cls, options: AccountOptions) -> SlackProvider:
+        """Build a named account's Slack bot: its own token; the endpoint and timeout default to the installation's."""
+        token = options.text("bot_token")
+        if not token:
+            raise ConfigurationError("bot_token is not set")
+        return cls(
+            token=token,
+            base_url=options.text("base_url", settings.SLACK_BASE_URL),
+            timeout=options.number("timeout_seconds", settings.SLACK_TIMEOUT_SECONDS),
             pool_size=settings.PROVIDER_CONCURRENCY,
         )
 
@@ -143,6 +159,7 @@ class SlackProvider(Provider):
         if error in ("invalid_auth", "not_authed", "token_revoked", "token_expired", "account_inactive") or (
             error in ("missing_scope", "not_allowed_token_type", "ekm_access_denied")
         ):
-            # The installation's token or scopes: not this message's fault, and fixable by an operator.
+            # The bot's token or scopes (the installation's or an account's): not this message's fault, and fixable
+            # by an operator.
             return RetriableError(text, code=error)
         return PermanentError(text, code=error)

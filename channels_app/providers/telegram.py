@@ -1,5 +1,8 @@
 """Telegram provider: the Bot API's `sendMessage` to a chat id, with the bot token from the environment.
 
+The installation's bot is TELEGRAM_BOT_TOKEN; a named account of PROVIDER_ACCOUNTS is a project's own bot
+(`bot_token`), an adapter of its own with its own URL.
+
 POST <TELEGRAM_BASE_URL>/bot<token>/sendMessage {"chat_id", "text"}; Telegram answers {"ok": true, "result":
 {"message_id", …}} or {"ok": false, "error_code", "description", "parameters": {"retry_after"}}
 (https://core.telegram.org/bots/api#making-requests). The token is part of the URL, so neither the URL nor a
@@ -16,6 +19,7 @@ from django.conf import settings
 from requests.adapters import HTTPAdapter
 
 from channels_app.providers.base import (
+    AccountOptions,
     ConfigurationError,
     OutboundMessage,
     PermanentError,
@@ -49,6 +53,7 @@ class TelegramProvider(Provider):
 
     name: ClassVar[str] = "telegram"
     channels: ClassVar[tuple[str, ...]] = ("telegram",)
+    account_keys: ClassVar[tuple[str, ...]] = ("bot_token", "base_url", "timeout_seconds")
 
     def __init__(self, *, token: str, base_url: str, timeout: float = 10.0, pool_size: int = 16) -> None:
         self._url = f"{base_url.rstrip('/')}/bot{token}/sendMessage"
@@ -69,6 +74,19 @@ class TelegramProvider(Provider):
             token=settings.TELEGRAM_BOT_TOKEN,
             base_url=settings.TELEGRAM_BASE_URL,
             timeout=settings.TELEGRAM_TIMEOUT_SECONDS,
+            pool_size=settings.PROVIDER_CONCURRENCY,
+        )
+
+    @classmethod
+    def from_account(cls, options: AccountOptions) -> TelegramProvider:
+        """Build a named account's Telegram bot: its own token; endpoint and timeout default to the installation's."""
+        token = options.text("bot_token")
+        if not token:
+            raise ConfigurationError("bot_token is not set")
+        return cls(
+            token=token,
+            base_url=options.text("base_url", settings.TELEGRAM_BASE_URL),
+            timeout=options.number("timeout_seconds", settings.TELEGRAM_TIMEOUT_SECONDS),
             pool_size=settings.PROVIDER_CONCURRENCY,
         )
 

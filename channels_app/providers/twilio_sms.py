@@ -291,6 +291,18 @@ class TwilioWhatsAppProvider(TwilioProvider):
             messaging_service_sid=settings.TWILIO_WHATSAPP_MESSAGING_SERVICE_SID,
         )
 
+    @classmethod
+    def from_account(cls, options: AccountOptions) -> TwilioWhatsAppProvider:
+        """Build a named account's WhatsApp sender: its own Twilio account and its own WhatsApp sender.
+
+        A project has no WhatsApp sender setting of its own, so the account must name one.
+        """
+        if not options.text("messaging_service_sid") and not options.text("from_number"):
+            raise ConfigurationError("from_number or messaging_service_sid is not set")
+        provider = super().from_account(options)
+        assert isinstance(provider, TwilioWhatsAppProvider)
+        return provider
+
     def build_params(self, message: OutboundMessage) -> dict[str, Any]:
         """Return the parameters of a WhatsApp message: an approved template with variables, or the text."""
         content = message.content

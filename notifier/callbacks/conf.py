@@ -64,6 +64,10 @@ def callback_dedup_ttl_seconds() -> int:
     return int(sns_max_age_seconds() * 2 + 60)
 
 
+# The provider kinds (core.provider_accounts) whose messages Twilio's status callbacks are about: SMS and WhatsApp.
+TWILIO_KINDS = ("twilio", "twilio_whatsapp")
+
+
 def twilio_auth_tokens() -> list[str]:
     """Return the Twilio auth tokens that may sign status callbacks: the installation's, then each named account's.
 
@@ -76,7 +80,7 @@ def twilio_auth_tokens() -> list[str]:
     except provider_accounts.AccountError:
         accounts = {}
     for account in accounts.values():
-        token = account.options.get("auth_token") if account.provider == "twilio" else None
+        token = account.options.get("auth_token") if account.provider in TWILIO_KINDS else None
         if isinstance(token, str) and token and token not in tokens:
             tokens.append(token)
     return tokens

@@ -176,7 +176,7 @@ def _sns_subscription_confirm(*, message: Mapping[str, Any]) -> CallbackResult:
 
 
 def provider_message_queries(
-    provider: str, message_id: str, fields: tuple[str, ...]
+    provider: str | tuple[str, ...], message_id: str, fields: tuple[str, ...]
 ) -> tuple[QuerySet[Delivery], QuerySet[Delivery]]:
     """Return the queries for the deliveries a provider's message id names: in the recent days, and anywhere.
 
@@ -185,14 +185,14 @@ def provider_message_queries(
     (a delivery scheduled far ahead, an unknown id) pay one probe of each partition's partial index.
     """
     # A project's named accounts of that provider send under their own names (core.provider_accounts).
-    names = provider_accounts.names_of_provider(provider)
+    names = provider_accounts.names_of_provider(*((provider,) if isinstance(provider, str) else provider))
     found = Delivery.objects.filter(provider_message_id=message_id).only(*fields)
     found = found.filter(provider=names[0]) if len(names) == 1 else found.filter(provider__in=names)
     low, high = recent_delivery_ids()
     return found.filter(id__gte=low, id__lt=high), found
 
 
-def _by_provider_message(provider: str, message_id: str, fields: tuple[str, ...]) -> list[Delivery]:
+def _by_provider_message(provider: str | tuple[str, ...], message_id: str, fields: tuple[str, ...]) -> list[Delivery]:
     """Return the deliveries a provider's message id names, looking in the recent days first."""
     recent, anywhere = provider_message_queries(provider, message_id, fields)
     return list(recent) or list(anywhere)
@@ -301,7 +301,8 @@ def twilio_status_handle(
     error_code = _token(params.get("ErrorCode"))
     result = CallbackResult(kind=f"twilio:{status}")
     with transaction.atomic():
-        deliveries = _by_provider_message("twilio", sid, ("id", "address"))
+        # SMS and WhatsApp messages of the installation's account and of every named account.
+        deliveries = _by_provider_message(conf.TWILIO_KINDS, sid, ("id", "address", "channel"))
         result.matched = len(deliveries)
         ids = [d.pk for d in deliveries]
         detail = f"twilio:{status}" + (f" ErrorCode={error_code}" if error_code else "")
@@ -314,12 +315,13 @@ def twilio_status_handle(
                 ids, to=S.FAILED, only_from=FAILED_FROM, detail=detail, fields={"last_error": detail, "reason": status}
             )
             if error_code == TWILIO_STOP_ERROR_CODE:
-                result.suppressed = _suppress(
-                    channel="sms",
-                    addresses=[d.address for d in deliveries],
-                    source="stop",
-                    reason="Twilio 21610: recipient replied STOP",
-                )
+                for channel in sorted({d.channel for d in deliveries}):
+                    result.suppressed += _suppress(
+                        channel=channel,
+                        addresses=[d.address for d in deliveries if d.channel == channel],
+                        source="stop",
+                        reason="Twilio 21610: recipient replied STOP",
+                    )
         else:
             result.events = _record_once(deliveries, detail)
     logger.info(

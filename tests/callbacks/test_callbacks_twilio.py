@@ -319,3 +319,27 @@ def test_a_projects_twilio_account_signs_callbacks_for_its_own_deliveries(settin
     assert post(failed, signature=signed).status_code == 403
     d.refresh_from_db()
     assert d.status == "delivered"
+
+
+def test_a_projects_whatsapp_account_signs_callbacks_for_its_own_deliveries(settings: Any) -> None:
+    """WhatsApp messages are Twilio's too: the installation's and an account's deliveries are found and moved."""
+    settings.PROVIDER_ACCOUNTS = {
+        "shop-whatsapp": {
+            "provider": "twilio_whatsapp",
+            "account_sid": "AC" + "2" * 32,
+            "auth_token": "shop-whatsapp-token",
+            "from_number": "+15005550088",
+        },
+    }
+    own = make_delivery(provider="shop-whatsapp", channel="whatsapp", address="+15005550006")
+    params = status_params(own, "read")
+    signed = RequestValidator("shop-whatsapp-token").compute_signature(PUBLIC_URL, params)
+    assert post(params, signature=signed).status_code == 200
+    own.refresh_from_db()
+    assert own.status == "opened"
+    # The installation's WhatsApp sender (signed with TWILIO_AUTH_TOKEN); a STOP suppresses the WhatsApp address.
+    installation = make_delivery(provider="twilio_whatsapp", channel="whatsapp", address="+15005550007")
+    assert post(status_params(installation, "undelivered", ErrorCode="21610")).status_code == 200
+    installation.refresh_from_db()
+    assert installation.status == "failed"
+    assert list(Suppression.objects.values_list("channel", "address")) == [("whatsapp", "+15005550007")]

@@ -20,6 +20,7 @@ from projects.services import project_create
 from tests.conftest import wait_for
 from tests.projects.test_promotion_admin import _inline
 from tests.stubs import aws, twilio
+from tests.stubs.chat import SLACK_TOKEN, TELEGRAM_TOKEN, SlackStub, TelegramStub
 from tests.stubs.config import EMAIL_FROM, SMS_FROM
 from tests.stubs.smtp import SmtpStub
 from tests.stubs.twilio import TwilioStub
@@ -28,6 +29,7 @@ CONTENT = {
     "en": {
         "email": {"subject": "Order {{ order }}", "text": "Shipped {{ order }}", "html": "<p>Shipped {{ order }}</p>"},
         "sms": {"text": "Order {{ order }} shipped"},
+        "chat": {"text": "Order {{ order }} shipped"},
     }
 }
 SHOP_FROM = "Shop <hello@shop.example>"
@@ -222,6 +224,112 @@ def test_a_projects_provider_accounts_carry_only_its_traffic_with_breakers_of_th
             shop_smtp.stop()
 
 
+# The shop's own Slack workspace bot, Telegram bot and Twilio account (for WhatsApp): its chat goes through them.
+SHOP_SLACK_TOKEN = "xoxb-shop-workspace-bot"
+SHOP_TELEGRAM_TOKEN = "777000:shop-telegram-bot"
+SHOP_TWILIO_SID, SHOP_TWILIO_TOKEN = "AC" + "5" * 32, "shop-twilio-token"
+SHOP_WHATSAPP_FROM = "+15005550088"
+CHAT_ADDRESSES = {
+    "a": {"slack": "U0SHOP0001", "telegram": "1001", "whatsapp": "+14155550101"},
+    "b": {"slack": "U0OTHER001", "telegram": "2002", "whatsapp": "+14155550102"},
+}
+
+
+def _deferred(ids: list[int]) -> list[str]:
+    from notifier.deliveries.models import DeliveryEvent
+
+    return list(DeliveryEvent.objects.filter(delivery_id__in=ids, status="deferred").values_list("detail", flat=True))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_projects_own_slack_telegram_and_whatsapp_accounts_carry_only_its_chat(
+    projects: dict[str, tuple[Any, Any]],
+    start_worker: Any,
+    slack_stub: SlackStub,
+    slack_env: dict[str, str],
+    telegram_stub: TelegramStub,
+    telegram_env: dict[str, str],
+    twilio_stub: TwilioStub,
+    whatsapp_env: dict[str, str],
+) -> None:
+    # One stand-in per network knows both bots (both Twilio accounts): which credentials each call carried is
+    # what tells the installation's from the project's. The accounts name no endpoint: they inherit it.
+    slack_stub.tokens.add(SHOP_SLACK_TOKEN)
+    telegram_stub.tokens.add(SHOP_TELEGRAM_TOKEN)
+    twilio_stub.accounts[SHOP_TWILIO_SID] = SHOP_TWILIO_TOKEN
+    accounts = {
+        "shop-slack": {"provider": "slack", "bot_token": SHOP_SLACK_TOKEN},
+        "shop-telegram": {"provider": "telegram", "bot_token": SHOP_TELEGRAM_TOKEN},
+        "shop-whatsapp": {
+            "provider": "twilio_whatsapp",
+            "account_sid": SHOP_TWILIO_SID,
+            "auth_token": SHOP_TWILIO_TOKEN,
+            "from_number": SHOP_WHATSAPP_FROM,
+        },
+    }
+    shop = Project.objects.get(slug="shop")
+    shop.provider_accounts = {"slack": "shop-slack", "telegram": "shop-telegram", "whatsapp": "shop-whatsapp"}
+    shop.save()
+    for name, (_, api) in projects.items():
+        answer = api.put("/api/v1/recipients/u-1", {"chat": CHAT_ADDRESSES[name]}, format="json")
+        assert answer.status_code in (200, 201), answer.content
+    env = {
+        **slack_env,
+        **telegram_env,
+        **whatsapp_env,
+        "SLACK_PROVIDERS": "slack",
+        "TELEGRAM_PROVIDERS": "telegram",
+        "WHATSAPP_PROVIDERS": "twilio_whatsapp",
+        "PROVIDER_ACCOUNTS": json.dumps(accounts),
+        # The shop's Slack bot may post once every two seconds; the installation's keeps its default rate.
+        "PROVIDER_RATE_LIMITS": json.dumps({"shop-slack": {"rate": 0.5, "burst": 1, "high_reserve": 0}}),
+        "PROVIDER_CIRCUIT_BREAKERS": json.dumps(
+            {"default": {"min_calls": 2, "failure_threshold": 0.5, "cooldown_seconds": 600}}
+        ),
+        "RETRY_BACKOFF_BASE_SECONDS": "0.5",
+    }
+    start_worker(queues=["slack.high", "telegram.high", "whatsapp.high", "maintenance"], env=env)
+    (_, a), (_, b) = projects["a"], projects["b"]
+    networks = ["slack", "telegram", "whatsapp"]
+    sent = _sent(*[_send(a, network) for network in networks], *[_send(b, network) for network in networks])
+    assert [d.provider for d in sent] == [
+        "shop-slack", "shop-telegram", "shop-whatsapp", "slack", "telegram", "twilio_whatsapp"
+    ]  # fmt: skip
+
+    # Each network saw each project's own credentials: Slack the bearer token, Telegram the token in the path,
+    # Twilio the account in the URL (and its Basic auth, which the stand-in checked) with that account's sender.
+    assert slack_stub.tokens_by_channel() == {"U0SHOP0001": SHOP_SLACK_TOKEN, "U0OTHER001": SLACK_TOKEN}
+    assert telegram_stub.tokens_by_chat() == {"1001": SHOP_TELEGRAM_TOKEN, "2002": TELEGRAM_TOKEN}
+    whatsapp = {r.form()["To"]: (twilio_stub.account_of(r), r.form()["From"]) for r in twilio_stub.requests}
+    assert whatsapp == {
+        "whatsapp:+14155550101": (SHOP_TWILIO_SID, f"whatsapp:{SHOP_WHATSAPP_FROM}"),
+        "whatsapp:+14155550102": (twilio.ACCOUNT_SID, "whatsapp:+14155238886"),
+    }
+
+    # The account's own rate-limit bucket: the shop's next Slack messages wait for its bot's tokens, while the
+    # other project's go at once through the installation's bot.
+    shop_posts = [_send(a, "slack", order=f"R-{n}") for n in range(2)]
+    other_posts = [_send(b, "slack", order=f"R-{n}") for n in range(2)]
+    _sent(*other_posts, *shop_posts)
+    assert any(d.startswith("rate_limited:shop-slack") for d in _deferred(shop_posts)), _deferred(shop_posts)
+    assert not _deferred(other_posts)
+
+    # The account's own breaker: the shop's Telegram bot fails, its breaker opens, the installation's stays closed
+    # and the other project's Telegram messages keep going out; the shop's wait for their own bot.
+    telegram_stub.respond(
+        502,
+        {"ok": False, "error_code": 502, "description": "Bad Gateway"},
+        match=lambda request: request.route == f"/bot{SHOP_TELEGRAM_TOKEN}/sendMessage",
+    )
+    failing = [_send(a, "telegram", order=f"F-{n}") for n in range(3)]
+    assert wait_for(lambda: breaker.state("shop-telegram") == breaker.OPEN, 60)
+    assert _sent(_send(b, "telegram", order="B-2"))[0].provider == "telegram"
+    assert breaker.state("telegram") == breaker.CLOSED
+    waiting = Delivery.objects.filter(pk__in=failing)
+    assert not waiting.filter(status="sent").exists()
+    assert set(waiting.values_list("provider", flat=True)) <= {"shop-telegram", ""}
+
+
 ACCOUNTS = {
     "shop-ses": {"provider": "ses", "region": "eu-west-1"},
     "shop-sms": {"provider": "twilio", "account_sid": twilio.ACCOUNT_SID, "auth_token": "a-secret-token"},
@@ -242,6 +350,9 @@ def _project_form(project: Project, **fields: str) -> dict[str, str]:
         "weight": "1",
         "email_account": "",
         "sms_account": "",
+        "slack_account": "",
+        "telegram_account": "",
+        "whatsapp_account": "",
         **_inline("environments", 2),
         **_inline("memberships", 0),
     }
@@ -305,6 +416,84 @@ def test_the_admin_refuses_bad_senders_and_accounts_not_configured_with_form_err
     answer = staff.post(url, _project_form(shop, **good))
     errors = answer.context["adminform"].form.errors
     assert list(errors) == ["sms_account"] and "not a sms account of PROVIDER_ACCOUNTS" in errors["sms_account"][0]
+
+
+CHAT_ACCOUNTS = {
+    "shop-slack": {"provider": "slack", "bot_token": "xoxb-a-secret-bot-token"},
+    "ops-slack": {"provider": "slack", "bot_token": "xoxb-another-workspace"},
+    "shop-telegram": {"provider": "telegram", "bot_token": "42:a-secret-telegram-token"},
+    "shop-whatsapp": {
+        "provider": "twilio_whatsapp",
+        "account_sid": twilio.ACCOUNT_SID,
+        "auth_token": "a-secret-token",
+        "from_number": "+15005550088",
+    },
+    **ACCOUNTS,
+}
+
+
+@pytest.mark.django_db
+def test_the_admin_offers_chat_accounts_per_network_and_refuses_an_unknown_or_another_networks(
+    staff: Any, settings: Any
+) -> None:
+    from django.urls import reverse
+
+    settings.PROVIDER_ACCOUNTS = CHAT_ACCOUNTS
+    shop = project_create(slug="shop")
+    url = reverse("admin:projects_project_change", args=[shop.pk])
+    page = staff.get(url)
+    fields = page.context["adminform"].form.fields
+    offered = {channel: [value for value, _ in fields[f"{channel}_account"].choices] for channel in CHAT_NETWORKS}
+    assert offered == {
+        "slack": ["", "ops-slack", "shop-slack"],
+        "telegram": ["", "shop-telegram"],
+        "whatsapp": ["", "shop-whatsapp"],
+    }
+    assert [value for value, _ in fields["sms_account"].choices] == ["", "shop-sms"]  # WhatsApp's is not an SMS one
+    for secret in (b"xoxb-a-secret-bot-token", b"a-secret-telegram-token", b"a-secret-token"):
+        assert secret not in page.content
+
+    bad = [
+        ("slack_account", "nowhere"),  # no such account
+        ("slack_account", "shop-telegram"),  # another network's bot
+        ("telegram_account", "shop-slack"),
+        ("whatsapp_account", "shop-sms"),  # a Twilio account of SMS, not of WhatsApp
+        ("sms_account", "shop-whatsapp"),
+    ]
+    for field, value in bad:
+        answer = staff.post(url, _project_form(shop, **{field: value}))
+        assert answer.status_code == 200, field  # the form again, not a redirect
+        errors = answer.context["adminform"].form.errors
+        assert list(errors) == [field] and "Select a valid choice" in " ".join(errors[field]), (field, errors)
+    shop.refresh_from_db()
+    assert shop.provider_accounts == {}
+
+    chosen = {"slack_account": "shop-slack", "telegram_account": "shop-telegram", "whatsapp_account": "shop-whatsapp"}
+    answer = staff.post(url, _project_form(shop, **chosen))
+    assert answer.status_code == 302, answer.context and answer.context["adminform"].form.errors
+    shop.refresh_from_db()
+    assert shop.provider_accounts == {"slack": "shop-slack", "telegram": "shop-telegram", "whatsapp": "shop-whatsapp"}
+    # What the send path reads (the cached settings) names the accounts by channel.
+    from projects.selectors import sending_settings
+
+    environment = shop.environments.get(name="live")
+    assert sending_settings(environment.pk).provider_accounts == {
+        "slack": ["shop-slack"], "telegram": ["shop-telegram"], "whatsapp": ["shop-whatsapp"]
+    }  # fmt: skip
+
+    # A bot removed from the environment since: shown as such, and saving says why it cannot stay.
+    settings.PROVIDER_ACCOUNTS = {k: v for k, v in CHAT_ACCOUNTS.items() if k != "shop-telegram"}
+    page = staff.get(url)
+    assert ("shop-telegram", "shop-telegram (not configured)") in page.context["adminform"].form.fields[
+        "telegram_account"
+    ].choices
+    answer = staff.post(url, _project_form(shop, **chosen))
+    errors = answer.context["adminform"].form.errors
+    assert list(errors) == ["telegram_account"], errors
+    assert "not a telegram account of PROVIDER_ACCOUNTS" in errors["telegram_account"][0]
+
+
+CHAT_NETWORKS = ("slack", "telegram", "whatsapp")
 
 
 @pytest.mark.django_db(transaction=True)

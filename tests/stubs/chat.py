@@ -21,13 +21,20 @@ def _json(status: int, body: Any, headers: dict[str, str] | None = None) -> Stub
 
 
 class SlackStub(StubHTTPServer):
-    """Slack's Web API `chat.postMessage`: Bearer token, JSON body with a channel and text or blocks."""
+    """Slack's Web API `chat.postMessage`: Bearer token, JSON body with a channel and text or blocks.
+
+    `tokens` are the bot tokens it knows (the installation's; a test adds a project's own workspace bot).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tokens = {SLACK_TOKEN}
 
     def default_response(self, request: RecordedRequest) -> StubResponse:
         """Post the message, or answer as Slack does when the token or the arguments are wrong."""
         if request.route != "/api/chat.postMessage":
             return _json(404, {"ok": False, "error": "unknown_method"})
-        if request.header("Authorization") != f"Bearer {SLACK_TOKEN}":
+        if request.header("Authorization") not in {f"Bearer {token}" for token in self.tokens}:
             return _json(200, {"ok": False, "error": "invalid_auth"})
         try:
             body = request.json()
@@ -47,6 +54,14 @@ class SlackStub(StubHTTPServer):
         """Return the JSON bodies of the chat.postMessage calls received."""
         return [r.json() for r in self.requests if r.route == "/api/chat.postMessage"]
 
+    def tokens_by_channel(self) -> dict[str, str]:
+        """Return the bearer token each chat.postMessage was made with, by the conversation it posted to."""
+        return {
+            r.json()["channel"]: r.header("Authorization").removeprefix("Bearer ")
+            for r in self.requests
+            if r.route == "/api/chat.postMessage"
+        }
+
     def error(
         self, error: str, *, status: int = 200, headers: dict[str, str] | None = None, times: int | None = None
     ) -> None:
@@ -55,11 +70,18 @@ class SlackStub(StubHTTPServer):
 
 
 class TelegramStub(StubHTTPServer):
-    """The Bot API's sendMessage: the token in the path, a JSON body with chat_id and text."""
+    """The Bot API's sendMessage: the token in the path, a JSON body with chat_id and text.
+
+    `tokens` are the bots it knows (the installation's; a test adds a project's own bot).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tokens = {TELEGRAM_TOKEN}
 
     def default_response(self, request: RecordedRequest) -> StubResponse:
         """Send the message, or answer as the Bot API does for a wrong token or a bad body."""
-        if request.route != f"/bot{TELEGRAM_TOKEN}/sendMessage":
+        if request.route not in {f"/bot{token}/sendMessage" for token in self.tokens}:
             return _json(
                 404,
                 {"ok": False, "error_code": 404, "description": "Not Found"},
@@ -75,6 +97,14 @@ class TelegramStub(StubHTTPServer):
     def messages(self) -> list[dict[str, Any]]:
         """Return the sendMessage bodies received."""
         return [r.json() for r in self.requests if r.route.endswith("/sendMessage")]
+
+    def tokens_by_chat(self) -> dict[str, str]:
+        """Return the bot token in the path of each sendMessage received, by the chat it was sent to."""
+        return {
+            r.json()["chat_id"]: r.route.removeprefix("/bot").removesuffix("/sendMessage")
+            for r in self.requests
+            if r.route.endswith("/sendMessage")
+        }
 
 
 class ChatWebhookStub(StubHTTPServer):

@@ -14,12 +14,22 @@ AUTH_TOKEN = "stub-auth-token"
 
 
 class TwilioStub(StubHTTPServer):
-    """Accepts message creations with 201 and a fresh SM sid; checks Basic auth like Twilio does."""
+    """Accepts message creations with 201 and a fresh SM sid; checks Basic auth like Twilio does.
+
+    `accounts` are the account SIDs it knows with their auth tokens (a test adds a project's own account); a
+    message is created under the account of its URL, whose credentials the request must carry.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.accounts = {ACCOUNT_SID: AUTH_TOKEN}
 
     def default_response(self, request: RecordedRequest) -> StubResponse:
         """Create the message, or answer 401 when the credentials are wrong."""
-        expected = "Basic " + base64.b64encode(f"{ACCOUNT_SID}:{AUTH_TOKEN}".encode()).decode()
-        if request.header("Authorization") != expected:
+        account_sid = self.account_of(request)
+        token = self.accounts.get(account_sid, "")
+        expected = "Basic " + base64.b64encode(f"{account_sid}:{token}".encode()).decode()
+        if not token or request.header("Authorization") != expected:
             return self._error(401, 20003, "Authenticate")
         if not request.route.endswith("/Messages.json"):
             return self._error(404, 20404, "The requested resource was not found")
@@ -32,7 +42,7 @@ class TwilioStub(StubHTTPServer):
             return self._error(400, 63007, "Twilio could not find a Channel with the specified From address")
         body = {
             "sid": "SM" + uuid.uuid4().hex,
-            "account_sid": ACCOUNT_SID,
+            "account_sid": account_sid,
             "to": form.get("To"),
             "from": form.get("From"),
             "messaging_service_sid": form.get("MessagingServiceSid"),
@@ -41,7 +51,7 @@ class TwilioStub(StubHTTPServer):
             "num_segments": "1",
             "direction": "outbound-api",
             "api_version": "2010-04-01",
-            "uri": f"/2010-04-01/Accounts/{ACCOUNT_SID}/Messages/x.json",
+            "uri": f"/2010-04-01/Accounts/{account_sid}/Messages/x.json",
         }
         return StubResponse(201, json.dumps(body).encode())
 
@@ -54,6 +64,12 @@ class TwilioStub(StubHTTPServer):
             "status": status,
         }
         return StubResponse(status, json.dumps(body).encode(), headers or {})
+
+    @staticmethod
+    def account_of(request: RecordedRequest) -> str:
+        """Return the account SID of a request's URL (/2010-04-01/Accounts/<sid>/…), or ""."""
+        parts = request.route.split("/")
+        return parts[3] if len(parts) > 3 and parts[2] == "Accounts" else ""
 
     def messages(self) -> list[dict[str, str]]:
         """Return the forms of the message creations received."""
