@@ -131,12 +131,13 @@ class NetLab:
             host.tc("filter", "add", "dev", "eth0", "parent", "1:", "protocol", "ip", "prio", "1", "u32",
                     "match", "ip", "dst", f"{other.address}/32", "classid", "1:2")  # fmt: skip
 
-    def cut(self, side: Sequence[NetHost], rate: str = "10gbit") -> None:
-        """Partition: drop every packet between `side` and the lab's other servers (both ways); the host reaches all.
+    def cut(self, side: Sequence[NetHost], rate: str = "10gbit", among: Sequence[NetHost] | None = None) -> None:
+        """Partition: drop every packet between `side` and the other servers (both ways); the host reaches all.
 
-        What still flows leaves every server at `rate` at most (a cut in a congested network when set low).
+        The other servers are those of `among` (default: the whole lab); what still flows leaves each server of
+        `side` and `among` at `rate` at most (a cut in a congested network when set low).
         """
-        others = [h for h in self.hosts if h not in side]
+        others = [h for h in (among or self.hosts) if h not in side]
         for host in side:
             self._shape(host, rate, others)
         for host in others:

@@ -309,26 +309,37 @@ class RabbitCluster:
 class PgServer:
     """One PostgreSQL server on its own port and data directory, run as the postgres user."""
 
-    def __init__(self, root: Path, name: str) -> None:
+    def __init__(self, root: Path, name: str, net: NetHost | None = None) -> None:
         self.name = name
+        # In a network namespace of its own (tests/cluster/netns.py) the server listens on its address there.
+        self.net = net
+        self.host = net.address if net else "127.0.0.1"
         self.port = free_port()
         self.dir = root / name
         self.log = root / f"{name}.log"
         self.extra: list[str] = []
 
+    def as_postgres(self) -> list[str]:
+        """Return the argv prefix running a command as the postgres user (in the server's namespace)."""
+        return [*(self.net.exec_prefix() if self.net else []), "runuser", "-u", "postgres", "--"]
+
     def _as_postgres(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        return _run(["runuser", "-u", "postgres", "--", *args], timeout=timeout)
+        return _run([*self.as_postgres(), *args], timeout=timeout)
 
     def init(self) -> PgServer:
-        """Create the data directory (trust on loopback, replication allowed)."""
+        """Create the data directory (trust on loopback and on its namespace's network, replication allowed)."""
         _own(self.dir, "postgres")
         self._as_postgres(_pg_bin("initdb"), "-D", str(self.dir), "-A", "trust", "-U", "postgres", "--no-sync")
+        if self.net:
+            subnet = self.host.rsplit(".", 1)[0] + ".0/24"  # the lab's: the host end, the standby, nothing else
+            with (self.dir / "pg_hba.conf").open("a") as hba:
+                hba.write(f"host all all {subnet} trust\nhost replication all {subnet} trust\n")
         return self
 
     def start(self) -> PgServer:
         """Start the server on its port (loopback only, its socket in its own directory) and wait for it."""
         options = [
-            f"-p {self.port}", "-c listen_addresses=127.0.0.1", f"-c unix_socket_directories={self.dir}",
+            f"-p {self.port}", f"-c listen_addresses={self.host}", f"-c unix_socket_directories={self.dir}",
             "-c fsync=off", "-c shared_buffers=32MB", "-c max_connections=200", "-c wal_level=replica",
             "-c max_wal_senders=5", "-c hot_standby=on", *self.extra,
         ]  # fmt: skip
@@ -337,7 +348,7 @@ class PgServer:
         os.chmod(self.log, 0o666)
         # Not through _run: the server inherits pg_ctl's standard streams, so a captured pipe would never close.
         subprocess.run(
-            ["runuser", "-u", "postgres", "--", _pg_bin("pg_ctl"), "-D", str(self.dir), "-l", str(self.log), "-o",
+            [*self.as_postgres(), _pg_bin("pg_ctl"), "-D", str(self.dir), "-l", str(self.log), "-o",
              " ".join(options), "-w", "-t", "60", "start"],
             check=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=90,
         )  # fmt: skip
@@ -386,7 +397,7 @@ class PgServer:
 
     def conninfo(self, dbname: str) -> str:
         """Return a libpq connection string to this server alone."""
-        return f"host=127.0.0.1 port={self.port} user=postgres dbname={dbname} connect_timeout=3"
+        return f"host={self.host} port={self.port} user=postgres dbname={dbname} connect_timeout=3"
 
 
 class PgPair:
@@ -398,15 +409,16 @@ class PgPair:
     may be lost at failover, and "accepted" would no longer mean "kept".
     """
 
-    def __init__(self, root: Path, dbname: str) -> None:
+    def __init__(self, root: Path, dbname: str, lab: NetLab | None = None) -> None:
         self.dbname = dbname
-        self.primary = PgServer(root, "pg-primary")
-        self.standby = PgServer(root, "pg-standby")
+        self.primary = PgServer(root, "pg-primary", lab.add("pg-primary") if lab else None)
+        self.standby = PgServer(root, "pg-standby", lab.add("pg-standby") if lab else None)
 
     def url(self) -> str:
         """Return the service's DATABASE_URL: both hosts, the writable one chosen by libpq."""
         return (
-            f"postgres://postgres@127.0.0.1:{self.primary.port},127.0.0.1:{self.standby.port}/{self.dbname}"
+            f"postgres://postgres@{self.primary.host}:{self.primary.port},{self.standby.host}:{self.standby.port}/"
+            f"{self.dbname}"
             "?target_session_attrs=read-write"
         )
 
@@ -418,7 +430,7 @@ class PgPair:
         _own(self.standby.dir, "postgres")
         self.standby.dir.chmod(0o700)
         subprocess.run(
-            ["runuser", "-u", "postgres", "--", _pg_bin("pg_basebackup"), "-h", "127.0.0.1", "-p",
+            [*self.standby.as_postgres(), _pg_bin("pg_basebackup"), "-h", self.primary.host, "-p",
              str(self.primary.port), "-U", "postgres", "-D", str(self.standby.dir), "-R", "-X", "stream", "--no-sync",
              "--checkpoint=fast"],
             check=True, capture_output=True, timeout=120,

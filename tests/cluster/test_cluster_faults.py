@@ -77,8 +77,9 @@ class Stack:
 
     def sql(self, query: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
         """Run a query on the service's database, wherever its primary is now (as the service finds it)."""
+        hosts = f"{self.pg.primary.host},{self.pg.standby.host}"
         ports = f"{self.pg.primary.port},{self.pg.standby.port}"
-        dsn = f"host=127.0.0.1,127.0.0.1 port={ports} user=postgres dbname={self.pg.dbname} connect_timeout=3"
+        dsn = f"host={hosts} port={ports} user=postgres dbname={self.pg.dbname} connect_timeout=3"
         with psycopg.connect(dsn + " target_session_attrs=read-write", autocommit=True) as conn:
             return conn.execute(query, params or []).fetchall()
 
@@ -147,7 +148,7 @@ def partitionable_stack() -> Iterator[tuple[Stack, NetLab]]:
     try:
         lab.start()
         rabbit = RabbitCluster(root, f"notifier-{NS}-", lab=lab, net_ticktime=NETNS_TICKTIME)
-        with _running_stack(root, rabbit, {"bulk": rabbit.nodes[2]}) as running:
+        with _running_stack(root, rabbit, {"bulk": rabbit.nodes[2]}, lab) as running:
             yield running, lab
     finally:
         lab.close()
@@ -161,14 +162,14 @@ def _cluster_root() -> Path:
 
 @contextlib.contextmanager
 def _running_stack(
-    root: Path, rabbit: RabbitCluster, first_node: dict[str, RabbitNode] | None = None
+    root: Path, rabbit: RabbitCluster, first_node: dict[str, RabbitNode] | None = None, lab: NetLab | None = None
 ) -> Iterator[Stack]:
     """Start Redis, PostgreSQL, `rabbit` and the service on them; stop every process, remove `root` afterwards.
 
     `first_node` places a process (by kind: api, high, bulk, beat) on a broker node: its failover list starts
-    there (the others start at the first node).
+    there (the others start at the first node). With `lab`, PostgreSQL's two servers run in namespaces of it.
     """
-    pg = PgPair(root, "notifier")
+    pg = PgPair(root, "notifier", lab)
     rs = RedisSentinelSet(root)
     processes: list[ServerProcess] = []
     started = time.monotonic()
@@ -713,6 +714,7 @@ def test_a_network_partition_pauses_the_minority_node_and_its_clients_move_to_th
     stack, lab = partitionable_stack
     first, _, victim = stack.rabbit.nodes
     cut_off = victim.net
+    brokers = [n.net for n in stack.rabbit.nodes if n.net]
     assert cut_off is not None
     # The OTP path must not depend on the cut node: its queue is led on the majority side (the bulk queues are led
     # wherever their first declaration put them, the cut node too).
@@ -725,7 +727,7 @@ def test_a_network_partition_pauses_the_minority_node_and_its_clients_move_to_th
     seen: dict[str, Any] = {}
 
     def inject() -> None:
-        lab.cut([cut_off], SLOW_RATE)
+        lab.cut([cut_off], SLOW_RATE, among=brokers)
 
     def restore() -> float:
         _until(lambda: _rabbit_running(victim) is False, "the cut-off node pausing itself (pause_minority)", 45)
@@ -745,8 +747,8 @@ def test_a_network_partition_pauses_the_minority_node_and_its_clients_move_to_th
         # delayed-delivery bootstep may first retry every URL of the list, the paused node's too (up to 15 s).
         _until(lambda: _tasks_done(bulk.log()[log_at_move:]), "the minority's client working on the majority", 45)
         seen["working"] = time.time()
-        seen["dropped"] = {h.netns: lab.dropped_packets(h) for h in lab.hosts}
-        seen["slowed"] = {h.netns: lab.overlimits(h) for h in lab.hosts}
+        seen["dropped"] = {h.netns: lab.dropped_packets(h) for h in brokers}
+        seen["slowed"] = {h.netns: lab.overlimits(h) for h in brokers}
         seen["still_paused"] = _rabbit_running(victim) is False
         lab.heal()
         seen["healed"] = time.time()
@@ -768,7 +770,7 @@ def test_a_network_partition_pauses_the_minority_node_and_its_clients_move_to_th
     assert seen["majority_running"] == sorted(n.node for n in stack.rabbit.nodes if n is not victim)
     assert seen["still_paused"], "the cut-off node ran again while still cut off"
     assert seen["clients_during"][victim.node] == 0, seen["clients_during"]
-    assert all(seen["dropped"][h.netns] > 0 for h in lab.hosts), seen["dropped"]  # the cut dropped, both sides
+    assert all(seen["dropped"][h.netns] > 0 for h in brokers), seen["dropped"]  # the cut dropped, both sides
     assert sum(seen["slowed"].values()) > 0, seen["slowed"]  # the rate limit held packets back (where they flow)
     assert fault.otp_p99 < OTP_P99_BOUND, fault.report()
     _assert_the_cluster_rode_it_out(stack, fault)
