@@ -14,11 +14,11 @@ while the machine already routes it), and `close` removes everything: the proces
 (epmd, which an Erlang node starts as a daemon), the host's veth end (its peer and route go with it) and the
 namespaces. Nothing here touches another interface, route or address of the machine.
 
-A cut is made with tc in the namespaces of the servers cut off: their packets to the other side are
+A cut is made with tc in the namespaces of the servers on both sides: their packets to the other side are
 classified (u32 on the destination address) into an HTB class whose queue holds no packet (pfifo limit 0),
 so they are dropped, in both directions; the host end is not filtered, so clients on the host still reach
 both sides (as clients in two zones would). The kernel of this machine has no netem (nor prio, nor tc's drop
-action); a slow link is an HTB rate limit on a server's egress, so its packets queue behind each other.
+action); a slow link is an HTB rate limit on a server's egress (`cut`'s `rate`), so its packets queue.
 """
 
 from __future__ import annotations
@@ -142,11 +142,6 @@ class NetLab:
             self._shape(host, rate, others)
         for host in others:
             self._shape(host, rate, side)
-
-    def slow(self, hosts: Sequence[NetHost], rate: str) -> None:
-        """Limit what each of `hosts` sends (to peers and clients alike) to `rate`: a congested, slow link."""
-        for host in hosts:
-            self._shape(host, rate, [])
 
     def heal(self) -> None:
         """Remove every cut and limit: back to the bridge as it was."""
