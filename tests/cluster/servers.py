@@ -24,6 +24,7 @@ import httpx
 import psycopg
 import redis
 
+from tests.cluster.netns import NetHost, NetLab
 from tests.redis_server import free_port
 
 RABBITMQ_HOME = "/var/lib/rabbitmq"  # the rabbitmq user's home: its .erlang.cookie
@@ -88,21 +89,25 @@ def _run(args: list[str], timeout: float = 60, check: bool = True) -> subprocess
 class RabbitNode:
     """One RabbitMQ node: its own name, AMQP and distribution ports, config, data and log directories."""
 
-    def __init__(self, root: Path, name: str) -> None:
+    def __init__(self, root: Path, name: str, net: NetHost | None = None, net_ticktime: int = 15) -> None:
         self.name = name
-        self.node = f"{name}@localhost"
+        # In a network namespace of its own (tests/cluster/netns.py) a node is named by its address: long names,
+        # no resolver, no /etc/hosts entry. On loopback, the short name localhost.
+        self.net = net
+        self.host = net.address if net else "127.0.0.1"
+        self.node = f"{name}@{net.address}" if net else f"{name}@localhost"
         self.port = free_port()
         self.dist_port = free_port()
         self.dir = _own(root / name, "rabbitmq")
         (self.dir / "rabbitmq.conf").write_text(
-            # Only loopback, only AMQP: no management listener, and guest may log in (it is loopback).
-            f"listeners.tcp.local = 127.0.0.1:{self.port}\n"
+            # Only its own address, only AMQP: no management listener, and guest may log in (a private address).
+            f"listeners.tcp.local = {self.host}:{self.port}\n"
             "loopback_users = none\n"
             # The machine's broker sits at a memory watermark of its own; five helpers share this box.
             "vm_memory_high_watermark.relative = 0.2\n"
-            # A node silent for 15 s (not the default 60) is cut off by its peers: a hung node becomes a partition
-            # within the test, and the minority side pauses itself until it sees the majority again.
-            "net_ticktime = 15\n"
+            # A node silent for net_ticktime (15 s, not the default 60) is cut off by its peers: a hung node becomes
+            # a partition within the test, and the minority side pauses itself until it sees the majority again.
+            f"net_ticktime = {net_ticktime}\n"
             "cluster_partition_handling = pause_minority\n"
             "disk_free_limit.absolute = 50MB\n"
         )
@@ -114,10 +119,11 @@ class RabbitNode:
     @property
     def url(self) -> str:
         """Return this node's AMQP URL (default vhost, guest)."""
-        return f"amqp://guest:guest@127.0.0.1:{self.port}//"
+        return f"amqp://guest:guest@{self.host}:{self.port}//"
 
     def env(self) -> dict[str, str]:
         """Return the environment of this node's server and of rabbitmqctl aimed at it."""
+        interface = "{" + self.host.replace(".", ",") + "}"
         return {
             "HOME": RABBITMQ_HOME,
             "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
@@ -129,27 +135,32 @@ class RabbitNode:
             "RABBITMQ_MNESIA_BASE": str(self.dir / "mnesia"),
             "RABBITMQ_LOG_BASE": str(self.dir / "log"),
             "RABBITMQ_PID_FILE": str(self.dir / "beam.pid"),
-            "ERL_EPMD_ADDRESS": "127.0.0.1",
+            # In a namespace, its epmd (one per namespace) answers peers on the node's address too.
+            "ERL_EPMD_ADDRESS": "127.0.0.1" if self.net is None else f"127.0.0.1,{self.host}",
+            "RABBITMQ_USE_LONGNAME": "false" if self.net is None else "true",
             # rabbitmqctl takes a distribution port of its own from a range of ten by default: a few CLI calls hung
             # elsewhere on the machine use them all up, and every further call fails ("nodistribution").
             "RABBITMQ_CTL_DIST_PORT_MIN": "35672",
             "RABBITMQ_CTL_DIST_PORT_MAX": "35772",
-            # Distribution on loopback only; a small scheduler count: three nodes share two cores with everything.
-            "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1} +S 1:1",
+            # Distribution on its own address only; a small scheduler count: three nodes share two cores with all.
+            "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": f"-kernel inet_dist_use_interface {interface} +S 1:1",
         }
 
     def ctl(self, *args: str, timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess[str]:
         """Run rabbitmqctl against this node, as the rabbitmq user."""
-        command = ["runuser", "-u", "rabbitmq", "--", "env", *(f"{k}={v}" for k, v in self.env().items())]
-        return _run([*command, "rabbitmqctl", "-q", "-n", self.node, *args], timeout=timeout, check=check)
+        return _run([*self._as_rabbitmq(), "rabbitmqctl", "-q", "-n", self.node, *args], timeout=timeout, check=check)
+
+    def _as_rabbitmq(self) -> list[str]:
+        """Return the argv prefix running a command as the rabbitmq user, with this node's environment and namespace."""
+        inside = self.net.exec_prefix() if self.net else []
+        return [*inside, "runuser", "-u", "rabbitmq", "--", "env", *(f"{k}={v}" for k, v in self.env().items())]
 
     def start(self) -> None:
         """Start the node (as the rabbitmq user, so it has that user's Erlang cookie); do not wait."""
         self._starts += 1
         log = (self.dir / f"server-{self._starts}.log").open("wb")
-        command = ["runuser", "-u", "rabbitmq", "--", "env", *(f"{k}={v}" for k, v in self.env().items())]
         self.proc = subprocess.Popen(
-            [*command, "rabbitmq-server"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            [*self._as_rabbitmq(), "rabbitmq-server"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
 
     def wait_started(self, timeout: float = 90) -> None:
@@ -215,18 +226,33 @@ class RabbitNode:
 class RabbitCluster:
     """Three RabbitMQ nodes joined into one cluster (quorum queues declared on it have three members)."""
 
-    def __init__(self, root: Path, prefix: str, size: int = 3) -> None:
-        self.nodes = [RabbitNode(root, f"{prefix}{i}") for i in range(1, size + 1)]
+    def __init__(
+        self, root: Path, prefix: str, size: int = 3, lab: NetLab | None = None, net_ticktime: int = 15
+    ) -> None:
+        self.nodes = [
+            RabbitNode(root, f"{prefix}{i}", lab.add(f"rabbit{i}") if lab else None, net_ticktime)
+            for i in range(1, size + 1)
+        ]
 
     @property
     def urls(self) -> str:
         """Return the Celery failover list: every node's URL, `;`-separated, the first node first."""
-        return ";".join(node.url for node in self.nodes)
+        return self.urls_from(self.nodes[0])
 
-    def start(self) -> RabbitCluster:
-        """Start every node, then join the others to the first; fail unless all are running members."""
+    def urls_from(self, first: RabbitNode) -> str:
+        """Return the failover list starting at `first`, then the nodes after it (a client placed on that node)."""
+        at = self.nodes.index(first)
+        return ";".join(node.url for node in [*self.nodes[at:], *self.nodes[:at]])
+
+    def boot(self) -> None:
+        """Start every node's VM without waiting for it (`start` waits and joins them)."""
         for node in self.nodes:
             node.start()
+
+    def start(self) -> RabbitCluster:
+        """Start every node (unless `boot` did), then join the others to the first; fail unless all are members."""
+        if any(node.proc is None for node in self.nodes):
+            self.boot()
         for node in self.nodes:
             try:
                 node.wait_started()
@@ -262,6 +288,15 @@ class RabbitCluster:
 
         return {r["name"]: (r["leader"], list(r["members"])) for r in json.loads(rows) if r["type"] == "quorum"}
 
+    def transfer_leader(self, queue: str, to: RabbitNode) -> None:
+        """Make `to` the leader of the quorum queue `queue` (default vhost); wait until the cluster says so."""
+        to.ctl(
+            "eval",
+            f'{{ok, Q}} = rabbit_amqqueue:lookup(rabbit_misc:r(<<"/">>, queue, <<"{queue}">>)),'
+            f" rabbit_quorum_queue:transfer_leadership(Q, '{to.node}').",
+        )
+        _wait(lambda: self.queue_members(to)[queue][0] == to.node, f"{to.node} leading {queue}", timeout=30)
+
     def stop(self) -> None:
         """Stop every node (teardown)."""
         for node in self.nodes:
@@ -274,26 +309,37 @@ class RabbitCluster:
 class PgServer:
     """One PostgreSQL server on its own port and data directory, run as the postgres user."""
 
-    def __init__(self, root: Path, name: str) -> None:
+    def __init__(self, root: Path, name: str, net: NetHost | None = None) -> None:
         self.name = name
+        # In a network namespace of its own (tests/cluster/netns.py) the server listens on its address there.
+        self.net = net
+        self.host = net.address if net else "127.0.0.1"
         self.port = free_port()
         self.dir = root / name
         self.log = root / f"{name}.log"
         self.extra: list[str] = []
 
+    def as_postgres(self) -> list[str]:
+        """Return the argv prefix running a command as the postgres user (in the server's namespace)."""
+        return [*(self.net.exec_prefix() if self.net else []), "runuser", "-u", "postgres", "--"]
+
     def _as_postgres(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        return _run(["runuser", "-u", "postgres", "--", *args], timeout=timeout)
+        return _run([*self.as_postgres(), *args], timeout=timeout)
 
     def init(self) -> PgServer:
-        """Create the data directory (trust on loopback, replication allowed)."""
+        """Create the data directory (trust on loopback and on its namespace's network, replication allowed)."""
         _own(self.dir, "postgres")
         self._as_postgres(_pg_bin("initdb"), "-D", str(self.dir), "-A", "trust", "-U", "postgres", "--no-sync")
+        if self.net:
+            subnet = self.host.rsplit(".", 1)[0] + ".0/24"  # the lab's: the host end, the standby, nothing else
+            with (self.dir / "pg_hba.conf").open("a") as hba:
+                hba.write(f"host all all {subnet} trust\nhost replication all {subnet} trust\n")
         return self
 
     def start(self) -> PgServer:
         """Start the server on its port (loopback only, its socket in its own directory) and wait for it."""
         options = [
-            f"-p {self.port}", "-c listen_addresses=127.0.0.1", f"-c unix_socket_directories={self.dir}",
+            f"-p {self.port}", f"-c listen_addresses={self.host}", f"-c unix_socket_directories={self.dir}",
             "-c fsync=off", "-c shared_buffers=32MB", "-c max_connections=200", "-c wal_level=replica",
             "-c max_wal_senders=5", "-c hot_standby=on", *self.extra,
         ]  # fmt: skip
@@ -302,7 +348,7 @@ class PgServer:
         os.chmod(self.log, 0o666)
         # Not through _run: the server inherits pg_ctl's standard streams, so a captured pipe would never close.
         subprocess.run(
-            ["runuser", "-u", "postgres", "--", _pg_bin("pg_ctl"), "-D", str(self.dir), "-l", str(self.log), "-o",
+            [*self.as_postgres(), _pg_bin("pg_ctl"), "-D", str(self.dir), "-l", str(self.log), "-o",
              " ".join(options), "-w", "-t", "60", "start"],
             check=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=90,
         )  # fmt: skip
@@ -351,7 +397,7 @@ class PgServer:
 
     def conninfo(self, dbname: str) -> str:
         """Return a libpq connection string to this server alone."""
-        return f"host=127.0.0.1 port={self.port} user=postgres dbname={dbname} connect_timeout=3"
+        return f"host={self.host} port={self.port} user=postgres dbname={dbname} connect_timeout=3"
 
 
 class PgPair:
@@ -363,15 +409,16 @@ class PgPair:
     may be lost at failover, and "accepted" would no longer mean "kept".
     """
 
-    def __init__(self, root: Path, dbname: str) -> None:
+    def __init__(self, root: Path, dbname: str, lab: NetLab | None = None) -> None:
         self.dbname = dbname
-        self.primary = PgServer(root, "pg-primary")
-        self.standby = PgServer(root, "pg-standby")
+        self.primary = PgServer(root, "pg-primary", lab.add("pg-primary") if lab else None)
+        self.standby = PgServer(root, "pg-standby", lab.add("pg-standby") if lab else None)
 
     def url(self) -> str:
         """Return the service's DATABASE_URL: both hosts, the writable one chosen by libpq."""
         return (
-            f"postgres://postgres@127.0.0.1:{self.primary.port},127.0.0.1:{self.standby.port}/{self.dbname}"
+            f"postgres://postgres@{self.primary.host}:{self.primary.port},{self.standby.host}:{self.standby.port}/"
+            f"{self.dbname}"
             "?target_session_attrs=read-write"
         )
 
@@ -383,7 +430,7 @@ class PgPair:
         _own(self.standby.dir, "postgres")
         self.standby.dir.chmod(0o700)
         subprocess.run(
-            ["runuser", "-u", "postgres", "--", _pg_bin("pg_basebackup"), "-h", "127.0.0.1", "-p",
+            [*self.standby.as_postgres(), _pg_bin("pg_basebackup"), "-h", self.primary.host, "-p",
              str(self.primary.port), "-U", "postgres", "-D", str(self.standby.dir), "-R", "-X", "stream", "--no-sync",
              "--checkpoint=fast"],
             check=True, capture_output=True, timeout=120,

@@ -1,7 +1,9 @@
-"""Faults of replicated engines under load: a RabbitMQ node killed, a broker node hung (partitioned), the
-PostgreSQL primary lost and its standby promoted, the Redis master killed and a replica promoted by Sentinel.
+"""Faults of replicated engines under load: a RabbitMQ node killed, a broker node hung, a broker node cut off
+its peers by the network, the PostgreSQL primary lost and its standby promoted, the Redis master killed and a
+replica promoted by Sentinel.
 
-The whole stack runs against real clusters on loopback (tests/cluster/servers.py), configured as a deployment
+The whole stack runs against real clusters on loopback (tests/cluster/servers.py; for the network partition the
+broker nodes run in network namespaces of their own, tests/cluster/netns.py), configured as a deployment
 is: the broker failover list in CELERY_BROKER_URL, a multi-host DATABASE_URL with target_session_attrs, Redis
 through REDIS_SENTINELS. The API is gunicorn, the workers and beat real Celery processes, the provider the
 webhook stand-in receiver (which records every call and the delivery it carried). Under each fault a topic
@@ -10,17 +12,22 @@ fan-out, a stream of transactional singles and a stream of security OTPs go thro
 After each fault: every accepted delivery is `sent`, reached the receiver, the last of them within 60 s of the
 dependency's return; a delivery reached the receiver twice only if it was `sending` when the fault struck (the
 calls in flight); the API answered throughout (no error at all while the database stays up; while it has no
-primary only quick 503s); `/readyz` named the dependency as down or degraded while it was. The figures of each
-fault (accepted, delivered, sent twice, API errors, longest gap, OTP p99) are printed (docs/cluster.md).
+primary only quick 503s); `/readyz` named the dependency as down or degraded while it was. Every request is also
+matched by its dedup_key to its deliveries (none lost, none sent twice unless in flight, none unasked for). The
+figures of each fault (accepted, delivered, sent twice, API errors, longest gap, OTP p99) are printed
+(docs/cluster.md).
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import math
 import os
+import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -36,6 +43,7 @@ import httpx
 import psycopg
 import pytest
 
+from tests.cluster.netns import NetLab
 from tests.cluster.servers import PgPair, RabbitCluster, RabbitNode, RedisSentinelSet, answers_ok, missing_requirements
 from tests.conftest import NS, ROOT, ServerProcess
 from tests.redis_server import free_port
@@ -49,6 +57,10 @@ FANOUT = 1500  # subscribers of the topic sent to under every fault
 SINGLES_PER_SECOND = 8
 OTPS_PER_SECOND = 2
 DELIVERY_BOUND = 60.0  # seconds after the dependency's return by which every accepted delivery is sent
+# The network partition: broker nodes in network namespaces, a peer silent for about NETNS_TICKTIME seconds is down.
+NETNS_TICKTIME = 4
+SLOW_RATE = "4mbit"  # while cut, what still flows leaves every broker node at this rate at most
+OTP_P99_BOUND = 2.0  # seconds from accept to the provider for OTPs while a quorum of broker nodes remains
 
 
 @dataclass
@@ -65,8 +77,9 @@ class Stack:
 
     def sql(self, query: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
         """Run a query on the service's database, wherever its primary is now (as the service finds it)."""
+        hosts = f"{self.pg.primary.host},{self.pg.standby.host}"
         ports = f"{self.pg.primary.port},{self.pg.standby.port}"
-        dsn = f"host=127.0.0.1,127.0.0.1 port={ports} user=postgres dbname={self.pg.dbname} connect_timeout=3"
+        dsn = f"host={hosts} port={ports} user=postgres dbname={self.pg.dbname} connect_timeout=3"
         with psycopg.connect(dsn + " target_session_attrs=read-write", autocommit=True) as conn:
             return conn.execute(query, params or []).fetchall()
 
@@ -111,37 +124,87 @@ def stack() -> Iterator[Stack]:
     reason = missing_requirements()
     if reason:
         pytest.skip(reason)
+    root = _cluster_root()
+    with _running_stack(root, RabbitCluster(root, f"notifier-{NS}-")) as running:
+        yield running
+
+
+@pytest.fixture
+def partitionable_stack() -> Iterator[tuple[Stack, NetLab]]:
+    """Start the stack with each broker node in a network namespace of its own; remove them all afterwards.
+
+    The nodes are on a bridge (tests/cluster/netns.py), named by address, with NETNS_TICKTIME. The API, the
+    high-priority worker and beat start their failover lists at node 1; the bulk worker (fan-out, webhook.low,
+    maintenance) at node 3, the side the scenario cuts off. Function-scoped: the namespaces and the stack exist
+    only while the scenario runs.
+    """
+    reason = missing_requirements() or next(
+        (f"{tool} is not installed" for tool in ("ip", "tc") if shutil.which(tool) is None), None
+    )
+    if reason:
+        pytest.skip(reason)
+    root = _cluster_root()
+    lab = NetLab(NS)
+    try:
+        lab.start()
+        rabbit = RabbitCluster(root, f"notifier-{NS}-", lab=lab, net_ticktime=NETNS_TICKTIME)
+        with _running_stack(root, rabbit, {"bulk": rabbit.nodes[2]}, lab) as running:
+            yield running, lab
+    finally:
+        lab.close()
+
+
+def _cluster_root() -> Path:
     root = Path(tempfile.mkdtemp(prefix=f"notifier-cluster-{NS}-"))
     root.chmod(0o755)  # the rabbitmq and postgres users keep their directories under it
-    rabbit = RabbitCluster(root, f"notifier-{NS}-")
-    pg = PgPair(root, "notifier")
+    return root
+
+
+@contextlib.contextmanager
+def _running_stack(
+    root: Path, rabbit: RabbitCluster, first_node: dict[str, RabbitNode] | None = None, lab: NetLab | None = None
+) -> Iterator[Stack]:
+    """Start Redis, PostgreSQL, `rabbit` and the service on them; stop every process, remove `root` afterwards.
+
+    `first_node` places a process (by kind: api, high, bulk, beat) on a broker node: its failover list starts
+    there (the others start at the first node). With `lab`, PostgreSQL's two servers run in namespaces of it.
+    """
+    pg = PgPair(root, "notifier", lab)
     rs = RedisSentinelSet(root)
     processes: list[ServerProcess] = []
     started = time.monotonic()
     with TimedReceiver() as receiver:
         try:
+            # The broker nodes boot while Redis and PostgreSQL start and the schema and data are written (neither
+            # needs the broker); then they are joined.
+            rabbit.boot()
             rs.start()
             pg.start()
-            rabbit.start()
-            print(f"\nclusters up in {time.monotonic() - started:.0f}s (RabbitMQ {rabbit.urls})")
             env = _service_env(rabbit, pg, rs)
             _manage(env, "manage.py", "migrate", "--noinput", "-v0")
             key = json.loads(_manage(env, "-m", "tests.cluster.seed", receiver.url, str(FANOUT)))["key"]
+            rabbit.start()
+            print(f"\nclusters up in {time.monotonic() - started:.0f}s (RabbitMQ {rabbit.urls})")
+
+            def placed(kind: str) -> dict[str, str]:
+                first = (first_node or {}).get(kind, rabbit.nodes[0])
+                return {**env, "CELERY_BROKER_URL": rabbit.urls_from(first)}
+
             port = free_port()
             processes.append(
                 ServerProcess("cluster-api", ["gunicorn", "-c", "gunicorn.conf.py", "-b", f"127.0.0.1:{port}",
-                                              "config.wsgi"], env)
+                                              "config.wsgi"], placed("api"))
             )  # fmt: skip
             for name, queues in (("high", "webhook.high"), ("bulk", "webhook.low,fanout,maintenance")):
                 processes.append(
                     ServerProcess(f"cluster-{name}", [
                         "celery", "-A", "config", "worker", "-Q", queues, "--pool", "threads", "--concurrency", "4",
                         "--loglevel", "INFO", "--without-gossip", "--without-mingle", "-n", f"cluster-{NS}-{name}@%h",
-                    ], env)
+                    ], placed(name))
                 )  # fmt: skip
             processes.append(
                 ServerProcess("cluster-beat", ["celery", "-A", "config", "beat", "--loglevel", "INFO",
-                                               "-s", str(root / "beat-schedule")], env)
+                                               "-s", str(root / "beat-schedule")], placed("beat"))
             )  # fmt: skip
             api = f"http://127.0.0.1:{port}"
             processes[0].wait_ready(lambda: answers_ok(f"{api}/healthz"), timeout=60)
@@ -151,6 +214,7 @@ def stack() -> Iterator[Stack]:
             yield Stack(rabbit, pg, rs, receiver, api, key, processes)
         finally:
             for process in processes:
+                process.kill()  # disposable, like the clusters they ran on: no warm shutdown to wait for
                 process.stop()
             rabbit.stop()
             pg.stop()
@@ -163,9 +227,10 @@ def stack() -> Iterator[Stack]:
 
 @dataclass
 class Call:
-    """One accept request: when it started and ended, and what it answered (0 for no answer)."""
+    """One accept request: its dedup_key, when it started and ended, and what it answered (0 for no answer)."""
 
     kind: str
+    dedup_key: str
     started: float
     ended: float
     status: int
@@ -205,7 +270,7 @@ class Load:
             status = http.post("/api/v1/notifications", json=body).status_code
         except httpx.HTTPError:
             status = 0
-        self.calls.append(Call(kind, started, time.time(), status))
+        self.calls.append(Call(kind, body["dedup_key"], started, time.time(), status))
         return status
 
     def client(self) -> httpx.Client:
@@ -297,6 +362,7 @@ class Fault:
     otp_slow: int
     last_after_back: float
     readyz: list[str]
+    accounting: Accounting
 
     def report(self) -> str:
         """Return the figures as one line (docs/cluster.md copies them)."""
@@ -307,8 +373,74 @@ class Fault:
             f"{dict(self.api_errors)} (worst {self.worst_errors_per_second}/s), longest gap {self.longest_gap:.1f}s, "
             f"OTP p99 {self.otp_p99:.2f}s (p50 {self.otp_p50:.2f}s, {self.otp_slow} of {self.otp_count} over 5 s), "
             f"last delivery {self.last_after_back:.1f}s after the return; "
-            f"readyz {Counter(self.readyz)}"
+            f"readyz {Counter(self.readyz)}; {self.accounting.report()}"
         )
+
+
+@dataclass
+class Accounting:
+    """Every request of a fault run matched, by its dedup_key, to the deliveries it made and what reached the receiver.
+
+    `accepted` are the keys answered 202; `unanswered` the others (an error or no answer: the request may still
+    have been kept, and then it is held to the same rules). A key is lost when it was accepted and has no delivery,
+    fewer than it should (one per single or OTP, the whole topic for the fan-out), or a delivery that never reached
+    the receiver. Sent twice: deliveries the receiver got more than once, and of those the ones not `sending` when
+    the fault struck (the only ones a second call is allowed for). Orphans: deliveries of the run no key made.
+    """
+
+    accepted: int
+    unanswered: int
+    unanswered_kept: int
+    matched: int
+    deliveries: int
+    lost: list[str]
+    sent_twice: int
+    twice_not_in_flight: list[int]
+    orphans: int
+
+    def report(self) -> str:
+        """Return the accounting as one line."""
+        return (
+            f"by dedup_key: {self.accepted} accepted, {self.matched} matched to their {self.deliveries} deliveries, "
+            f"lost {len(self.lost)}, sent twice {self.sent_twice} (not in flight at the fault "
+            f"{len(self.twice_not_in_flight)}), unanswered {self.unanswered} (kept {self.unanswered_kept}), "
+            f"orphan deliveries {self.orphans}"
+        )
+
+
+def _account(
+    stack: Stack, calls: list[Call], since: Any, ok: Counter[int], in_flight: set[int], run_ids: set[int]
+) -> Accounting:
+    """Match every call's dedup_key to its notification's deliveries and to the receiver's calls (see Accounting)."""
+    rows = stack.sql(
+        "SELECT n.dedup_key, d.id FROM notifier_notification n JOIN notifier_delivery d ON d.notification_id = n.id"
+        " WHERE n.created_at >= %s AND n.dedup_key = ANY(%s)",
+        [since, [c.dedup_key for c in calls]],
+    )
+    deliveries: dict[str, list[int]] = {}
+    for dedup_key, delivery_id in rows:
+        deliveries.setdefault(dedup_key, []).append(delivery_id)
+    expected = {c.dedup_key: FANOUT if c.kind == "topic" else 1 for c in calls}
+    accepted = {c.dedup_key for c in calls if c.status == 202}
+    kept = {k for k in deliveries if k not in accepted}
+    lost = [
+        k
+        for k in sorted(accepted | kept)
+        if len(deliveries.get(k, [])) != expected[k] or any(ok[d] == 0 for d in deliveries.get(k, []))
+    ]
+    made = {d for ids in deliveries.values() for d in ids}
+    twice = {d for d in made if ok[d] > 1}
+    return Accounting(
+        accepted=len(accepted),
+        unanswered=len(calls) - len(accepted),
+        unanswered_kept=len(kept),
+        matched=sum(1 for k in accepted if k in deliveries),
+        deliveries=len(made),
+        lost=lost,
+        sent_twice=len(twice),
+        twice_not_in_flight=sorted(twice - in_flight),
+        orphans=len(run_ids - made),
+    )
 
 
 def run_fault(
@@ -401,6 +533,7 @@ def run_fault(
         otp_slow=sum(1 for latency in otp_latency if latency > 5),
         last_after_back=max(first_hit.values(), default=t_back) - t_back,
         readyz=probe.flagged(dependency, t_fault, t_back),
+        accounting=_account(stack, load.calls, phase_started, ok, in_flight, ids),
     )
     print(f"\n{fault.report()}")
 
@@ -416,6 +549,11 @@ def run_fault(
     assert set(ok) == ids, f"{len(ids - set(ok))} accepted deliveries never reached the receiver"
     # A second call only for what was on the wire when the fault struck.
     assert twice <= in_flight, f"sent twice and not in flight at the fault: {sorted(twice - in_flight)[:20]}"
+    # The same, request by request: each kept dedup_key has all its deliveries, each received; no delivery of the
+    # run that no request made.
+    account = fault.accounting
+    assert not account.lost and not account.twice_not_in_flight and not account.orphans, account
+    assert account.matched == account.accepted == accepted_calls.total(), account
     assert fault.last_after_back <= DELIVERY_BOUND, fault.report()
     assert _stuck(stack) == 0
     return fault
@@ -442,10 +580,17 @@ def _until(predicate: Callable[[], Any], what: str, timeout: float) -> None:
 
 
 def _client_node(rabbit: RabbitCluster, via: RabbitNode) -> Counter[str]:
-    """Return how many client connections each node holds (by the AMQP port each connection came in on)."""
-    rows = json.loads(via.ctl("list_connections", "port", "--formatter", "json").stdout or "[]")
-    by_port = {node.port: node.node for node in rabbit.nodes}
-    return Counter(by_port.get(int(row["port"]), "?") for row in rows)
+    """Return how many client connections each node holds (by the address and port each one came in on)."""
+    rows = json.loads(via.ctl("list_connections", "host", "port", "--formatter", "json").stdout or "[]")
+    by_address = {(node.host, node.port): node.node for node in rabbit.nodes}
+    return Counter(by_address.get((_address(row["host"]), int(row["port"])), "?") for row in rows)
+
+
+def _address(value: str | list[int]) -> str:
+    """Return an address the CLI's JSON printed as a string, an IPv4 tuple or a character list, as a string."""
+    if isinstance(value, str):
+        return value
+    return ".".join(map(str, value)) if len(value) == 4 else "".join(map(chr, value))
 
 
 def _leaders(rabbit: RabbitCluster, via: RabbitNode) -> Counter[str]:
@@ -507,6 +652,130 @@ def test_a_hung_broker_node_is_a_partition_the_cluster_rides_out(stack: Stack) -
     fault = run_fault(stack, "rabbitmq-node-partitioned", "broker", victim.pause, _node_back(victim, 25, victim.resume))
 
     _assert_the_cluster_rode_it_out(stack, fault)
+
+
+def _rabbit_running(node: RabbitNode) -> bool | None:
+    """Return whether the node's rabbit application runs (False: paused or stopped; None: the VM did not answer)."""
+    try:
+        answer = node.ctl("eval", "rabbit:is_running().", timeout=15, check=False)
+    except subprocess.TimeoutExpired:
+        return None
+    return {"true": True, "false": False}.get(answer.stdout.strip()) if answer.returncode == 0 else None
+
+
+def _accepts_amqp(node: RabbitNode) -> bool:
+    """Return whether the node's AMQP listener accepts a TCP connection (from the host: clients' side)."""
+    try:
+        socket.create_connection((node.host, node.port), timeout=2).close()
+    except OSError:
+        return False
+    return True
+
+
+def _consumer_nodes(via: RabbitNode, queue: str, nodes: list[RabbitNode]) -> Counter[str]:
+    """Return on which node each consumer of `queue` has its channel (the node its client is connected to)."""
+    # list_consumers prints a channel's pid without its node: ask the node for node(Pid) of each consumer.
+    answer = via.ctl(
+        "eval",
+        '[node(proplists:get_value(channel_pid, C)) || C <- rabbit_amqqueue:consumers_all(<<"/">>),'
+        f' element(4, proplists:get_value(queue_name, C)) =:= <<"{queue}">>].',
+        timeout=30,
+    ).stdout
+    return Counter({n.node: answer.count(f"'{n.node}'") for n in nodes if f"'{n.node}'" in answer})
+
+
+def _connected_to(worker: ServerProcess, node: RabbitNode) -> int:
+    """Return how many times the Celery worker logged connecting its consumer to `node` (by its AMQP port)."""
+    return len(re.findall(rf"Connected to amqp://[^\s\"]*:{node.port}//", worker.log()))
+
+
+def _tasks_done(log: str) -> int:
+    """Return how many tasks a worker's log excerpt shows both received and succeeded (not older ones finishing)."""
+    received = set(re.findall(r"Task [\w.]+\[([0-9a-f-]+)\] received", log))
+    return sum(1 for task_id in re.findall(r"Task [\w.]+\[([0-9a-f-]+)\] succeeded in", log) if task_id in received)
+
+
+def _running_nodes(via: RabbitNode) -> list[str]:
+    status = json.loads(via.ctl("cluster_status", "--formatter", "json", timeout=30).stdout)
+    return sorted(status["running_nodes"])
+
+
+# Its own stack's start counts too (70-125 s; three minutes on a box at load average 19).
+@pytest.mark.timeout(420)
+def test_a_network_partition_pauses_the_minority_node_and_its_clients_move_to_the_majority(
+    partitionable_stack: tuple[Stack, NetLab],
+) -> None:
+    """Slow every broker node's link, then cut node 3 off its peers (clients reach both sides); heal; it rejoins.
+
+    The API, the OTP worker and beat sit on the majority (node 1) and keep sending; the bulk worker sits on
+    node 3. With pause_minority node 3, alone, stops its rabbit application: its AMQP listener refuses, its
+    clients are closed, and the bulk worker continues on the majority. Once healed, node 3 runs again and is a
+    running member. Exact accounting by dedup_key; OTP p99 under OTP_P99_BOUND throughout (a quorum remains).
+    """
+    stack, lab = partitionable_stack
+    first, _, victim = stack.rabbit.nodes
+    cut_off = victim.net
+    brokers = [n.net for n in stack.rabbit.nodes if n.net]
+    assert cut_off is not None
+    # The OTP path must not depend on the cut node: its queue is led on the majority side (the bulk queues are led
+    # wherever their first declaration put them, the cut node too).
+    if stack.rabbit.queue_members(first)["webhook.high"][0] == victim.node:
+        stack.rabbit.transfer_leader("webhook.high", first)
+    assert _consumer_nodes(first, "webhook.low", stack.rabbit.nodes) == {victim.node: 1}  # the minority's client
+    print(f"\nleaders {_leaders(stack.rabbit, first)}, client connections {_client_node(stack.rabbit, first)}")
+    bulk = next(p for p in stack.processes if p.kind == "cluster-bulk")
+    connected_before = _connected_to(bulk, first)
+    seen: dict[str, Any] = {}
+
+    def inject() -> None:
+        lab.cut([cut_off], SLOW_RATE, among=brokers)
+
+    def restore() -> float:
+        _until(lambda: _rabbit_running(victim) is False, "the cut-off node pausing itself (pause_minority)", 45)
+        seen["paused"] = time.time()
+        seen["listener_refuses"] = not _accepts_amqp(victim)
+        seen["majority_running"] = _running_nodes(first)
+        # Its client, the bulk worker, reconnects down its failover list: to the majority (as it logs it).
+        _until(
+            lambda: _connected_to(bulk, first) > connected_before,
+            "the minority's client connected to the majority",
+            30,
+        )
+        seen["moved"] = time.time()
+        log_at_move = len(bulk.log())
+        seen["clients_during"] = _client_node(stack.rabbit, first)
+        # ... and works there: a task received since and done (beat's maintenance tasks come once a second). Celery's
+        # delayed-delivery bootstep may first retry every URL of the list, the paused node's too (up to 15 s).
+        _until(lambda: _tasks_done(bulk.log()[log_at_move:]), "the minority's client working on the majority", 45)
+        seen["working"] = time.time()
+        seen["dropped"] = {h.netns: lab.dropped_packets(h) for h in brokers}
+        seen["slowed"] = {h.netns: lab.overlimits(h) for h in brokers}
+        seen["still_paused"] = _rabbit_running(victim) is False
+        lab.heal()
+        seen["healed"] = time.time()
+        _until(lambda: _rabbit_running(victim) is True, "the node running again after the heal", 60)
+        _until(lambda: victim.node in _running_nodes(first), "the node back among the running members", 30)
+        return time.time()
+
+    fault = run_fault(stack, "rabbitmq-network-partition", "broker", inject, restore)
+
+    print(
+        f"cut: node paused {seen['paused'] - fault.t_fault:.1f}s after the cut, its client on the majority"
+        f" {seen['moved'] - seen['paused']:.1f}s later; packets dropped by the cut {seen['dropped']}, held back by"
+        f" the {SLOW_RATE} limit {seen['slowed']}; majority running {seen['majority_running']}, connections"
+        f" {seen['clients_during']}, its client working there {seen['working'] - seen['moved']:.1f}s after it"
+        f" connected; cut healed {seen['healed'] - fault.t_fault:.1f}s after it began, node back"
+        f" {fault.t_back - seen['healed']:.1f}s after the heal"
+    )
+    assert seen["listener_refuses"], "the paused node's AMQP listener still accepts"
+    assert seen["majority_running"] == sorted(n.node for n in stack.rabbit.nodes if n is not victim)
+    assert seen["still_paused"], "the cut-off node ran again while still cut off"
+    assert seen["clients_during"][victim.node] == 0, seen["clients_during"]
+    assert all(seen["dropped"][h.netns] > 0 for h in brokers), seen["dropped"]  # the cut dropped, both sides
+    assert sum(seen["slowed"].values()) > 0, seen["slowed"]  # the rate limit held packets back (where they flow)
+    assert fault.otp_p99 < OTP_P99_BOUND, fault.report()
+    _assert_the_cluster_rode_it_out(stack, fault)
+    assert _running_nodes(first) == sorted(n.node for n in stack.rabbit.nodes)
 
 
 @pytest.mark.timeout(420)
