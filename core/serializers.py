@@ -51,6 +51,18 @@ def represent_with(cls: type[serializers.Serializer[Any]], instance: Any) -> dic
     return dict(thread_serializer(cls).to_representation(instance))
 
 
+def plain_text(value: Any, max_length: int) -> bool:
+    """Return True for a string DRF's CharField would return unchanged: not blank, not trimmed, short enough.
+
+    Only ASCII without NUL: anything else (surrogates, Unicode spaces that strip() removes) is left to DRF. The
+    fast paths of validation (a send, a recipient of a batch) take such a string as it is.
+    """
+    return (
+        type(value) is str and 0 < len(value) <= max_length and value.isascii() and value.strip() == value
+        and "\x00" not in value
+    )  # fmt: skip
+
+
 def holds_nul(value: Any) -> bool:
     """Return True if a string anywhere in a parsed JSON value (an object's keys too) holds a NUL character.
 

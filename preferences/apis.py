@@ -41,6 +41,7 @@ from preferences.serializers import (
     TopicInputSerializer,
     TopicOutputSerializer,
     TopicPage,
+    recipient_batch_answer,
 )
 
 
@@ -156,7 +157,7 @@ class RecipientBatchApi(RecipientApi):
         if joins and "topics" not in (getattr(request.user, "scopes", None) or ()):
             raise ApiError(403, "scope_missing", "This API key lacks the scope 'topics'.", {"scope": ["topics"]})
         results = bulk.recipients_batch(items=items, audit_actor=request.user)
-        return Response(RecipientBatchOutputSerializer({"results": [r.as_dict() for r in results]}).data)
+        return Response(recipient_batch_answer([r.as_dict() for r in results]))
 
     @extend_schema(exclude=True)
     def put(self, request: Request, user_id: str = "batch") -> Response:

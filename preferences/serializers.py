@@ -9,6 +9,8 @@ import zoneinfo
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.core.validators import EmailValidator, URLValidator
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
@@ -16,6 +18,7 @@ from core.categories import is_optional
 from core.chat import CHAT_CHANNELS, slack_address_error, telegram_address_error
 from core.openapi import ErrorDetailSerializer
 from core.pagination import CursorQuerySerializer, PageLimitField, cursor_page_serializer
+from core.serializers import plain_text, thread_serializer
 from core.ssrf import url_refusal
 from preferences import selectors
 from preferences.compliance import FREQUENCIES
@@ -150,6 +153,91 @@ class RecipientBatchItemSerializer(RecipientInputSerializer):
     )
 
 
+# The common batch item checked without DRF: its fields' DRF validation was four fifths of a batch's CPU. The
+# text fields and the longest value each may have as it stands.
+_FAST_TEXTS = {"email": 320, "phone": 32, "locale": 35, "timezone": 64, "webhook_url": 2048}
+_FAST_ITEM_FIELDS = frozenset({"user_id", "topics", "tracking_opt_out", "chat", *_FAST_TEXTS})
+_SLUG = re.compile(r"^[-a-zA-Z0-9_]+$")  # DRF's SlugField's, ASCII
+
+
+@functools.cache
+def _item_checks() -> tuple[tuple[str, ...], dict[str, Any]]:
+    """Return RecipientBatchItemSerializer's field names in its order, and the checks of each text field.
+
+    Email and URL are checked by the validators of the serializer's own fields (DRF adds them), so the fast
+    path cannot disagree with them; a text field's other validators (length, NUL, surrogates) are those a
+    plain_text string passes.
+    """
+    fields = RecipientBatchItemSerializer().fields
+    email = next(v for v in fields["email"].validators if isinstance(v, EmailValidator))
+    url = next(v for v in fields["webhook_url"].validators if isinstance(v, URLValidator))
+    serializer = RecipientInputSerializer()
+
+    def webhook_url(value: str) -> str:
+        url(value)
+        return serializer.validate_webhook_url(value)
+
+    checks = {
+        "email": email,
+        "phone": serializer.validate_phone,
+        "locale": serializer.validate_locale,
+        "timezone": serializer.validate_timezone,
+        "webhook_url": webhook_url,
+    }
+    return tuple(fields), checks
+
+
+def recipient_item_fast(data: Any) -> dict[str, Any] | None:
+    """Return what RecipientBatchItemSerializer would return for a plain batch item, or None to let DRF decide.
+
+    A plain item gives `user_id` and of the rest only the text fields, `tracking_opt_out` (a boolean), `chat`
+    (null or empty) and `topics` (a list of slugs), each valid as it stands or null or "" (cleared). Anything
+    else (another field, a value DRF would convert, trim or refuse) answers None, and the serializer validates
+    the item and words its error; so this never refuses what DRF accepts nor accepts what it refuses, and
+    returns the same values in the serializer's field order. Phone numbers are the PUT's check (cached per text).
+    """
+    if type(data) is not dict or "user_id" not in data or not data.keys() <= _FAST_ITEM_FIELDS:
+        return None
+    order, checks = _item_checks()
+    found: dict[str, Any] = {}
+    for name in order:
+        if name not in data:
+            continue
+        value = data[name]
+        if name in _FAST_TEXTS:
+            if value is None or value == "":
+                found[name] = ""
+                continue
+            if not plain_text(value, _FAST_TEXTS[name]):
+                return None
+            try:
+                checked = checks[name](value)
+            except (serializers.ValidationError, DjangoValidationError):
+                return None
+            found[name] = value if name == "email" else checked
+        elif name == "user_id":
+            if not plain_text(value, 255):
+                return None
+            found[name] = value
+        elif name == "topics":
+            if (
+                type(value) is not list
+                or len(value) > MAX_TOPICS_PER_ITEM
+                or not all(plain_text(key, 128) and _SLUG.match(key) for key in value)
+            ):
+                return None
+            found[name] = list(value)
+        elif name == "tracking_opt_out":
+            if type(value) is not bool:
+                return None
+            found[name] = value
+        else:  # chat: only cleared (an address is its network's to check)
+            if value is not None and value != {}:
+                return None
+            found[name] = {}
+    return found
+
+
 @extend_schema_field(RecipientBatchItemSerializer(many=True))
 class BatchItemsField(serializers.ListField):
     """The items of a batch, each an object checked on its own later (a bad item fails alone, not the call)."""
@@ -158,6 +246,14 @@ class BatchItemsField(serializers.ListField):
         super().__init__(
             child=serializers.JSONField(), allow_empty=False, max_length=MAX_RECIPIENTS_PER_BATCH, **kwargs
         )
+
+    def run_child_validation(self, data: list[Any]) -> list[Any]:
+        # The child JSONField returns an item as it is, after checking that json.dumps takes it: a parsed JSON
+        # body (nested at most core.bodies.MAX_JSON_DEPTH deep) always is, so only a null item (which it
+        # refuses, failing the call) needs it.
+        if None in data:
+            return super().run_child_validation(data)
+        return list(data)
 
 
 class RecipientBatchInputSerializer(serializers.Serializer):
@@ -178,6 +274,27 @@ class RecipientBatchOutputSerializer(serializers.Serializer):
     """One result per item, in the order sent."""
 
     results = RecipientBatchResultSerializer(many=True)
+
+
+_WRITTEN = (200, 201)
+
+
+def recipient_batch_answer(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Return `RecipientBatchOutputSerializer({"results": results}).data`, with the serializer only for errors.
+
+    A result without an error ({"user_id": str, "status": 201 or 200}) is what the serializer makes of it;
+    building 1,000 of them through its fields was a tenth of a batch's CPU.
+    """
+    slow = thread_serializer(RecipientBatchResultSerializer).to_representation
+    plain = {"user_id", "status"}
+    return {
+        "results": [
+            dict(result)
+            if result.keys() == plain and type(result["user_id"]) is str and result["status"] in _WRITTEN
+            else dict(slow(result))
+            for result in results
+        ]
+    }
 
 
 class DeviceInputSerializer(serializers.Serializer):

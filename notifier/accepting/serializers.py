@@ -15,7 +15,7 @@ from core.errors import ApiError, exception_handler
 from core.keys import KEY
 from core.openapi import ErrorDetailSerializer
 from core.pagination import CursorQuerySerializer, cursor_page_serializer
-from core.serializers import JsonObjectField, holds_nul, validate_with
+from core.serializers import JsonObjectField, holds_nul, plain_text, validate_with
 from notifier.accepting.services import AcceptResult
 from notifier.clients.models import ApiClient
 from notifier.deliveries.fallback import MAX_AFTER_SECONDS, STRATEGIES
@@ -168,17 +168,6 @@ _FAST_FIELDS = frozenset({"recipient", "channels", "payload", "priority", *_FAST
 _PRIORITIES = frozenset(Notification.Priority.values)
 
 
-def _plain_text(value: Any, max_length: int) -> bool:
-    """Return True for a string DRF's CharField would return unchanged: not blank, not trimmed, short enough.
-
-    Only ASCII without NUL: anything else (surrogates, Unicode spaces that strip() removes) is left to DRF.
-    """
-    return (
-        type(value) is str and 0 < len(value) <= max_length and value.isascii() and value.strip() == value
-        and "\x00" not in value
-    )  # fmt: skip
-
-
 def send_input_fast(data: Any) -> dict[str, Any] | None:
     """Return what NotificationInput would return for a plain send to one user, or None to let DRF decide.
 
@@ -190,12 +179,12 @@ def send_input_fast(data: Any) -> dict[str, Any] | None:
     if type(data) is not dict or not data.keys() <= _FAST_FIELDS:
         return None
     recipient, template = data.get("recipient"), data.get("template")
-    if type(recipient) is not dict or recipient.keys() != {"user_id"} or not _plain_text(recipient["user_id"], 255):
+    if type(recipient) is not dict or recipient.keys() != {"user_id"} or not plain_text(recipient["user_id"], 255):
         return None
     if template is None:
         return None
     for name, max_length in _FAST_STRINGS.items():
-        if name in data and not _plain_text(data[name], max_length):
+        if name in data and not plain_text(data[name], max_length):
             return None
     if not TEMPLATE_SPEC.match(template):
         return None
