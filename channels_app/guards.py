@@ -14,6 +14,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -156,23 +157,43 @@ def timed_stream(
     metrics.observe_provider_call(name or provider.name, elapsed, result)
 
 
-def note_outcomes(name: str, outcomes: Sequence[Outcome]) -> None:
-    """Feed a batch's outcomes to the breaker and the adaptive limiter (one call each, not one per message)."""
+@dataclass(frozen=True)
+class Tally:
+    """What a batch's outcomes say about their provider: healthy answers, failures, throttles (and their hint)."""
+
+    answered: int
+    failing: int
+    throttled: int
+    retry_after: float | None
+
+
+def outcomes_tally(outcomes: Sequence[Outcome]) -> Tally:
+    """Sort a batch's outcomes for the breaker and the adaptive limiter; an unexpected exception counts nowhere.
+
+    Accepted and permanent errors are answers (the provider is healthy, a message was not); retriable errors are
+    failures, or throttles when the provider asked us to slow down, with the longest Retry-After among them.
+    """
     # An unexpected exception is our fault (a bug, a bad per-client setting), not the provider's answer.
     outcomes = [o for o in outcomes if not isinstance(o, UnexpectedError)]
     answered = sum(1 for o in outcomes if not isinstance(o, ProviderError) or not o.retriable)
     transient = [o for o in outcomes if isinstance(o, ProviderError) and o.retriable]
     throttled = [o for o in transient if o.throttled]
-    if answered:
+    retry_after = (max((o.retry_after or 0.0) for o in throttled) or None) if throttled else None
+    return Tally(answered, len(transient) - len(throttled), len(throttled), retry_after)
+
+
+def note_outcomes(name: str, outcomes: Sequence[Outcome]) -> None:
+    """Feed a batch's outcomes to the breaker and the adaptive limiter (one call each, not one per message)."""
+    tally = outcomes_tally(outcomes)
+    if tally.answered:
         # A permanent error means the provider answered: it is healthy, the message was not.
-        breaker.record(name, ok=True, n=answered)
-        ratelimit.on_success(name, answered)
-    failing = len(transient) - len(throttled)
-    if failing:
-        breaker.record(name, ok=False, n=failing)
-    if throttled:
-        ratelimit.on_throttled(name, max((o.retry_after or 0.0) for o in throttled) or None)
-        metrics.count_throttled(name, len(throttled))
+        breaker.record(name, ok=True, n=tally.answered)
+        ratelimit.on_success(name, tally.answered)
+    if tally.failing:
+        breaker.record(name, ok=False, n=tally.failing)
+    if tally.throttled:
+        ratelimit.on_throttled(name, tally.retry_after)
+        metrics.count_throttled(name, tally.throttled)
 
 
 def message_meta(delivery: Delivery) -> dict[str, Any]:

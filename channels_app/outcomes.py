@@ -28,7 +28,7 @@ from django.db import InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
 
 from channels_app.deadletter import publish_dead_letters
-from channels_app.providers.base import ProviderError, SendResult, UnexpectedError
+from channels_app.providers.base import Outcome, ProviderError, SendResult, UnexpectedError
 from channels_app.sms_fit import count_sent as count_sms_segments
 from core import metrics
 from core.logs import log_lines, mask_text
@@ -134,6 +134,20 @@ class Outcomes:
     def event(self, delivery_id: int, status: str, detail: str) -> None:
         """Record an event that is not a status change (a failover decision)."""
         self.events.append((delivery_id, status, detail))
+
+    def answer(self, delivery: Delivery, provider: str, outcome: Outcome, content: dict[str, Any]) -> None:
+        """Record a provider's answer to one delivery, whatever it is.
+
+        Accepted: sent. A retriable error: another attempt after a backoff, or failed and dead-lettered once the
+        attempts are used up. Any other error: failed, and dead-lettered when it was unexpected (our fault, not
+        the provider's answer).
+        """
+        if isinstance(outcome, SendResult):
+            self.sent(delivery, provider, outcome, content, at=self.now)
+        elif outcome.retriable:
+            self.retry(delivery, outcome, provider)
+        else:
+            self.failed(delivery, outcome, provider)
 
     def sent(
         self, delivery: Delivery, provider: str, result: SendResult, content: dict[str, Any], at: datetime

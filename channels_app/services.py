@@ -23,7 +23,7 @@ from django.db import InterfaceError, OperationalError, connection
 from channels_app import guards
 from channels_app.outcomes import BatchReport, DbClock, Outcomes, backoff_seconds, describe_exception
 from channels_app.providers import registry
-from channels_app.providers.base import OutboundMessage, Outcome, RetriableError, SendResult
+from channels_app.providers.base import OutboundMessage, Outcome, RetriableError
 from channels_app.sms_fit import sms_fit
 from core import config_cache
 from notifier.campaigns.models import Campaign
@@ -430,12 +430,7 @@ def _send_group(name: str, group: list[tuple[Delivery, OutboundMessage]], out: O
                 answered, done, last_flush = [], [], time.monotonic()
             continue
         delivery, message = group[index]
-        if isinstance(outcome, SendResult):
-            out.sent(delivery, name, outcome, message.content, at=out.now)
-        elif outcome.retriable:
-            out.retry(delivery, outcome, name)
-        else:
-            out.failed(delivery, outcome, name)
+        out.answer(delivery, name, outcome, message.content)
         answered.append(outcome)
         done.append(delivery.pk)
     _flush_answers(name, answered, done, out, window)

@@ -78,7 +78,12 @@ def quiet_hours_end(
     # the moment the wall clock passes it (never early); an ambiguous autumn end resolves to its first
     # occurrence, the first moment the wall clock shows it.
     local_end = dt.datetime.combine(end_date, end, tzinfo=zone)
-    return local_end.astimezone(dt.UTC)
+    until = local_end.astimezone(dt.UTC)
+    if until <= now:
+        # `now` is in the repeated hour of an autumn night, past the end's first occurrence: the window ends at
+        # its second one. (A deferral that ended in the past would be taken and deferred again at once.)
+        until = local_end.replace(fold=1).astimezone(dt.UTC)
+    return until
 
 
 def evaluate(

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+import hypothesis
 import pytest
 from django.conf import settings
 
@@ -32,6 +33,13 @@ if TYPE_CHECKING:
     pass
 
 pytest_plugins = ["tests.stubs.fixtures", "tests.browser"]
+
+# Property tests (the fast tier's rules): the same 50 examples on every run and machine, so a failure is
+# reproduced by running the test again; no deadline (a shared, loaded machine is slow at times) and no example
+# database written into the checkout. `--hypothesis-profile=thorough` searches further, with new examples each run.
+hypothesis.settings.register_profile("notifier", derandomize=True, deadline=None, database=None, max_examples=50)
+hypothesis.settings.register_profile("thorough", deadline=None, database=None, max_examples=2000)
+hypothesis.settings.load_profile("notifier")
 
 ROOT = Path(__file__).resolve().parent.parent
 # Under pytest-xdist each worker process is a run of its own, in the namespace `<ns>_<worker id>` ("main_gw0"):

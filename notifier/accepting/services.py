@@ -116,20 +116,30 @@ def notification_decide(
         client=client, template_category=version.template.category, category=data.get("category"),
         priority=data.get("priority"),
     )  # fmt: skip
-    template_channels = version.channels
-    channels = list(dict.fromkeys(data.get("channels") or template_channels))
-    missing = [c for c in channels if c not in template_channels]
-    if missing:
-        message = f"Template '{version.template.key}' has no content for channel(s): {', '.join(missing)}."
-        raise ApiError(400, "invalid", message, {"channels": [message]})
     return AcceptDecision(
         category=category,
         priority=priority,
         version=version,
-        channels=channels,
+        channels=channels_decide(data.get("channels"), version.channels, template_key=version.template.key),
         request_hash=request_fingerprint(data),
         dedup_key=data.get("dedup_key") or None,
     )
+
+
+def channels_decide(
+    requested: Sequence[str] | None, template_channels: Sequence[str], *, template_key: str
+) -> list[str]:
+    """Return the channels of a send, in order, each once: those asked for, else the template's.
+
+    The order is a fallback chain's order of steps. Raises ApiError (400) for a channel the template has no
+    content for.
+    """
+    channels = list(dict.fromkeys(requested or template_channels))
+    missing = [c for c in channels if c not in template_channels]
+    if missing:
+        message = f"Template '{template_key}' has no content for channel(s): {', '.join(missing)}."
+        raise ApiError(400, "invalid", message, {"channels": [message]})
+    return channels
 
 
 def _new_notification(
@@ -580,8 +590,6 @@ def _write_rows(
         )
         notification.recipient = recipient
         notification.user_id = recipient.user_id
-        if notification.send_at and notification.send_at > now:
-            notification.status = Notification.Status.SCHEDULED
         targets = [
             (channel, address)
             for channel in notification.channels
@@ -597,10 +605,7 @@ def _write_rows(
     all_deliveries: list[Delivery] = []
     for index, notification, targets in planned:
         recipient = cast(Recipient, notification.recipient)  # set on every planned notification above
-        rows = [
-            _plan_delivery(notification, recipient, channel, address, now, suppressed=(channel, address) in dead)
-            for channel, address in targets
-        ]
+        rows = deliveries_plan(notification, recipient, targets, now, dead=dead)
         deliveries_by_index[index] = rows
         all_deliveries.extend(rows)
     # No savepoint inside a caller's transaction (group commit): the keys of a lost race are given back by
@@ -706,18 +711,9 @@ def _write_single(
 
     `capped`: the category's per-recipient frequency cap applies (a person's allowance; not a team's channel).
     """
-    if notification.send_at and notification.send_at > now:
-        notification.status = Notification.Status.SCHEDULED
-    dead = suppressed_addresses(targets)
-    deliveries = [
-        _plan_delivery(notification, recipient, channel, address, now, suppressed=(channel, address) in dead)
-        for channel, address in targets
-    ]
-    if capped:
-        # Smarter delivery hooks (notifier/deliveries/frequency.py): the category's per-recipient cap.
-        frequency.apply_at_accept(notification, recipient, deliveries)
-    # ... and fallback between channels (notifier/fallback.py): later steps wait as pending.
-    fallback.plan_at_accept(notification, deliveries, now)
+    deliveries = recipient_decide(
+        notification, recipient, targets, now, dead=suppressed_addresses(targets), capped=capped
+    )
     # One statement for the notification, its deliveries and their events, as the batch path (the ORM's INSERT
     # compilation was a tenth of an accept's CPU, and each statement is a round trip).
     deliveries_insert(deliveries, at=now, notifications=[notification])
@@ -726,6 +722,52 @@ def _write_single(
     if to_publish:
         transaction.on_commit(lambda: publish_soon(to_publish))
     return deliveries
+
+
+def recipient_decide(
+    notification: Notification,
+    recipient: Recipient,
+    targets: Sequence[tuple[str, str]],
+    now: datetime,
+    *,
+    dead: set[tuple[str, str]],
+    capped: bool,
+) -> list[Delivery]:
+    """Decide what one recipient gets of a single-recipient notification: its deliveries, unsaved, in first statuses.
+
+    Compliance and the send time (`deliveries_plan`), then the category's frequency cap when `capped`, then the
+    fallback chain, whose later steps wait as pending. `dead` holds the targets on the suppression list. Queries
+    nothing, except the cap's counter for a capped category with a delivery that would go
+    (notifier/deliveries/frequency.py).
+    """
+    deliveries = deliveries_plan(notification, recipient, targets, now, dead=dead)
+    if capped:
+        # Smarter delivery hooks (notifier/deliveries/frequency.py): the category's per-recipient cap.
+        frequency.apply_at_accept(notification, recipient, deliveries)
+    # ... and fallback between channels (notifier/fallback.py): later steps wait as pending.
+    fallback.plan_at_accept(notification, deliveries, now)
+    return deliveries
+
+
+def deliveries_plan(
+    notification: Notification,
+    recipient: Recipient,
+    targets: Sequence[tuple[str, str]],
+    now: datetime,
+    *,
+    dead: set[tuple[str, str]],
+) -> list[Delivery]:
+    """Return a notification's new deliveries to `targets` (channel, address), each in the status planning decides.
+
+    A notification whose send_at is ahead of `now` is marked scheduled. `dead` holds the targets on the
+    suppression list (`suppressed_addresses`, looked up by the caller for many at once); no query here.
+    """
+    if notification.send_at and notification.send_at > now:
+        notification.status = Notification.Status.SCHEDULED
+    return [
+        _plan_delivery(notification, recipient, channel, address, now, suppressed=(channel, address) in dead)
+        for channel, address in targets
+    ]
 
 
 def _plan_delivery(

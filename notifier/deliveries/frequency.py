@@ -179,21 +179,31 @@ def admit_at_accept(*, category: str, recipient_id: int, notification_id: str) -
     return _lock_and_count(cap, category, recipient_id) < cap.max
 
 
-def apply_at_accept(notification: Notification, recipient: Recipient, deliveries: Sequence[Delivery]) -> None:
-    """Suppress a new notification's deliveries (reason frequency_cap) when the recipient's allowance is used up.
+def counted_at_accept(category: str, deliveries: Sequence[Delivery]) -> list[Delivery]:
+    """Return the deliveries of a new notification that make it count against its recipient's allowance.
 
-    Only a notification that would reach the recipient is counted: one whose deliveries are all suppressed
-    anyway (opted out, no address) uses no allowance.
+    None for a category without a cap. Only a notification that would reach the recipient is counted: one whose
+    deliveries are all suppressed anyway (opted out, no address) uses no allowance.
     """
-    if cap_of(notification.category) is None:
-        return
-    live = [d for d in deliveries if d.status in LIVE]
+    if cap_of(category) is None:
+        return []
+    return [d for d in deliveries if d.status in LIVE]
+
+
+def refuse(deliveries: Sequence[Delivery]) -> None:
+    """Suppress deliveries whose recipient's allowance is used up (reason frequency_cap)."""
+    for d in deliveries:
+        d.status, d.reason, d.not_before = "suppressed", REASON, None
+
+
+def apply_at_accept(notification: Notification, recipient: Recipient, deliveries: Sequence[Delivery]) -> None:
+    """Suppress a new notification's deliveries (reason frequency_cap) when the recipient's allowance is used up."""
+    live = counted_at_accept(notification.category, deliveries)
     if not live:
         return
     if admit_at_accept(category=notification.category, recipient_id=recipient.pk, notification_id=str(notification.pk)):
         return
-    for d in live:
-        d.status, d.reason, d.not_before = "suppressed", REASON, None
+    refuse(live)
 
 
 def recheck_on_worker(deliveries: list[Delivery], suppress: Callable[[Delivery, str], None]) -> list[Delivery]:

@@ -574,32 +574,11 @@ def _page(
         devices: dict[int, list[str]] = defaultdict(list)
         if "push" in n.channels:
             devices.update(device_tokens([r.pk for r in recipients]))
-        webhook_default = n.client.webhook_url
-        targets = [
-            (r, channel, address)
-            for r in recipients
-            for channel in n.channels
-            for address in channel_addresses(r, channel, webhook_default=webhook_default, tokens=devices.get(r.pk, []))
-        ]
+        targets = page_targets(n, recipients, devices)
         dead = suppressed_addresses(
             list({(channel, address) for _, channel, address in targets if address}), environment_id=n.environment_id
         )
-        rows: list[tuple[Any, ...]] = []
-        for r, channel, address in targets:
-            # send_at_local: that wall-clock time in this subscriber's time zone (notifier/dispatch/localtime.py).
-            send_at = localtime.send_at_for(n, r.timezone or fallback_zone) if n.send_at_local else n.send_at
-            plan = delivery_plan(
-                recipient=cast(Recipient, r),
-                category=n.category,
-                channel=channel,
-                address=address,
-                send_at=send_at,
-                now=now,
-                suppressed=(channel, address) in dead if address else False,
-            )
-            rows.append((r.pk, channel, address, plan.status, plan.reason, plan.not_before))
-        # Smarter delivery hook (notifier/fallback.py): a fallback chain's later steps wait as pending.
-        rows = fallback.plan_fanout_rows(n, rows, now)
+        rows = page_plan(n, targets, now, dead=dead, fallback_zone=fallback_zone)
         bodies: list[dict[str, Any]] = []
         version_id = None
         if direct is not None:
@@ -639,6 +618,56 @@ def _page(
         # Another run advanced this lane meanwhile: let that run carry on.
         result.stopped = "superseded"
     return result
+
+
+def page_targets(
+    n: Notification, recipients: Sequence[_Row], devices: dict[int, list[str]]
+) -> list[tuple[_Row, str, str]]:
+    """Return a page's (recipient, channel, address) targets: one per address of each subscriber on each channel.
+
+    `devices` holds the subscribers' active push tokens; an address-less target ("") is kept, to be suppressed
+    with reason no_address.
+    """
+    webhook_default = n.client.webhook_url
+    return [
+        (r, channel, address)
+        for r in recipients
+        for channel in n.channels
+        for address in channel_addresses(r, channel, webhook_default=webhook_default, tokens=devices.get(r.pk, []))
+    ]
+
+
+def page_plan(
+    n: Notification,
+    targets: Sequence[tuple[_Row, str, str]],
+    now: datetime,
+    *,
+    dead: set[tuple[str, str]],
+    fallback_zone: str,
+) -> list[tuple[Any, ...]]:
+    """Decide the first status of each target of a page; return the rows to insert, in the targets' order.
+
+    Each row is (recipient id, channel, address, status, reason, not_before), planned as accept plans a single
+    (notifier/deliveries/planning.py) with the send time in the subscriber's zone (`fallback_zone` for one without
+    a zone), then a fallback chain's later steps held per subscriber. `dead` holds the targets on the suppression
+    list. No query.
+    """
+    rows: list[tuple[Any, ...]] = []
+    for r, channel, address in targets:
+        # send_at_local: that wall-clock time in this subscriber's time zone (notifier/dispatch/localtime.py).
+        send_at = localtime.send_at_for(n, r.timezone or fallback_zone) if n.send_at_local else n.send_at
+        plan = delivery_plan(
+            recipient=cast(Recipient, r),
+            category=n.category,
+            channel=channel,
+            address=address,
+            send_at=send_at,
+            now=now,
+            suppressed=(channel, address) in dead if address else False,
+        )
+        rows.append((r.pk, channel, address, plan.status, plan.reason, plan.not_before))
+    # Smarter delivery hook (notifier/fallback.py): a fallback chain's later steps wait as pending.
+    return fallback.plan_fanout_rows(n, rows, now)
 
 
 @dataclass
