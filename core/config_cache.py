@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 from django.db import transaction
 from redis.exceptions import RedisError
@@ -84,13 +84,17 @@ def cached(kind: str, key: str, load: Callable[[], T | None]) -> T | None:
     if generation is None:
         return load()
     now = time.monotonic()
-    with _lock:
-        if _seen_generation[0] != generation:
-            _entries.clear()
-            _seen_generation[0] = generation
-        hit = _entries.get((kind, key))
+    if _seen_generation[0] != generation:
+        with _lock:
+            if _seen_generation[0] != generation:
+                _entries.clear()
+                _seen_generation[0] = generation
+    # The lookup itself takes no lock (a request makes several): a dict read is atomic, and an entry read just
+    # before another thread clears the dict is one this lookup could as well have read before the clear.
+    hit = _entries.get((kind, key))
     if hit is not None and now - hit[1] < MAX_SECONDS:
-        return cast("T", hit[0])
+        found: T = hit[0]
+        return found
     value = load()
     if value is not None:
         with _lock:

@@ -167,4 +167,5 @@ def as_client_owner(func: _F) -> _F:
 
 def owner_id(row: Any) -> int:
     """Return the environment id of a row that carries its owner (typed: the column is NOT NULL)."""
-    return cast(int, row.environment_id)
+    found: int = row.environment_id  # typed by annotation, not cast(): a call less, several times per request
+    return found

@@ -66,6 +66,8 @@ class TemplateVersion(models.Model):
     def channels(self) -> list[str]:
         """Return the channels this version serves: those present in its default locale (`chat`: every network)."""
         keys = (self.content.get(self.template.default_locale) or {}).keys()
+        if CHAT_PART not in keys:
+            return sorted(keys)  # most templates: no chat part to spread over the networks
         return sorted({channel for key in keys for channel in (CHAT_CHANNELS if key == CHAT_PART else (key,))})
 
 

@@ -195,10 +195,10 @@ def send_input_fast(data: Any) -> dict[str, Any] | None:
         return None
     if "priority" in data and (type(data["priority"]) is not str or data["priority"] not in _PRIORITIES):
         return None
-    channels = data.get("channels", ())
+    channels, known = data.get("channels", ()), settings.CHANNELS  # each read of a setting is a call
     if "channels" in data and (
-        type(channels) is not list or not 0 < len(channels) <= len(settings.CHANNELS)
-        or not all(type(c) is str and c in settings.CHANNELS for c in channels) or len(set(channels)) != len(channels)
+        type(channels) is not list or not 0 < len(channels) <= len(known)
+        or not all(type(c) is str and c in known for c in channels) or len(set(channels)) != len(channels)
     ):  # fmt: skip
         return None
     payload = data.get("payload", {})

@@ -195,7 +195,8 @@ def notification_accept(*, client: ApiClient, data: dict[str, Any], trace_id: st
         return _prepare_user(n, data["recipient"]["user_id"])
 
     try:
-        return notification_accept_prepared(client=client, notification=notification, prepare=prepare)
+        # Already the client's owner (as_client_owner above): the body without the wrapper's second scope.
+        return _accept_prepared(client=client, notification=notification, prepare=prepare)
     except BaseException:
         for entry in taken:
             quota_refund(entry)  # not written: what it counted is given back
@@ -220,6 +221,13 @@ def notification_accept_prepared(
     returned instead, the same key with another body is a 409. `prepare` writes the notification and what
     belongs to it (deliveries, a workflow's runs) and returns its deliveries; it runs inside the transaction.
     """
+    return _accept_prepared(client=client, notification=notification, prepare=prepare)
+
+
+def _accept_prepared(
+    *, client: ApiClient, notification: Notification, prepare: Callable[[Notification], list[Delivery]]
+) -> AcceptResult:
+    """Deduplicate and write as notification_accept_prepared does, in the owner scope its caller has entered."""
     request_hash, dedup_key = notification.request_hash, notification.dedup_key
     notification_id = notification.pk
     if dedup_key:
