@@ -1,0 +1,106 @@
+"""A workflow triggered for a topic feeds its sends into a throttled queue by fair shares, as a broadcast does.
+
+Real workers (the advance on `fanout`, the senders on `email.low`) and a real beat (the wake relay), with the
+sandbox limited to RATE a second: project A's workflow of one email step for a topic of TOTAL subscribers takes
+TOTAL / RATE seconds at least, and project B's singles on the same queue meanwhile are sent within seconds.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from channels_app.models import SandboxMessage
+from notifier.accepting.services import notification_accept
+from notifier.deliveries.models import Delivery
+from notifier.dispatch import shares
+from notifier.workflows.models import WorkflowRun, WorkflowStep
+from notifier.workflows.services import workflow_put, workflow_trigger
+from projects.scoping import owner_scope
+from tests import factories
+from tests.campaigns.test_campaigns import BEAT
+from tests.conftest import wait_for
+from tests.dispatch.test_fair_shares import project_client, project_topic
+
+RATE = 50  # the sandbox's emails a second
+TOTAL = 1000  # A's subscribers: A's sends take TOTAL / RATE = 20 s at least
+SINGLES = 8
+ENV = {
+    "PROVIDER_RATE_LIMITS": f'{{"sandbox": {{"rate": {RATE}, "burst": {RATE}}}}}',
+    "FAIR_HORIZON_SECONDS": "1",
+    "WORKFLOW_WAKE_INTERVAL_SECONDS": "1",
+}
+
+
+@pytest.fixture
+def throttled(settings: Any) -> None:
+    settings.PROVIDER_RATE_LIMITS = {"sandbox": {"rate": RATE, "burst": RATE}}
+    settings.FAIR_HORIZON_SECONDS = 1.0
+    shares.reset(["email.low"])
+
+
+def a_queued() -> int:
+    """Return how many of A's emails are in the queue (written, not yet sent)."""
+    return Delivery.objects.filter(address__startswith="everyone-", status="queued").count()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_topic_workflow_holds_another_projects_singles_a_room_at_most(
+    throttled: None, start_worker: Any, start_process: Any
+) -> None:
+    a, b = project_client("proj-a"), project_client("proj-b")
+    project_topic(a, "everyone", TOTAL)
+    with owner_scope(a.environment_id):
+        workflow_put(
+            key="blast", category="social",
+            steps=[{"id": "mail", "type": "send", "channel": "email", "template": "news"}],
+        )  # fmt: skip
+    with owner_scope(b.environment_id):
+        for i in range(SINGLES):
+            factories.make_recipient(user_id=f"b-{i}", email=f"b-{i}@example.com")
+    start_worker(queues=["fanout", "maintenance"], env=ENV, concurrency=2)  # the relay runs on maintenance
+    start_worker(queues=["email.low"], env=ENV, concurrency=2)
+    start_process("beat", BEAT, ENV)
+
+    started = time.monotonic()
+    trigger = workflow_trigger(
+        client=a, data={"topic": "everyone", "workflow": "blast", "payload": {"pct": 1}}
+    ).notification
+    runs = WorkflowRun.objects.filter(notification_id=trigger.pk)
+    wait_for(lambda: runs.count() == TOTAL, timeout=30, interval=0.1)
+
+    # B's singles, one a second while A's runs go out; A never has much more than a room in the queue.
+    latencies: list[float] = []
+    most_queued = 0
+    for i in range(SINGLES):
+        accepted = timezone.now()
+        data = {"recipient": {"user_id": f"b-{i}"}, "template": "news", "channels": ["email"], "payload": {"pct": 1}}
+        notification_accept(client=b, data=data)
+        most_queued = max(most_queued, a_queued())
+        mine = SandboxMessage.objects.filter(address=f"b-{i}@example.com")
+        sent = wait_for(mine.first, timeout=30, interval=0.05)
+        latencies.append((sent.created_at - accepted).total_seconds())
+        most_queued = max(most_queued, a_queued())
+        time.sleep(max(0.0, 1 - (timezone.now() - accepted).total_seconds()))
+    assert runs.exclude(status="done").exists(), "A's workflow must still be going when B's singles are done"
+    # Each of B's singles waited behind about a room of A's sends (a second's worth), not behind A's thousands.
+    assert max(latencies) < 5, latencies
+    assert most_queued <= 3 * RATE, most_queued
+
+    # Every run of A ends done, each subscriber emailed once, and the runs held back were held, not lost.
+    wait_for(lambda: runs.filter(status="done").count() == TOTAL, timeout=120, interval=0.5)
+    took = time.monotonic() - started
+    assert took >= TOTAL / RATE * 0.8, took
+    emails = SandboxMessage.objects.filter(address__startswith="everyone-")
+    wait_for(lambda: emails.count() >= TOTAL, timeout=30)
+    time.sleep(2)  # a second send of one would arrive by now
+    sent_to = Counter(emails.values_list("address", flat=True))
+    assert len(sent_to) == TOTAL and set(sent_to.values()) == {1}
+    steps = WorkflowStep.objects.filter(run__notification_id=trigger.pk)
+    assert Counter(steps.values_list("status", flat=True)) == {"done": TOTAL}
+    held = steps.filter(reason__startswith="held for room in its queue until").count()
+    assert held >= TOTAL / 2, held
