@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -17,13 +18,13 @@ from django.utils import timezone
 from channels_app.models import SandboxMessage
 from notifier.accepting.services import notification_accept
 from notifier.deliveries.models import Delivery
-from notifier.dispatch import shares
+from notifier.dispatch import fanout, shares
 from notifier.workflows.models import WorkflowRun, WorkflowStep
-from notifier.workflows.services import workflow_put, workflow_trigger
+from notifier.workflows.services import runs_advance, runs_wake, workflow_put, workflow_trigger
 from projects.scoping import owner_scope
 from tests import factories
 from tests.campaigns.test_campaigns import BEAT
-from tests.conftest import wait_for
+from tests.conftest import purge_all_queues, wait_for
 from tests.dispatch.test_fair_shares import project_client, project_topic
 
 RATE = 50  # the sandbox's emails a second
@@ -41,6 +42,7 @@ ENV = {
 def throttled(settings: Any) -> None:
     settings.PROVIDER_RATE_LIMITS = {"sandbox": {"rate": RATE, "burst": RATE}}
     settings.FAIR_HORIZON_SECONDS = 1.0
+    purge_all_queues()
     shares.reset(["email.low"])
 
 
@@ -49,17 +51,65 @@ def a_unsent() -> int:
     return Delivery.objects.filter(address__startswith="everyone-", status__in=UNSENT).count()
 
 
+def blast(client: Any, topic: str) -> Any:
+    """Trigger a one-email workflow for the client's `topic`; return the triggering notification."""
+    with owner_scope(client.environment_id):
+        workflow_put(
+            key="blast", category="social",
+            steps=[{"id": "mail", "type": "send", "channel": "email", "template": "news"}],
+        )  # fmt: skip
+    return workflow_trigger(
+        client=client, data={"topic": topic, "workflow": "blast", "payload": {"pct": 1}}
+    ).notification
+
+
+@pytest.mark.django_db(transaction=True)
+def test_runs_without_room_are_held_until_due_and_the_relay_brings_them_back(throttled: None) -> None:
+    a = project_client("proj-a")
+    project_topic(a, "everyone", 300)
+    trigger = blast(a, "everyone")
+    fanout.fanout_run(notification_id=trigger.pk, enqueue_next=False)  # writes the runs (a topic's pages)
+    runs = WorkflowRun.objects.filter(notification_id=trigger.pk)
+    ids = sorted(runs.values_list("pk", flat=True))
+    assert len(ids) == 300
+
+    counts = runs_advance(run_ids=ids[:200])
+    # One room (RATE a second) went out; the others stay at their send step, waiting for the relay, one provider
+    # slot apart (the last about 3 s later).
+    assert 0 < counts["done"] <= RATE and counts["held"] == 200 - counts["done"], counts
+    held = runs.filter(status="running", wake_at__isnull=False)
+    assert held.count() == counts["held"] and not held.filter(published_at__isnull=False).exists()
+    assert not held.filter(step_index__gt=0).exists()
+    step = WorkflowStep.objects.get(run=held.first(), index=0)
+    assert step.status == "waiting" and step.reason.startswith("held for room in email.low"), step.reason
+    # Not due yet: an advance leaves them and the relay does not publish them.
+    later = list(held.filter(wake_at__gt=timezone.now() + timedelta(seconds=1)).values_list("pk", flat=True))
+    assert later and runs_advance(run_ids=later) == {"not_due": len(later)}
+    first_due = min(wake for wake in held.values_list("wake_at", flat=True) if wake is not None)
+    held_ids = set(held.values_list("pk", flat=True))
+    runs_wake()
+    # The relay publishes a held run only once its wake_at has passed.
+    assert not runs.filter(pk__in=held_ids, published_at__isnull=False, wake_at__gt=timezone.now()).exists()
+    # Due: the relay publishes them, and the next advance sends them (as room appears).
+    time.sleep(max(0.0, (first_due - timezone.now()).total_seconds()) + 0.1)
+    assert runs_wake() >= 1
+    assert runs.filter(pk__in=held_ids, published_at__isnull=False).exists()
+    time.sleep(1)
+    again = runs_advance(run_ids=sorted(held_ids))
+    assert again.get("done", 0) > 0, again
+    sent = WorkflowStep.objects.filter(run__notification_id=trigger.pk, status="done", reason__startswith="held for")
+    assert sent.count() == again["done"]
+    # The queue's hash keeps the trigger's runs held back as its backlog (/metrics).
+    [state] = shares.state(["email.low"])
+    assert state.backlog == held.count(), (state, held.count())
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_topic_workflow_holds_another_projects_singles_a_room_at_most(
     throttled: None, start_worker: Any, start_process: Any
 ) -> None:
     a, b = project_client("proj-a"), project_client("proj-b")
     project_topic(a, "everyone", TOTAL)
-    with owner_scope(a.environment_id):
-        workflow_put(
-            key="blast", category="social",
-            steps=[{"id": "mail", "type": "send", "channel": "email", "template": "news"}],
-        )  # fmt: skip
     with owner_scope(b.environment_id):
         for i in range(SINGLES):
             factories.make_recipient(user_id=f"b-{i}", email=f"b-{i}@example.com")
@@ -68,9 +118,7 @@ def test_a_topic_workflow_holds_another_projects_singles_a_room_at_most(
     start_process("beat", BEAT, ENV)
 
     started = time.monotonic()
-    trigger = workflow_trigger(
-        client=a, data={"topic": "everyone", "workflow": "blast", "payload": {"pct": 1}}
-    ).notification
+    trigger = blast(a, "everyone")
     runs = WorkflowRun.objects.filter(notification_id=trigger.pk)
     wait_for(lambda: runs.count() == TOTAL, timeout=30, interval=0.1)
 
