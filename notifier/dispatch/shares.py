@@ -17,6 +17,11 @@ send them (100 s at 1,000/s). So a fan-out page asks this module first, per queu
 - **Only throttled queues.** A queue whose provider has no rate limit (in-app, by default) is not gated: its
   fan-out runs at today's speed. High priority has its own pace (notifier/dispatch/pace.py).
 
+A workflow triggered for a topic is a broadcast sent one single per run: its advance messages ask too (flow
+`wf:<notification id>`) for the runs reaching a send step, hold back the runs not granted (running, with a
+`wake_at`, for the wake relay) and settle with the deliveries queued; the flow's backlog then counts its runs
+held back, which `settle` moves (notifier/workflows/services.py, `_room`).
+
 Every call is one Lua script on Redis' clock, over one hash per queue, so every fan-out process on every host
 shares the level and the clocks. Redis unreachable: nothing is held back (fan-out as without this module).
 Singles never ask: they are published at accept, so they wait behind at most the room of broadcast work.
@@ -51,8 +56,8 @@ KEY_TTL_SECONDS = 3600
 # Fields: lvl, ts (the bucket); pv:<p> (project clock), pa:<p> (last ask), pw:<p> (weight), pf:<p> (fed total),
 # pq:<p> (first ask without grant since the last grant); fv:<f> (flow fed), fa:<f> (last ask), fp:<f> (its
 # project), fb:<f> (its backlog).
-# Returns {granted, wait in ms, reason, others}: reason 0 granted, 1 no room, 2 not this flow's turn; others 1
-# when another broadcast is asking for the queue too.
+# Returns {granted, wait in ms, reason, others, backlog}: reason 0 granted, 1 no room, 2 not this flow's turn;
+# others 1 when another broadcast is asking for the queue too; backlog the flow's fb before this ask.
 _ASK_LUA = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
@@ -135,11 +140,12 @@ if backlog >= 0 then redis.call('HSET', key, 'fb:' .. f, math.max(0, backlog - g
 redis.call('EXPIRE', key, tonumber(ARGV[9]))
 local others = 0
 if pmin ~= nil or fmin ~= nil then others = 1 end
-return {grant, math.ceil(math.max(wait, 0) * 1000), reason, others}
+return {grant, math.ceil(math.max(wait, 0) * 1000), reason, others, tonumber(fields['fb:' .. f] or '0')}
 """
 
-# Give back (or add) deliveries after the page: the level, the project's and the flow's clocks move by `delta`.
-# KEYS[1]: the queue's hash. ARGV: rate, project, weight, flow, delta.
+# Give back (or add) deliveries after the page: the level, the project's and the flow's clocks move by `delta`;
+# the flow's backlog by `backlog` (workflow runs held back, never below 0).
+# KEYS[1]: the queue's hash. ARGV: rate, project, weight, flow, delta, backlog.
 _SETTLE_LUA = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
@@ -154,6 +160,11 @@ local fv = tonumber(redis.call('HGET', key, 'fv:' .. ARGV[4]) or '0')
 redis.call('HSET', key, 'lvl', lvl, 'ts', now, 'pv:' .. ARGV[2], math.max(0, pv + delta / tonumber(ARGV[3])),
   'fv:' .. ARGV[4], math.max(0, fv + delta))
 redis.call('HINCRBY', key, 'pf:' .. ARGV[2], delta)
+local moved = tonumber(ARGV[6])
+if moved ~= 0 then
+  local fb = tonumber(redis.call('HGET', key, 'fb:' .. ARGV[4]) or '0')
+  redis.call('HSET', key, 'fb:' .. ARGV[4], math.max(0, fb + moved))
+end
 return 1
 """
 
@@ -174,6 +185,8 @@ class Share:
     reason: str = ""
     # Whether other broadcasts are asking for the queue too.
     contended: bool = False
+    # The flow's backlog as the queue had it before this ask (a workflow's runs held back: see `settle`).
+    backlog: int = 0
 
 
 def horizon_seconds() -> float:
@@ -232,7 +245,7 @@ def ask(
     min_chunk = max(1, int(rate * horizon / 4))
 
     def call(client: Any) -> Share:
-        granted, wait_ms, reason, others = redis_script(_ASK_LUA)(
+        granted, wait_ms, reason, others, held = redis_script(_ASK_LUA)(
             client=client,
             keys=[queue_key(queue)],
             args=[
@@ -249,20 +262,23 @@ def ask(
                 -1 if backlog is None else backlog,
             ],
         )
-        return Share(int(granted), int(wait_ms) / 1000.0, _REASONS.get(int(reason), ""), bool(int(others)))
+        return Share(int(granted), int(wait_ms) / 1000.0, _REASONS.get(int(reason), ""), bool(int(others)), int(held))
 
     share: Share = _guard.run(call, lambda: Share(want))
     return share
 
 
-def settle(queue: str, *, rate: float, project: int, weight: int, flow: str, delta: int) -> None:
-    """Correct a grant by what the page really fed: `delta` = fed - granted (negative gives room back)."""
-    if not delta:
+def settle(queue: str, *, rate: float, project: int, weight: int, flow: str, delta: int, backlog: int = 0) -> None:
+    """Correct a grant by what the page really fed: `delta` = fed - granted (negative gives room back).
+
+    `backlog` moves the flow's backlog: a workflow's runs newly held back minus those held that went on.
+    """
+    if not delta and not backlog:
         return
 
     def call(client: Any) -> None:
         redis_script(_SETTLE_LUA)(
-            client=client, keys=[queue_key(queue)], args=[rate, project, max(1, weight), flow, delta]
+            client=client, keys=[queue_key(queue)], args=[rate, project, max(1, weight), flow, delta, backlog]
         )
 
     _guard.run(call, lambda: None)

@@ -38,7 +38,7 @@ from core import task_names
 from core.db import bound_cursor, insert_rows, json_rows
 from core.errors import ApiError
 from core.keys import require_key
-from core.queues import broker_recently_down, mark_broker_down
+from core.queues import broker_recently_down, mark_broker_down, queue_name
 from notifier.accepting.policy import send_policy
 from notifier.accepting.services import (
     AcceptResult,
@@ -50,10 +50,10 @@ from notifier.accepting.services import (
 )
 from notifier.clients.models import ApiClient
 from notifier.deliveries import frequency
-from notifier.deliveries.models import Notification
+from notifier.deliveries.models import Delivery, Notification
 from notifier.deliveries.partitions import new_notification_id
 from notifier.deliveries.selectors import notification_statuses_reached
-from notifier.dispatch import localtime
+from notifier.dispatch import localtime, shares
 from notifier.workflows import definitions
 from notifier.workflows.models import Workflow, WorkflowRun, WorkflowStep, WorkflowTrigger, WorkflowVersion
 from notifier.workflows.selectors import (
@@ -68,6 +68,7 @@ from preferences.models import Recipient
 from preferences.services import recipient_ensure
 from projects.promotion import InUse, direct_change_check, promote
 from projects.scoping import as_client_owner
+from projects.selectors import environment_project_weight
 from templates_app.selectors import TemplateNotFound, template_version_resolve
 from templates_app.services import layout_promote, template_promote
 
@@ -426,6 +427,40 @@ class Outcome:
     run_status: str | None = None  # set when the run ends at this step (merged, throttled, failed)
 
 
+# A run held back for room in a throttled queue comes back no sooner than this.
+HOLD_FLOOR_SECONDS = 0.25
+
+
+@dataclass
+class _Grant:
+    """What a throttled queue granted the runs of one topic trigger in this message, and what they fed."""
+
+    queue: str
+    rate: float
+    project: int
+    weight: int
+    flow: str
+    share: shares.Share
+    left: int  # runs that may still send into the queue
+    fed: int = 0  # deliveries the sends really queued
+    held: int = 0  # runs held back again (they were held before)
+    newly_held: int = 0  # runs held back for the first time: they join the flow's backlog
+    released: int = 0  # runs held before that went on: they leave it
+
+    def settle(self, failed: bool = False) -> None:
+        """Give back what the message did not feed (all of it when its transaction did not commit).
+
+        The flow's backlog in the queue's hash counts its runs held back, for /metrics and for where a run newly
+        held joins the line (see `_room`).
+        """
+        delta = -self.share.granted if failed else self.fed - self.share.granted
+        backlog = 0 if failed else self.newly_held - self.released
+        shares.settle(
+            self.queue, rate=self.rate, project=self.project, weight=self.weight, flow=self.flow, delta=delta,
+            backlog=backlog,
+        )  # fmt: skip
+
+
 @dataclass
 class _Context:
     """What one advance shares between runs: the clients (one query each) and the database's now()."""
@@ -435,6 +470,11 @@ class _Context:
     now: datetime
     # Throttle admissions of this message's runs, not yet written (the database count adds them).
     admitted: Counter[tuple[int, str, int]] = field(default_factory=Counter)
+    # Triggers with a topic whose runs are fed into throttled queues by fair shares, and how many of this
+    # message's runs of each are still to be decided (what a first ask wants).
+    topics: set[uuid.UUID] = field(default_factory=set)
+    remaining: Counter[uuid.UUID] = field(default_factory=Counter)
+    grants: dict[tuple[str, uuid.UUID], _Grant] = field(default_factory=dict)
 
 
 def runs_advance(*, run_ids: Sequence[int]) -> dict[str, int]:
@@ -459,12 +499,16 @@ def runs_advance(*, run_ids: Sequence[int]) -> dict[str, int]:
         if len(runs) < len(ids):
             counts["skipped"] = len(ids) - len(runs)  # finished, cancelled, or another worker has them now
         now = _db_now()  # the transaction's: every run of the message is decided at the same instant
-        context = _Context(clients={}, triggers=_triggers({r.notification_id for r in runs}), now=now)
+        triggers, topics = _triggers({r.notification_id for r in runs})
+        context = _Context(clients={}, triggers=triggers, now=now, topics=topics if shares.enabled() else set())
+        # A waiting run's wait, or a run held back for room in a throttled queue (running, with a wake_at).
+        due = [run for run in runs if run.wake_at is None or run.wake_at <= now]
+        context.remaining.update(run.notification_id for run in due if run.notification_id in context.topics)
         steps: list[tuple[Any, ...]] = []
         moves: list[tuple[Any, ...]] = []
         early: list[int] = []
         for run in runs:
-            if run.status == R.WAITING and run.wake_at is not None and run.wake_at > now:
+            if run.wake_at is not None and run.wake_at > now:
                 early.append(run.pk)
                 counts["not_due"] += 1
                 continue
@@ -482,22 +526,35 @@ def runs_advance(*, run_ids: Sequence[int]) -> dict[str, int]:
                 index = min(run.step_index, len(definition) - 1)
                 step = definition[index]
                 recorded = [(run.pk, index, step["id"], step["type"], WorkflowStep.Status.FAILED, reason, None)]
+            context.remaining[run.notification_id] -= 1
             steps.extend(recorded)
             moves.append((*started, run.step_index, run.status, run.wake_at, run.published_at, run.digest))
-            counts[str(run.status)] += 1
+            counts["held" if run.status == R.RUNNING and run.wake_at is not None else str(run.status)] += 1
         if early:
             # Woken early: the relay publishes them again when due (not only once their message is stale).
             WorkflowRun.objects.filter(pk__in=early).update(published_at=None)
-        _write(steps, moves, now)
+        try:
+            _write(steps, moves, now)
+        except BaseException:
+            for grant in context.grants.values():
+                grant.settle(failed=True)
+            raise
+    for grant in context.grants.values():
+        grant.settle()
     return dict(counts)
 
 
-def _triggers(notification_ids: set[uuid.UUID]) -> dict[uuid.UUID, tuple[dict[str, Any], str]]:
-    """Return (payload, locale) of the triggering notifications (a topic's runs share theirs)."""
+def _triggers(
+    notification_ids: set[uuid.UUID],
+) -> tuple[dict[uuid.UUID, tuple[dict[str, Any], str]], set[uuid.UUID]]:
+    """Return (payload, locale) of the triggering notifications (a topic's runs share theirs), and those of a topic."""
     found: dict[uuid.UUID, tuple[dict[str, Any], str]] = {nid: ({}, "") for nid in notification_ids}
-    for n in Notification.objects.filter(pk__in=list(notification_ids)).only("id", "payload", "locale"):
+    topics: set[uuid.UUID] = set()
+    for n in Notification.objects.filter(pk__in=list(notification_ids)).only("id", "payload", "locale", "topic_id"):
         found[n.pk] = (n.payload or {}, n.locale)
-    return found
+        if n.topic_id is not None:
+            topics.add(n.pk)
+    return found, topics
 
 
 _STEPS_SQL = """
@@ -546,6 +603,8 @@ def _advance_run(run: WorkflowRun, context: _Context) -> list[tuple[Any, ...]]:
     payload, locale = context.triggers[run.notification_id]
     steps: list[dict[str, Any]] = run.version.steps
     recorded: list[tuple[Any, ...]] = []
+    # A running run with a wake_at was held back for room in a throttled queue until then.
+    held_until = run.wake_at if run.status == R.RUNNING else None
     while True:
         index = run.step_index
         if index >= len(steps):
@@ -556,10 +615,20 @@ def _advance_run(run: WorkflowRun, context: _Context) -> list[tuple[Any, ...]]:
             outcome = _resume(run, step, context)
         else:
             holds, why = _condition(run, step, payload, recorded)
+            held = _room(run, step, context, held_until is not None) if holds and step["type"] == "send" else None
+            if held is not None:
+                # No room (or not this broadcast's turn) in a throttled queue: the run stays at its send step and
+                # the wake relay brings it back when the queue should have room (fair shares, as a topic's pages).
+                reason = f"{why}; {held.reason}" if why else held.reason
+                recorded.append((run.pk, index, step["id"], step["type"], WorkflowStep.Status.WAITING, reason, None))
+                run.status, run.wake_at, run.published_at = R.RUNNING, held.wake_at, None
+                break
             if holds:
                 outcome = _start(run, index, step, payload, locale, context)
                 if why:
                     outcome.reason = f"{why}; {outcome.reason}"
+                if held_until is not None and step["type"] == "send":
+                    outcome.reason = f"held for room in its queue until {held_until.isoformat()}; {outcome.reason}"
             else:
                 outcome = Outcome(WorkflowStep.Status.SKIPPED, why)
         recorded.append((run.pk, index, step["id"], step["type"], outcome.status, outcome.reason,
@@ -626,6 +695,57 @@ def _start(
     return _throttle(run, step, context)
 
 
+def _room(run: WorkflowRun, step: dict[str, Any], context: _Context, was_held: bool) -> Outcome | None:
+    """Take room for a topic run's send in each throttled queue it feeds; return the hold when one has none.
+
+    The runs of a topic trigger are a broadcast fanned out one single at a time: at normal or low priority they
+    ask notifier/dispatch/shares.py for room in each throttled `<channel>.low` as a topic's pages do, once per
+    queue and message for all of the message's runs of the trigger still to go (flow `wf:<notification id>`).
+    A run held back comes back when its place in the line should have reached the queue: a run held for the
+    first time queues behind the flow's runs held already (its backlog), one held again behind this message's.
+    """
+    if run.notification_id not in context.topics or run.priority == "high":
+        return None
+    channels = [step["channel"]] if "channel" in step else list(step["channels"])
+    grants: list[_Grant] = []
+    for channel in channels:
+        rate = shares.channel_rate(channel)
+        if not rate:
+            continue  # an unthrottled queue is not gated
+        queue = queue_name(channel, run.priority)
+        grant = context.grants.get((queue, run.notification_id))
+        if grant is None:
+            project, weight = environment_project_weight(run.version.workflow.environment_id)
+            flow = f"wf:{run.notification_id}"
+            want = max(1, context.remaining[run.notification_id])
+            share = shares.ask(queue, rate=rate, project=project, weight=weight, flow=flow, want=want)
+            grant = _Grant(queue, rate, project, weight, flow, share, left=share.granted)
+            context.grants[(queue, run.notification_id)] = grant
+        grants.append(grant)
+    short = next((grant for grant in grants if grant.left <= 0), None)
+    if short is None:
+        for grant in grants:
+            grant.left -= 1
+            grant.released += was_held
+        return None
+    # Held runs come back one provider slot apart, in the order they were held, so a million of them do not all
+    # ask again at once; the estimate errs early (the provider's whole rate), and a run early is held again.
+    if was_held:
+        short.held += 1
+        place = short.held
+    else:
+        short.newly_held += 1
+        place = max(0, short.share.backlog) + short.newly_held
+    wait = max(HOLD_FLOOR_SECONDS, short.share.wait) + place / short.rate
+    why = "no room in the queue" if short.share.reason != "turn" else "other broadcasts' turn"
+    wake_at = context.now + timedelta(seconds=wait)
+    return Outcome(
+        WorkflowStep.Status.WAITING,
+        f"held for room in {short.queue} ({why}, fair shares): again at {wake_at.isoformat()}",
+        wake_at=wake_at,
+    )
+
+
 def _send(run: WorkflowRun, step: dict[str, Any], payload: dict[str, Any], locale: str, context: _Context) -> Outcome:
     """Send through the accept path of any send (compliance, caps, planning, outbox), in this transaction."""
     client = context.clients.get(run.client_id)
@@ -646,6 +766,10 @@ def _send(run: WorkflowRun, step: dict[str, Any], payload: dict[str, Any], local
             result = notification_accept(client=client, data=data)
     except ApiError as exc:
         return Outcome(WorkflowStep.Status.FAILED, f"send refused: {exc.message}", run_status=R.FAILED)
+    for delivery in result.deliveries:
+        grant = context.grants.get((queue_name(delivery.channel, run.priority), run.notification_id))
+        if grant is not None and delivery.status == Delivery.Status.QUEUED:
+            grant.fed += 1  # what went into the queue (a suppressed or deferred delivery gives its room back)
     parts = [f"{d.channel} {d.status}" + (f" ({d.reason})" if d.reason else "") for d in result.deliveries]
     return Outcome(
         WorkflowStep.Status.DONE,
