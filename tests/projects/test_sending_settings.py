@@ -649,3 +649,35 @@ def test_the_cached_load_of_a_projects_settings_warns_of_an_unusable_account(set
         "project 'shop' sends its telegram through provider account 'gone' is not in PROVIDER_ACCOUNTS",
     ]
     assert "777:secret" not in caplog.text
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_account_that_cannot_be_built_retries_only_its_own_group(
+    projects: dict[str, tuple[Any, Any]], settings: Any, slack_stub: SlackStub
+) -> None:
+    # A worker refuses to start with such an account (channels_app.checks); a process that builds adapters
+    # lazily meets it in the middle of a batch, where it must cost only that account's deliveries.
+    from channels_app.providers.registry import get_provider
+    from channels_app.services import deliver
+
+    settings.PROVIDER_ACCOUNTS = {"shop-slack": {"provider": "slack"}}  # its bot_token left out
+    settings.SLACK_BOT_TOKEN, settings.SLACK_BASE_URL = SLACK_TOKEN, f"{slack_stub.url}/api/"
+    settings.CHANNEL_PROVIDERS = {**settings.CHANNEL_PROVIDERS, "slack": ["slack"]}
+    shop = Project.objects.get(slug="shop")
+    shop.provider_accounts = {"slack": "shop-slack"}
+    shop.save()
+    for name, (_, api) in projects.items():
+        assert api.put("/api/v1/recipients/u-1", {"chat": CHAT_ADDRESSES[name]}, format="json").status_code == 200
+    (_, a), (_, b) = projects["a"], projects["b"]
+    shops, others = _send(a, "slack"), _send(b, "slack")  # the shop's group comes first in the batch
+    get_provider.cache_clear()
+    try:
+        report = deliver([shops, others])
+    finally:
+        get_provider.cache_clear()
+    assert (report.sent, report.retried) == (1, 1)
+    other, mine = Delivery.objects.get(pk=others), Delivery.objects.get(pk=shops)
+    assert (other.status, other.provider) == ("sent", "slack")
+    assert (mine.status, mine.reason) == ("queued", "retry")
+    assert mine.last_error == "[provider_config] PROVIDER_ACCOUNTS: account 'shop-slack': bot_token is not set"
+    assert slack_stub.tokens_by_channel() == {"U0OTHER001": SLACK_TOKEN}
