@@ -62,7 +62,7 @@ def pick_provider(channel: str, delivery: Delivery, out: Outcomes, want: int = 1
     if delivery_mode(delivery) == "test":
         names = [SANDBOX]
     else:
-        names, problem = _live_chain(channel, delivery)
+        names, problem = _live_chain(channel, delivery, out)
         if not names:
             # Every account the project names for this channel is gone or another channel's: a fault an operator
             # fixes, so retried with backoff (bounded by DELIVERY_MAX_ATTEMPTS, then dead-lettered for a replay).
@@ -80,7 +80,7 @@ def pick_provider(channel: str, delivery: Delivery, out: Outcomes, want: int = 1
     return None
 
 
-def _live_chain(channel: str, delivery: Delivery) -> tuple[list[str], str]:
+def _live_chain(channel: str, delivery: Delivery, out: Outcomes) -> tuple[list[str], str]:
     """Return the providers this attempt may try, in order (the channel's chain, pinned or rotated by history),
     and why there are none when a project's accounts are all unusable."""
     # The project's accounts for the channel if it names any (read from the per-process cache: no query).
@@ -88,7 +88,7 @@ def _live_chain(channel: str, delivery: Delivery) -> tuple[list[str], str]:
     names = registry.chain(channel, accounts)
     problem = ""
     if accounts.get(channel):
-        names, problem = _usable_accounts(names, channel)
+        names, problem = _usable_accounts(names, channel, out)
     if delivery.pinned_provider:
         # An earlier attempt may have reached this provider: only it may have the next one, however long the
         # delivery has to wait for it (open breaker, rate limit). A provider removed from the chain since
@@ -102,21 +102,24 @@ def _live_chain(channel: str, delivery: Delivery) -> tuple[list[str], str]:
     return names, problem
 
 
-def _usable_accounts(names: list[str], channel: str) -> tuple[list[str], str]:
+def _usable_accounts(names: list[str], channel: str, out: Outcomes) -> tuple[list[str], str]:
     """Return the accounts of `names` that exist and serve `channel`, and the problems of the others (logged once).
 
     An account of another kind would build another network's adapter: the message would go out through it.
     """
     usable, problems = [], []
     for name in names:
-        problem = provider_accounts.account_problem(name, channel)
+        key = f"{channel}:{name}"
+        problem = out.account_problems.get(key)
         if problem is None:
+            problem = out.account_problems[key] = provider_accounts.account_problem(name, channel) or ""
+            if problem and key not in _reported:
+                _reported.add(key)
+                logger.error("%s: its %s deliveries are not sent through it", problem, channel)
+        if problem:
+            problems.append(problem)
+        else:
             usable.append(name)
-            continue
-        problems.append(problem)
-        if f"{channel}:{name}" not in _reported:
-            _reported.add(f"{channel}:{name}")
-            logger.error("%s: its %s deliveries are not sent through it", problem, channel)
     return usable, "; ".join(problems)
 
 

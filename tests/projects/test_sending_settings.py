@@ -601,7 +601,8 @@ def test_an_account_gone_or_of_another_network_costs_only_its_own_deliveries(
         "DELIVERY_MAX_ATTEMPTS": "2",
         "RETRY_BACKOFF_BASE_SECONDS": "0.5",
     }
-    worker = start_worker(queues=["slack.high", "telegram.high", "maintenance"], env=env)
+    # One process: an account's problem is logged once per process.
+    worker = start_worker(queues=["slack.high", "telegram.high", "maintenance"], env=env, concurrency=1)
 
     slack, telegram = _sent(good_slack, good_telegram)
     assert (slack.provider, slack.attempts, slack.last_error) == ("other-slack", 1, "")
@@ -624,7 +625,7 @@ def test_an_account_gone_or_of_another_network_costs_only_its_own_deliveries(
     assert DeadLetter.objects.filter(delivery_id__in=[bad_slack, bad_telegram]).count() == 2
     assert slack_stub.tokens_by_channel() == {"U0OTHER001": OTHER_SLACK_TOKEN}
     assert len(telegram_stub.requests) == 1
-    # Said once per account and channel by the send path, whatever the number of attempts, and no secret.
+    # Said once per account and channel by the worker's send path, whatever the number of attempts; no secret.
     log = worker.log()
     assert log.count("provider account 'shop-telegram' is a telegram account") >= 1
     assert log.count("its slack deliveries are not sent through it") == 1
