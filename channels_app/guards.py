@@ -11,6 +11,7 @@ decision is recorded: it is never silently re-sent elsewhere.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -28,9 +29,10 @@ from channels_app.providers.base import (
     Outcome,
     Provider,
     ProviderError,
+    RetriableError,
     UnexpectedError,
 )
-from core import metrics, ratelimit
+from core import metrics, provider_accounts, ratelimit
 from core.categories import is_optional
 from notifier.deliveries.selectors import delivery_mode
 from preferences.services import preference_link, unsubscribe_url
@@ -41,7 +43,11 @@ if TYPE_CHECKING:
     from channels_app.outcomes import Outcomes
     from notifier.deliveries.models import Delivery
 
+logger = logging.getLogger(__name__)
+
 BREAKER_WAIT_SECONDS = 30.0
+# The unusable accounts already logged by this process: one line per account and channel, not one per delivery.
+_reported: set[str] = set()
 
 
 SANDBOX = "sandbox"
@@ -54,7 +60,15 @@ def pick_provider(channel: str, delivery: Delivery, out: Outcomes, want: int = 1
     calling a production installation reaches no person (docs/api.md, "Test keys").
     """
     # Only the sandbox for a test key, even for a delivery pinned elsewhere: it never reaches a real provider.
-    names = [SANDBOX] if delivery_mode(delivery) == "test" else _live_chain(channel, delivery)
+    if delivery_mode(delivery) == "test":
+        names = [SANDBOX]
+    else:
+        names, problem = _live_chain(channel, delivery, out)
+        if not names:
+            # Every account the project names for this channel is gone or another channel's: a fault an operator
+            # fixes, so retried with backoff (bounded by DELIVERY_MAX_ATTEMPTS, then dead-lettered for a replay).
+            out.retry(delivery, RetriableError(problem, code="provider_account"), "")
+            return None
     retry_in = BREAKER_WAIT_SECONDS
     for name in names:
         admitted, wait = _breaker_admits(name, out, want)
@@ -67,21 +81,47 @@ def pick_provider(channel: str, delivery: Delivery, out: Outcomes, want: int = 1
     return None
 
 
-def _live_chain(channel: str, delivery: Delivery) -> list[str]:
-    """Return the providers this attempt may try, in order: the channel's chain, pinned or rotated by history."""
+def _live_chain(channel: str, delivery: Delivery, out: Outcomes) -> tuple[list[str], str]:
+    """Return the providers this attempt may try, in order (the channel's chain, pinned or rotated by history),
+    and why there are none when a project's accounts are all unusable."""
     # The project's accounts for the channel if it names any (read from the per-process cache: no query).
-    names = registry.chain(channel, sending_settings(owner_id(delivery)).provider_accounts)
+    accounts = sending_settings(owner_id(delivery)).provider_accounts
+    names = registry.chain(channel, accounts)
+    problem = ""
+    if accounts.get(channel):
+        names, problem = _usable_accounts(names, channel, out)
     if delivery.pinned_provider:
         # An earlier attempt may have reached this provider: only it may have the next one, however long the
         # delivery has to wait for it (open breaker, rate limit). A provider removed from the chain since
         # gives way to the first one, recorded as a failover event below.
         pinned = delivery.pinned_provider
-        return [pinned] if pinned in names else names[:1]
+        return ([pinned] if pinned in names else names[:1]), problem
     if delivery.provider in names and delivery.last_error and len(names) > 1:
         # The last attempt failed retriably on this provider: start with the next one.
         start = (names.index(delivery.provider) + 1) % len(names)
-        return names[start:] + names[:start]
-    return names
+        return names[start:] + names[:start], problem
+    return names, problem
+
+
+def _usable_accounts(names: list[str], channel: str, out: Outcomes) -> tuple[list[str], str]:
+    """Return the accounts of `names` that exist and serve `channel`, and the problems of the others (logged once).
+
+    An account of another kind would build another network's adapter: the message would go out through it.
+    """
+    usable, problems = [], []
+    for name in names:
+        key = f"{channel}:{name}"
+        problem = out.account_problems.get(key)
+        if problem is None:
+            problem = out.account_problems[key] = provider_accounts.account_problem(name, channel) or ""
+            if problem and key not in _reported:
+                _reported.add(key)
+                logger.error("%s: its %s deliveries are not sent through it", problem, channel)
+        if problem:
+            problems.append(problem)
+        else:
+            usable.append(name)
+    return usable, "; ".join(problems)
 
 
 def _breaker_admits(name: str, out: Outcomes, want: int = 1) -> tuple[bool, float]:

@@ -97,6 +97,9 @@ class Outcomes:
         self.clock = clock or DbClock()
         # Admitted breaker slots per provider for this batch (channels_app.guards hands them out).
         self.breaker_slots: dict[str, list[float]] = {}
+        # What is wrong with a project's provider account for a channel ("channel:name" -> problem, "" none):
+        # checked once per batch, not once per delivery (channels_app.guards).
+        self.account_problems: dict[str, str] = {}
         # Whether status changes may concern anyone listening (an in-app delivery, a client with an event
         # endpoint): decided once per batch by the pipeline; when not, no status-event statement per write.
         self.reach = True

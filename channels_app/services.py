@@ -23,7 +23,7 @@ from django.db import InterfaceError, OperationalError, connection
 from channels_app import guards
 from channels_app.outcomes import BatchReport, DbClock, Outcomes, backoff_seconds, describe_exception
 from channels_app.providers import registry
-from channels_app.providers.base import OutboundMessage, Outcome, RetriableError
+from channels_app.providers.base import ConfigurationError, OutboundMessage, Outcome, RetriableError
 from channels_app.sms_fit import sms_fit
 from core import config_cache
 from notifier.campaigns.models import Campaign
@@ -414,7 +414,15 @@ def _send_group(name: str, group: list[tuple[Delivery, OutboundMessage]], out: O
     the chunk is one group. A fast provider therefore costs a few writes per batch, a slow one a write per
     interval, and neither waits for the other's pace.
     """
-    provider = registry.get_provider(name)
+    try:
+        provider = registry.get_provider(name)
+    except ConfigurationError as exc:
+        # An account that cannot be built (a missing credential): only the deliveries that use it pay, retried
+        # with backoff like any fault an operator fixes; the rest of the batch goes on.
+        logger.error("provider '%s' cannot be built: %s", name, exc)
+        for delivery, _ in group:
+            out.retry(delivery, RetriableError(str(exc), code="provider_config"), "")
+        return
     limit = settings.OUTCOME_FLUSH_MAX or provider.max_concurrency
     window = threading.Semaphore(limit)
     interval = settings.OUTCOME_FLUSH_INTERVAL_SECONDS

@@ -105,6 +105,24 @@ def names_for(channel: str) -> list[str]:
     return sorted(name for name, account in accounts.items() if account.channel == channel)
 
 
+def account_problem(name: str, channel: str) -> str | None:
+    """Return why account `name` cannot carry `channel` (not configured, or another channel's), or None.
+
+    A project's choice is checked where it was made (the admin), but a value written around it, or an account
+    removed or changed to another kind since, must cost only the deliveries that name it: the send path and the
+    cached load of a project's settings ask this. The text names the account, never a secret.
+    """
+    try:
+        account = configured().get(name)
+    except AccountError as exc:
+        return str(exc)
+    if account is None:
+        return f"provider account '{name}' is not in PROVIDER_ACCOUNTS"
+    if account.channel != channel:
+        return f"provider account '{name}' is a {account.channel} account ({account.provider}), not a {channel} one"
+    return None
+
+
 def names_of_provider(*providers: str) -> list[str]:
     """Return the `providers` and the names of the accounts of those kinds (what a provider callback may have sent)."""
     try:

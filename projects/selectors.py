@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -9,8 +10,11 @@ from typing import Any
 
 from django.db import models
 
+from core import provider_accounts
 from core.config_cache import cached
 from projects.models import DEFAULT_PROJECT_SLUG, Environment, Project
+
+logger = logging.getLogger(__name__)
 
 
 class ProjectNotFound(Exception):
@@ -139,16 +143,21 @@ def sending_settings(environment_id: int | None) -> SendingSettings:
 
 
 def _sending_settings_of(project: Project) -> SendingSettings:
+    chosen = (project.provider_accounts or {}).items()
+    accounts = {channel: names for channel, value in chosen if (names := account_names(value))}
+    # Loaded once per process and generation: the place to say that an account the project names is gone or
+    # serves another channel (the send path then retries those deliveries and sends the rest).
+    for channel, names in accounts.items():
+        for name in names:
+            problem = provider_accounts.account_problem(name, channel)
+            if problem:
+                logger.warning("project '%s' sends its %s through %s", project.slug, channel, problem)
     return SendingSettings(
         email_from=project.email_from,
         email_reply_to=project.email_reply_to,
         sms_sender=project.sms_sender,
         default_layout=project.default_layout,
-        provider_accounts={
-            channel: names
-            for channel, value in (project.provider_accounts or {}).items()
-            if (names := account_names(value))
-        },
+        provider_accounts=accounts,
     )
 
 

@@ -4,6 +4,7 @@ incoming webhooks through the guarded webhook path)."""
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 import json
 from typing import Any
@@ -273,3 +274,67 @@ def test_the_chat_part_is_validated_and_previewed(api: Any) -> None:
     assert set(NETWORKS) <= set(channels)
     assert channels["slack"]["parts"]["blocks"][0]["text"]["text"] == "*Deploy* `v9` finished"
     assert channels["whatsapp"]["parts"]["variables"] == {"1": "v9"}
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("template")
+def test_a_users_preferences_and_quiet_hours_apply_to_their_chat(
+    api: Any, start_worker: Any, slack_stub: SlackStub, slack_env: dict[str, str]
+) -> None:
+    template_put(key="promo", category="marketing", default_locale="en", content={"en": {"chat": CHAT_PART}})
+    now = dt.datetime.now(dt.UTC)
+    around_now = {"start": f"{(now - dt.timedelta(hours=1)):%H:%M}", "end": f"{(now + dt.timedelta(hours=1)):%H:%M}"}
+    preferences = {
+        "u-on": {},
+        "u-off": {"channels": {"slack": False}},
+        "u-email-only": {"categories": {"marketing": {"enabled": True, "channels": ["email"]}}},
+        "u-quiet": {"quiet_hours": around_now},
+        "u-late": {},
+    }
+    for n, (user, prefs) in enumerate(preferences.items()):
+        assert (
+            api.put(f"/api/v1/recipients/{user}", {"chat": {"slack": f"U0PREF00{n}"}}, format="json").status_code == 201
+        )
+        assert api.put(f"/api/v1/recipients/{user}/preferences", prefs, format="json").status_code == 200
+
+    def promo(user: str) -> dict[str, Any]:
+        (delivery,) = _send(api, {"user_id": user}, ["slack"], template="promo")["deliveries"]
+        return {"id": delivery["id"], "status": delivery["status"]}
+
+    sent = {user: promo(user) for user in preferences}
+    # Decided at accept: the opted-out channel and category are suppressed, quiet hours defer to the window's end.
+    assert {user: d["status"] for user, d in sent.items()} == {
+        "u-on": "queued", "u-off": "suppressed", "u-email-only": "suppressed", "u-quiet": "deferred", "u-late": "queued"
+    }  # fmt: skip
+    reasons = dict(Delivery.objects.filter(pk__in=[d["id"] for d in sent.values()]).values_list("pk", "reason"))
+    assert reasons[sent["u-off"]["id"]] == "channel_disabled"
+    assert reasons[sent["u-email-only"]["id"]] == "category_disabled"
+    assert reasons[sent["u-quiet"]["id"]] == "quiet_hours"
+    quiet = Delivery.objects.get(pk=sent["u-quiet"]["id"])
+    assert quiet.not_before is not None and quiet.not_before > now + dt.timedelta(minutes=50)
+    # Decided again at send: u-late opts out of Slack after the accept, before any worker takes it.
+    assert (
+        api.put("/api/v1/recipients/u-late/preferences", {"channels": {"slack": False}}, format="json").status_code
+        == 200
+    )
+    # A transactional message reaches the user in quiet hours all the same.
+    (deploy,) = _send(api, {"user_id": "u-quiet"}, ["slack"])["deliveries"]
+
+    # Marketing goes on the low queues.
+    start_worker(queues=[*QUEUES, "slack.low"], env={**slack_env, "SLACK_PROVIDERS": "slack"})
+    ids = [sent["u-on"]["id"], deploy["id"], sent["u-late"]["id"]]
+
+    def settled() -> list[tuple[int, str, str]]:
+        found = list(Delivery.objects.filter(pk__in=ids).order_by("pk").values_list("pk", "status", "reason"))
+        return found if all(status in ("sent", "suppressed", "failed") for _, status, _ in found) else []
+
+    try:
+        wait_for(settled, 60)
+    except AssertionError:
+        found = Delivery.objects.filter(pk__in=ids).order_by("pk").values_list("status", "reason", "last_error")
+        raise AssertionError(list(found)) from None
+    late = Delivery.objects.get(pk=sent["u-late"]["id"])
+    assert [Delivery.objects.get(pk=pk).status for pk in ids[:2]] == ["sent", "sent"]
+    assert (late.status, late.reason) == ("suppressed", "channel_disabled")
+    assert sorted(p["channel"] for p in slack_stub.posts()) == ["U0PREF000", "U0PREF003"]
+    assert Delivery.objects.get(pk=sent["u-quiet"]["id"]).status == "deferred"

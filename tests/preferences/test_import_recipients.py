@@ -139,3 +139,20 @@ def test_a_hundred_thousand_rows_killed_midway_resume_without_duplicates(
     out, _ = _run(str(path))
     assert out.splitlines()[0] == "0 were created, 99,000 were updated, 1,000 refused."
     assert Recipient.objects.count() == 99_000
+
+
+@pytest.mark.django_db
+def test_progress_goes_to_stderr_a_line_per_chunk_and_the_result_to_stdout(tmp_path: Path, settings: Any) -> None:
+    settings.PROGRESS_INTERVAL_SECONDS = 0  # a line at every count (a pipe gets plain lines, not a bar)
+    path = tmp_path / "people.csv"
+    _csv(path, 2500, bad_every=10_000)
+    out, err = _run(str(path))
+    assert out.splitlines() == ["2,500 were created, 0 were updated, 0 refused."]
+    lines = err.splitlines()
+    # Lines of the file (the header is one), a line after each chunk of a thousand rows, then the closing line.
+    assert lines[0] == "import people.csv: started (2,501 lines)"
+    counts = [line.split(": ", 1)[1].split(" ", 1)[0] for line in lines[1:-1]]
+    assert counts == ["1,001/2,501", "2,001/2,501", "2,501/2,501"]
+    assert "(40 %)" in lines[1] and "lines/s" in lines[1] and "left" in lines[1]
+    assert lines[-1].startswith("import people.csv: done, 2,501 lines in ")
+    assert Recipient.objects.count() == 2500

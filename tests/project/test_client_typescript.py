@@ -158,6 +158,21 @@ def test_recipients_lists_and_any_operation(compiled: Path, server: dict[str, st
     assert out["layout_version"] == 1
 
 
+@pytest.mark.django_db(transaction=True)
+def test_recipients_with_chat_addresses_one_and_in_a_batch_then_chat_to_them(
+    compiled: Path, server: dict[str, str]
+) -> None:
+    template_put(key="deploy", category="transactional", default_locale="en", content={"en": {"chat": {"text": "Hi"}}})
+    out = _live(compiled, "chatRecipients", server)
+    assert out["refused"] == 2
+    chats = dict(Recipient.objects.filter(user_id__startswith="u-").values_list("user_id", "chat"))
+    assert chats == {"u-chat": {"telegram": "123456789"}, "u-b1": {"slack": "#ops", "telegram": "@newsroom"}}
+    sent = Delivery.objects.filter(notification_id=out["user"]).order_by("channel")
+    assert [(d.channel, d.address) for d in sent] == [("slack", "#ops"), ("telegram", "@newsroom")]
+    (bare,) = Delivery.objects.filter(notification_id=out["bare"])
+    assert (bare.channel, bare.address) == ("slack", "#alerts")
+
+
 @pytest.mark.django_db(transaction=False)
 def test_retries_pages_and_the_wire_against_a_scripted_server(compiled: Path) -> None:
     result = _run([_node(), "--test", "--test-reporter=tap", str(compiled / "test" / "offline.test.js")], timeout=120)

@@ -14,6 +14,7 @@ import boto3
 import pytest
 
 from channels_app import breaker
+from notifier.deadletters.models import DeadLetter
 from notifier.deliveries.models import Delivery
 from projects.models import Project
 from projects.services import project_create
@@ -229,6 +230,7 @@ SHOP_SLACK_TOKEN = "xoxb-shop-workspace-bot"
 SHOP_TELEGRAM_TOKEN = "777000:shop-telegram-bot"
 SHOP_TWILIO_SID, SHOP_TWILIO_TOKEN = "AC" + "5" * 32, "shop-twilio-token"
 SHOP_WHATSAPP_FROM = "+15005550088"
+OTHER_SLACK_TOKEN = "xoxb-other-workspace-bot"
 CHAT_ADDRESSES = {
     "a": {"slack": "U0SHOP0001", "telegram": "1001", "whatsapp": "+14155550101"},
     "b": {"slack": "U0OTHER001", "telegram": "2002", "whatsapp": "+14155550102"},
@@ -559,3 +561,124 @@ def test_a_projects_settings_cost_a_send_batch_no_query(api_client_factory: Any)
         html = [m["content"]["html"] for m in api.get("/api/v1/sandbox/messages").json()["results"]]
         assert len(html) == 4 and all(h.startswith("<main>") or "<main" in h for h in html), html
     assert queries["a"] == queries["b"], queries
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_account_gone_or_of_another_network_costs_only_its_own_deliveries(
+    projects: dict[str, tuple[Any, Any]],
+    start_worker: Any,
+    slack_stub: SlackStub,
+    slack_env: dict[str, str],
+    telegram_stub: TelegramStub,
+    telegram_env: dict[str, str],
+) -> None:
+    # Written around the admin (which refuses both): the shop's Slack names a Telegram bot, its Telegram an
+    # account no longer configured. The other project's Slack goes through an account of its own.
+    telegram_stub.tokens.add(SHOP_TELEGRAM_TOKEN)
+    accounts = {
+        "shop-telegram": {"provider": "telegram", "bot_token": SHOP_TELEGRAM_TOKEN},
+        "other-slack": {"provider": "slack", "bot_token": OTHER_SLACK_TOKEN},
+    }
+    slack_stub.tokens.add(OTHER_SLACK_TOKEN)
+    Project.objects.filter(slug="shop").update(provider_accounts={"slack": "shop-telegram", "telegram": "gone"})
+    other = Project.objects.get(slug="other")
+    other.provider_accounts = {"slack": "other-slack"}
+    other.save()  # through the model: every process's configuration cache drops the projects' settings
+    for name, (_, api) in projects.items():
+        answer = api.put("/api/v1/recipients/u-1", {"chat": CHAT_ADDRESSES[name]}, format="json")
+        assert answer.status_code in (200, 201), answer.content
+    (_, a), (_, b) = projects["a"], projects["b"]
+    # Queued before any worker runs: each queue's deliveries of both projects are taken as one batch, the
+    # shop's first.
+    bad_slack, bad_telegram = _send(a, "slack"), _send(a, "telegram")
+    good_slack, good_telegram = _send(b, "slack"), _send(b, "telegram")
+    env = {
+        **slack_env,
+        **telegram_env,
+        "SLACK_PROVIDERS": "slack",
+        "TELEGRAM_PROVIDERS": "telegram",
+        "PROVIDER_ACCOUNTS": json.dumps(accounts),
+        "DELIVERY_MAX_ATTEMPTS": "2",
+        "RETRY_BACKOFF_BASE_SECONDS": "0.5",
+    }
+    # One process: an account's problem is logged once per process.
+    worker = start_worker(queues=["slack.high", "telegram.high", "maintenance"], env=env, concurrency=1)
+
+    slack, telegram = _sent(good_slack, good_telegram)
+    assert (slack.provider, slack.attempts, slack.last_error) == ("other-slack", 1, "")
+    assert (telegram.provider, telegram.attempts, telegram.last_error) == ("telegram", 1, "")
+    assert slack_stub.tokens_by_channel() == {"U0OTHER001": OTHER_SLACK_TOKEN}
+    assert telegram_stub.tokens_by_chat() == {"2002": TELEGRAM_TOKEN}  # nothing of the shop's, by no bot
+
+    # The shop's are retried (an operator may fix the setting meanwhile), then failed and dead-lettered.
+    def exhausted() -> list[Delivery]:
+        found = Delivery.objects.filter(pk__in=[bad_slack, bad_telegram], status="failed").order_by("channel")
+        return list(found) if len(found) == 2 else []
+
+    failed_slack, failed_telegram = wait_for(exhausted, 60)
+    assert failed_slack.reason == failed_telegram.reason == "attempts_exhausted"
+    assert failed_slack.last_error == (
+        "[provider_account] provider account 'shop-telegram' is a telegram account (telegram), not a slack one"
+    )
+    assert failed_telegram.last_error == "[provider_account] provider account 'gone' is not in PROVIDER_ACCOUNTS"
+    assert (failed_slack.attempts, failed_telegram.attempts) == (2, 2)
+    assert DeadLetter.objects.filter(delivery_id__in=[bad_slack, bad_telegram]).count() == 2
+    assert slack_stub.tokens_by_channel() == {"U0OTHER001": OTHER_SLACK_TOKEN}
+    assert len(telegram_stub.requests) == 1
+    # Said once per account and channel by the worker's send path, whatever the number of attempts; no secret.
+    log = worker.log()
+    assert log.count("provider account 'shop-telegram' is a telegram account") >= 1
+    assert log.count("its slack deliveries are not sent through it") == 1
+    assert log.count("its telegram deliveries are not sent through it") == 1
+    assert SHOP_TELEGRAM_TOKEN not in log
+
+
+@pytest.mark.django_db
+def test_the_cached_load_of_a_projects_settings_warns_of_an_unusable_account(settings: Any, caplog: Any) -> None:
+    from projects.selectors import environment_of, sending_settings
+
+    settings.PROVIDER_ACCOUNTS = {"shop-telegram": {"provider": "telegram", "bot_token": "777:secret"}}
+    shop = project_create(slug="shop")
+    shop.provider_accounts = {"slack": "shop-telegram", "telegram": ["shop-telegram", "gone"]}
+    shop.save()
+    with caplog.at_level("WARNING", logger="projects.selectors"):
+        loaded = sending_settings(environment_of(project="shop", mode="live").pk)
+    assert loaded.provider_accounts == {"slack": ["shop-telegram"], "telegram": ["shop-telegram", "gone"]}
+    assert [r.getMessage() for r in caplog.records] == [
+        "project 'shop' sends its slack through provider account 'shop-telegram' is a telegram account (telegram),"
+        " not a slack one",
+        "project 'shop' sends its telegram through provider account 'gone' is not in PROVIDER_ACCOUNTS",
+    ]
+    assert "777:secret" not in caplog.text
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_account_that_cannot_be_built_retries_only_its_own_group(
+    projects: dict[str, tuple[Any, Any]], settings: Any, slack_stub: SlackStub
+) -> None:
+    # A worker refuses to start with such an account (channels_app.checks); a process that builds adapters
+    # lazily meets it in the middle of a batch, where it must cost only that account's deliveries.
+    from channels_app.providers.registry import get_provider
+    from channels_app.services import deliver
+
+    settings.PROVIDER_ACCOUNTS = {"shop-slack": {"provider": "slack"}}  # its bot_token left out
+    settings.SLACK_BOT_TOKEN, settings.SLACK_BASE_URL = SLACK_TOKEN, f"{slack_stub.url}/api/"
+    settings.CHANNEL_PROVIDERS = {**settings.CHANNEL_PROVIDERS, "slack": ["slack"]}
+    shop = Project.objects.get(slug="shop")
+    shop.provider_accounts = {"slack": "shop-slack"}
+    shop.save()
+    for name, (_, api) in projects.items():
+        assert api.put("/api/v1/recipients/u-1", {"chat": CHAT_ADDRESSES[name]}, format="json").status_code == 200
+    (_, a), (_, b) = projects["a"], projects["b"]
+    shops, others = _send(a, "slack"), _send(b, "slack")  # the shop's group comes first in the batch
+    get_provider.cache_clear()
+    try:
+        report = deliver([shops, others])
+    finally:
+        get_provider.cache_clear()
+    assert (report.sent, report.retried) == (1, 1)
+    other, mine = Delivery.objects.get(pk=others), Delivery.objects.get(pk=shops)
+    assert (other.status, other.provider) == ("sent", "slack")
+    assert (mine.status, mine.reason) == ("queued", "retry")
+    assert mine.last_error == "[provider_config] PROVIDER_ACCOUNTS: account 'shop-slack': bot_token is not set"
+    assert slack_stub.tokens_by_channel() == {"U0OTHER001": SLACK_TOKEN}

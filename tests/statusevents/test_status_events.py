@@ -313,3 +313,36 @@ def test_the_send_pipeline_writes_status_events_only_for_batches_someone_listens
     assert send_one() == (0, 0)  # no endpoint, no in-app: not even the status-event statement
     event_endpoint_put(client=client, url="https://hooks.example.com/e", statuses=["sent"], max_batch=1)
     assert send_one() == (1, 1)  # the cached "no endpoint" of this client was invalidated by the save
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_slack_deliverys_status_events_reach_its_client_signed(
+    start_worker: Callable[..., Any], receivers: Any, slack_stub: Any, slack_env: dict[str, str], settings: Any
+) -> None:
+    settings.WEBHOOK_ALLOW_PRIVATE_TARGETS = True
+    receiver, _, _ = receivers
+    template_put(key="t", category="transactional", default_locale="en",
+                 content={"en": {"chat": {"text": "Order {{ order }} shipped"}}})  # fmt: skip
+    client, http = _http("svc-slack")
+    secret = _endpoint(http, f"{receiver.url}/events")["secret"]
+    recipient_upsert(user_id="u-s", chat={"slack": "U024BE7LH"})
+    slack_stub.error("not_in_channel", times=1)  # the first post is refused for good
+    start_worker(queues=["slack.high", "slack.low", "events"], env={**slack_env, **FAST, "SLACK_PROVIDERS": "slack"})
+
+    failed = _send(client, "u-s", "slack")
+    wait_for(lambda: Delivery.objects.filter(pk=failed.pk, status="failed").exists(), 60)
+    sent = _send(client, "u-s", "slack")
+    wait_for(lambda: Delivery.objects.filter(pk=sent.pk, status="sent").exists(), 60)
+
+    def events() -> dict[tuple[int, str], dict[str, Any]]:
+        return {(e["data"]["delivery_id"], e["type"]): e["data"] for e in _verified(receiver, secret)}
+
+    wait_for(lambda: {(failed.pk, "delivery.failed"), (sent.pk, "delivery.sent")} <= set(events()), 60)
+    got = events()
+    assert got[(failed.pk, "delivery.failed")]["channel"] == "slack"
+    assert got[(failed.pk, "delivery.failed")]["reason"] == "not_in_channel"
+    assert got[(sent.pk, "delivery.sent")]["channel"] == "slack"
+    assert got[(sent.pk, "delivery.sent")]["user_id"] == "u-s"
+    assert got[(sent.pk, "delivery.sent")]["provider_message_id"].startswith("U024BE7LH/")
+    with pytest.raises(Exception):
+        _verified(receiver, "whsec_" + "A" * 32)  # signed with this client's secret, not any other

@@ -1,5 +1,6 @@
 """Template budgets: each known template bomb is refused at save time or fails fast (preview 400, delivery failed
-with reason template_budget), for the API, the admin preview and real workers, which keep serving."""
+with reason template_budget), for the API, the admin preview and real workers, which keep serving; the chat part
+(its text and its Block Kit strings) within the same budgets."""
 
 from __future__ import annotations
 
@@ -164,3 +165,63 @@ def test_guarded_filters_behave_like_jinjas_own() -> None:
             finally:
                 budget.finish(token)
             assert ours == stock.from_string(source).render(x="<b>", y=1)
+
+
+def chat_body(text: str, blocks_text: str = "ok") -> dict[str, Any]:
+    """Return a template whose chat part has `text` and one Block Kit section of `blocks_text`."""
+    section = {"type": "section", "text": {"type": "mrkdwn", "text": blocks_text}}
+    return {
+        "category": "transactional",
+        "default_locale": "en",
+        "content": {"en": {"chat": {"text": text, "blocks": [section]}}},
+    }
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("name", ["format_width", "nested_range"])
+@pytest.mark.parametrize("where", ["text", "blocks"])
+def test_static_bombs_in_the_chat_part_are_refused_at_save_time(api: Any, name: str, where: str) -> None:
+    bomb = STATIC_BOMBS[name]
+    template = chat_body(bomb) if where == "text" else chat_body("fine", bomb)
+    response = api.put(f"/api/v1/templates/chat-{name}", template, format="json")
+    assert response.status_code == 400, response.content
+    assert response.json()["error"]["code"] == "template_budget"
+    (field,) = response.json()["error"]["fields"]
+    assert field.startswith(f"content.en.chat.{where}")
+    assert api.put("/api/v1/templates/chat-fine", chat_body("Hi {{ name }}"), format="json").status_code == 201
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("name", ["namespace_doubling", "nested_range_from_payload", "replace_amplification"])
+@pytest.mark.parametrize("where", ["text", "blocks"])
+def test_dynamic_bombs_in_the_chat_part_fail_the_preview_with_400(api: Any, name: str, where: str) -> None:
+    bomb = DYNAMIC_BOMBS[name]
+    template = chat_body(bomb) if where == "text" else chat_body("fine", bomb)
+    assert api.put(f"/api/v1/templates/chat-{name}", template, format="json").status_code == 201
+    response = api.post(f"/api/v1/templates/chat-{name}/preview", {"payload": PAYLOAD, "locale": "en"}, format="json")
+    assert response.status_code == 400, response.content[:500]
+    assert response.json()["error"]["code"] == "template_budget"
+    assert len(response.content) < 2000
+    api.put("/api/v1/templates/chat-fine", chat_body("Hi {{ name }}", "*{{ name }}*"), format="json")
+    ok = api.post("/api/v1/templates/chat-fine/preview", {"payload": {"name": "Ada"}, "locale": "en"}, format="json")
+    assert ok.status_code == 200 and ok.json()["channels"]["slack"]["parts"]["text"] == "Hi Ada"
+    assert ok.json()["channels"]["slack"]["parts"]["blocks"][0]["text"]["text"] == "*Ada*"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_chat_bomb_fails_its_slack_delivery_with_template_budget_and_workers_keep_serving(
+    api: Any, start_worker: Any, slack_stub: Any, slack_env: dict[str, str]
+) -> None:
+    api.put("/api/v1/templates/bomb", chat_body("fine", DYNAMIC_BOMBS["namespace_doubling"]), format="json")
+    api.put("/api/v1/templates/fine", chat_body("Hi {{ name }}"), format="json")
+    start_worker(queues=["slack.high", "slack.low"], env={**slack_env, "SLACK_PROVIDERS": "slack"})
+    recipient = {"chat": {"slack": "#ops"}}
+    bomb = api.post("/api/v1/notifications", {"recipient": recipient, "template": "bomb", "payload": PAYLOAD},
+                    format="json")  # fmt: skip
+    assert bomb.status_code == 202, bomb.content
+    failed = wait_for(lambda: Delivery.objects.filter(notification_id=bomb.json()["id"], status="failed").first(), 60)
+    assert failed.reason == "template_budget" and "template budget" in failed.last_error
+    fine = api.post("/api/v1/notifications", {"recipient": recipient, "template": "fine", "payload": {"name": "A"}},
+                    format="json")  # fmt: skip
+    wait_for(lambda: Delivery.objects.filter(notification_id=fine.json()["id"], status="sent").first(), 60)
+    assert [p["text"] for p in slack_stub.posts()] == ["Hi A"]

@@ -167,7 +167,35 @@ async function recipients(): Promise<object> {
   return { odd: odd.user_id, templates, topics, layout_version: layout.version };
 }
 
-const scenarios: Record<string, () => Promise<object>> = { send, dedup, errors, batch, recipients };
+/** Recipients with chat addresses, one at a time and in a batch (a result per item), then chat sent to them. */
+async function chatRecipients(): Promise<object> {
+  const one = await client.putRecipient("u-chat", { chat: { slack: "U024BE7LH", whatsapp: "+49 151 12345678" } });
+  assert.deepEqual(one.chat, { slack: "U024BE7LH", whatsapp: "+4915112345678" }); // stored in E.164
+  const bad = await rejects(client.putRecipient("u-chat", { chat: { slack: "ops" } }), BadRequestError);
+  assert.ok(bad.fields["chat.slack"]);
+
+  const results = await client.putRecipients([
+    { user_id: "u-b1", email: "b1@example.com", chat: { slack: "#ops", telegram: "@newsroom" } },
+    { user_id: "u-chat", chat: { telegram: "123456789" } },
+    { user_id: "u-b3", chat: { telegram: "not a chat" } },
+    { user_id: "u-b4", email: "not an email" },
+  ]);
+  assert.deepEqual(
+    results.map((r) => [r.user_id, r.status]),
+    [["u-b1", 201], ["u-chat", 200], ["u-b3", 400], ["u-b4", 400]],
+  );
+  const refused = results.filter((r) => r.status === 400).map((r) => Object.keys(r.error?.fields ?? {}));
+  assert.deepEqual(refused, [["chat.telegram"], ["email"]]);
+  assert.deepEqual((await client.getRecipient("u-b1")).chat, { slack: "#ops", telegram: "@newsroom" });
+  // A batch item's fields are a PUT's: the chat sent replaces u-chat's whole chat.
+  assert.deepEqual((await client.getRecipient("u-chat")).chat, { telegram: "123456789" });
+
+  const user = await client.send({ recipient: "u-b1", template: "deploy", channels: ["slack", "telegram"] });
+  const bare = await client.send({ recipient: { chat: { slack: "#alerts" } }, template: "deploy" });
+  return { user: user.id, bare: bare.id, refused: refused.length };
+}
+
+const scenarios: Record<string, () => Promise<object>> = { send, dedup, errors, batch, recipients, chatRecipients };
 const name = process.argv[2] ?? "";
 const scenario = scenarios[name];
 if (!scenario) throw new Error(`no scenario ${JSON.stringify(name)}: one of ${Object.keys(scenarios).join(", ")}`);
