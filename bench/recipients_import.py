@@ -1,6 +1,7 @@
 """Recipients written per second: the batch endpoint beside the single PUT, and the import command, in one run.
 
     BENCH_NS=me .venv/bin/python bench/recipients_import.py [--batches 30] [--singles 1000] [--rows 100000] [--keep]
+    BENCH_NS=me .venv/bin/python bench/recipients_import.py --http-batches 40 [--callers 4]
 
 On a fresh bench database (bench/_common.py), through the whole API stack in process (DRF's test client with
 an API key: authentication, scopes, parsing, validation, the answer): `--singles` single
@@ -12,6 +13,12 @@ process's own CPU time (everything but PostgreSQL's share runs in it): on a shar
 says more about the neighbours than about the code. Once loaded, the process's heap is frozen out of the garbage
 collector as an API worker's is (config/wsgi.py, core/heap.py): unfrozen, the full collections a batch's
 allocations trigger walked Django's and DRF's objects, a fifth of a batch's CPU that the API does not spend.
+
+With --http-batches, the box's rate instead: the API as `make run` ships it (gunicorn, 2 processes of 16
+threads, bench/_common.ApiServer) on the bench database, `--callers` concurrent HTTP clients posting
+--http-batches batches of 1,000 new recipients (the bodies encoded before the clock starts), then the same
+batches again as updates; it prints recipients per second of wall clock and the CPU seconds per 1,000 of every
+process group on the box (API, PostgreSQL, the bench's clients).
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import cleanup, log, parser, prepare
+from bench._common import ApiServer, api_key, cleanup, group_cpu, log, parser, prepare, print_cpu
 
 
 def _item(i: int) -> dict[str, object]:
@@ -44,8 +51,16 @@ def main() -> None:
     p.add_argument("--batches", type=int, default=30, help="calls of 1,000 recipients")
     p.add_argument("--singles", type=int, default=1000, help="single PUTs")
     p.add_argument("--rows", type=int, default=100_000, help="rows of the imported CSV")
+    p.add_argument("--http-batches", type=int, default=0, help="measure over HTTP instead: batches of 1,000")
+    p.add_argument("--callers", type=int, default=4, help="concurrent HTTP clients (with --http-batches)")
     args = p.parse_args()
     prepare(broker=False)
+    if args.http_batches:
+        try:
+            _over_http(args.http_batches, args.callers)
+        finally:
+            cleanup(args.keep, broker=False)
+        return
     try:
         from django.core.management import call_command
         from rest_framework.test import APIClient
@@ -112,6 +127,65 @@ def main() -> None:
             print(f"{label:<36} {rate:>12,.0f} {cpu_rate:>16,.0f}  {rate / single:.0f}x")
     finally:
         cleanup(args.keep, broker=False)
+
+
+def _post_all(port: int, headers: dict[str, str], bodies: list[str], callers: int, expected: int) -> float:
+    """Post every body from `callers` concurrent clients; return the seconds taken. Every item must be `expected`."""
+    import http.client
+    import json
+    import threading
+
+    pending = list(range(len(bodies)))
+    lock = threading.Lock()
+    failures: list[str] = []
+
+    def caller() -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        while True:
+            with lock:
+                if not pending:
+                    return
+                b = pending.pop()
+            conn.request("POST", "/api/v1/recipients/batch", bodies[b], headers)
+            response = conn.getresponse()
+            answer = response.read()
+            ok = response.status == 200 and {x["status"] for x in json.loads(answer)["results"]} == {expected}
+            if not ok:
+                failures.append(f"{response.status} {answer[:200]!r}")
+
+    threads = [threading.Thread(target=caller) for _ in range(callers)]
+    started = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - started
+    assert not failures, failures[:3]
+    return elapsed
+
+
+def _over_http(batches: int, callers: int) -> None:
+    """Post `batches` batches of 1,000 new recipients, then again as updates, from `callers` HTTP clients."""
+    import http.client
+    import json
+
+    key = api_key()
+    api = ApiServer().wait_ready()
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", api.port, timeout=120)
+        conn.request("PUT", "/api/v1/topics/all-users", json.dumps({"name": "All"}), headers)
+        assert conn.getresponse().status == 201
+        bodies = [json.dumps({"recipients": [_item(b * 1000 + i) for i in range(1000)]}) for b in range(batches)]
+        print(f"\n{callers} HTTP callers, {batches} batches of 1,000, gunicorn as `make run` ships it")
+        for label, expected in (("new recipients", 201), ("updates", 200)):
+            before = group_cpu()
+            elapsed = _post_all(api.port, headers, bodies, callers, expected)
+            after = group_cpu()
+            print(f"batch of 1,000 over HTTP, {label}: {batches * 1000 / elapsed:,.0f} per second")
+            print_cpu(before, after, batches, per="1,000")
+    finally:
+        api.stop()
 
 
 if __name__ == "__main__":
