@@ -203,18 +203,27 @@ class Pool:
         self._lock = asyncio.Lock()
 
     async def fetch(self, sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
-        conn = await self._acquire()
-        try:
-            async with conn.cursor() as cursor:
-                await cursor.execute(sql, params)
-                rows = await cursor.fetchall()
-        except psycopg.Error:
-            await conn.close()
-            async with self._lock:
-                self._opened -= 1
-            raise
-        self._free.put_nowait(conn)
-        return rows
+        """Run a read; a connection found broken (its server went away, a failover) is replaced and the read retried.
+
+        After a failover every idle connection points at the old primary: each is dropped as it fails, and a new
+        one (to DATABASE_URL's read-write host) takes the read, which changes nothing and may run again.
+        """
+        for attempt in range(self.size + 1):
+            conn = await self._acquire()
+            try:
+                async with conn.cursor() as cursor:
+                    await cursor.execute(sql, params)
+                    rows = await cursor.fetchall()
+            except psycopg.Error:
+                await conn.close()
+                async with self._lock:
+                    self._opened -= 1
+                if conn.broken and attempt < self.size:
+                    continue
+                raise
+            self._free.put_nowait(conn)
+            return rows
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     async def _acquire(self) -> psycopg.AsyncConnection[Any]:
         if self._free.empty():
@@ -637,7 +646,13 @@ async def _pump(
                 # The LISTEN connection came back: anything stored while it was down is read again.
                 sub.resync = False
                 since = datetime.fromtimestamp(time.time() - 60 - settings.INBOX_RESUME_MARGIN_SECONDS, tz=UTC)
-                await _catch_up(h, sub, since if resume is None else min(since, resume))
+                try:
+                    await _catch_up(h, sub, since if resume is None else min(since, resume))
+                except psycopg.Error:
+                    # The database is not back for reads yet: end the stream; the client reconnects with its
+                    # Last-Event-ID and catches up then (an error here would cut it off without an end).
+                    log.warning("inbox stream catch-up failed; ending the stream for the client to resume")
+                    return
             # Everything queued since the last write goes in one write.
             chunk = b"".join(sub.pending)
             sub.pending.clear()

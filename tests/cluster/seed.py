@@ -4,7 +4,8 @@ Runs as a process of its own because the cluster's database is not the test data
 reached, as a deployment reaches it, through DATABASE_URL in the environment. Creates an API client (every
 scope and category), the three templates of the load (a marketing fan-out, transactional singles, security
 OTPs), one recipient for the singles, one for the OTPs and a topic of `subscribers` recipients, every one
-with its webhook at the stand-in receiver. Prints {"key": <raw API key>}.
+with its webhook at the stand-in receiver; and an in-app template (`alert`) for the inbox stream's check.
+Prints {"key": <raw API key>}.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from templates_app.services import template_put  # noqa: E402
 
 TEMPLATES = {"news": "marketing", "receipt": "transactional", "otp": "security"}
 CONTENT = {"en": {"webhook": {"body": {"event": "notice", "ref": "{{ ref }}"}}}}
+ALERT = {"en": {"inapp": {"title": "Alert {{ ref }}", "body": "Seen live"}}}
 
 
 def main(receiver: str, subscribers: int) -> None:
@@ -34,6 +36,7 @@ def main(receiver: str, subscribers: int) -> None:
     _, key = api_client_create(name="cluster-load", allowed_categories=list(TEMPLATES.values()), scopes=list(SCOPES))
     for template, category in TEMPLATES.items():
         template_put(key=template, category=category, default_locale="en", content=CONTENT)
+    template_put(key="alert", category="transactional", default_locale="en", content=ALERT)
     recipient_upsert(user_id="single", webhook_url=f"{receiver}/single")
     recipient_upsert(user_id="otp", webhook_url=f"{receiver}/otp")
     topic, _ = topic_upsert(key="everyone", name="Everyone")

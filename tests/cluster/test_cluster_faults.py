@@ -46,6 +46,7 @@ import pytest
 from tests.cluster.netns import NetLab
 from tests.cluster.servers import PgPair, RabbitCluster, RabbitNode, RedisSentinelSet, answers_ok, missing_requirements
 from tests.conftest import NS, ROOT, ServerProcess
+from tests.inbox.test_inbox_browser import SseReader
 from tests.redis_server import free_port
 from tests.stubs.config import WEBHOOK_SECRET
 from tests.stubs.webhook import TimedReceiver
@@ -74,6 +75,7 @@ class Stack:
     api: str
     key: str
     processes: list[ServerProcess]
+    stream_port: int
 
     def sql(self, query: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
         """Run a query on the service's database, wherever its primary is now (as the service finds it)."""
@@ -195,7 +197,8 @@ def _running_stack(
                 ServerProcess("cluster-api", ["gunicorn", "-c", "gunicorn.conf.py", "-b", f"127.0.0.1:{port}",
                                               "config.wsgi"], placed("api"))
             )  # fmt: skip
-            for name, queues in (("high", "webhook.high"), ("bulk", "webhook.low,fanout,maintenance")):
+            # The high worker sends in-app too: the inbox stream's check sends one transactional alert.
+            for name, queues in (("high", "webhook.high,inapp.high"), ("bulk", "webhook.low,fanout,maintenance")):
                 processes.append(
                     ServerProcess(f"cluster-{name}", [
                         "celery", "-A", "config", "worker", "-Q", queues, "--pool", "threads", "--concurrency", "4",
@@ -206,12 +209,20 @@ def _running_stack(
                 ServerProcess("cluster-beat", ["celery", "-A", "config", "beat", "--loglevel", "INFO",
                                                "-s", str(root / "beat-schedule")], placed("beat"))
             )  # fmt: skip
+            # The inbox stream server, as the Procfile runs it: its LISTEN connection goes where DATABASE_URL's
+            # read-write host is.
+            stream_port = free_port()
+            processes.append(
+                ServerProcess("cluster-stream", ["uvicorn", "config.asgi:application", "--host", "127.0.0.1",
+                                                 "--port", str(stream_port), "--no-access-log"], placed("api"))
+            )  # fmt: skip
             api = f"http://127.0.0.1:{port}"
             processes[0].wait_ready(lambda: answers_ok(f"{api}/healthz"), timeout=60)
             for worker in processes[1:3]:
                 worker.wait_ready()
+            processes[-1].wait_ready("Application startup complete", timeout=60)
             print(f"stack up in {time.monotonic() - started:.0f}s")
-            yield Stack(rabbit, pg, rs, receiver, api, key, processes)
+            yield Stack(rabbit, pg, rs, receiver, api, key, processes, stream_port)
         finally:
             for process in processes:
                 process.kill()  # disposable, like the clusters they ran on: no warm shutdown to wait for
@@ -778,6 +789,32 @@ def test_a_network_partition_pauses_the_minority_node_and_its_clients_move_to_th
     assert _running_nodes(first) == sorted(n.node for n in stack.rabbit.nodes)
 
 
+def _inbox_stream(stack: Stack, user_id: str) -> SseReader:
+    """Open the inbox stream of `user_id` (a new recipient) with a token minted over the API."""
+    with httpx.Client(base_url=stack.api, headers={"Authorization": f"Bearer {stack.key}"}, timeout=10) as http:
+        response = http.post(f"/api/v1/recipients/{user_id}/inbox-token", json={})
+    assert response.status_code in (200, 201), response.text
+    reader = SseReader(stack.stream_port, response.json()["token"])
+    _until(lambda: reader.status == 200, "the inbox stream open", 15)
+    return reader
+
+
+def _alert_seen(stack: Stack, reader: SseReader, ref: str, within: float = 30) -> bool:
+    """Send an in-app alert to the stream's user; return whether its message event arrived within `within` s."""
+    body = {
+        "recipient": {"user_id": "inbox-reader"}, "template": "alert", "channels": ["inapp"],
+        "payload": {"ref": ref}, "dedup_key": f"inbox-alert-{ref}-{time.time_ns()}",
+    }  # fmt: skip
+    with httpx.Client(base_url=stack.api, headers={"Authorization": f"Bearer {stack.key}"}, timeout=10) as http:
+        _until(lambda: http.post("/api/v1/notifications", json=body).status_code == 202, "the alert accepted", 30)
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if any(item.get("title") == f"Alert {ref}" for item in reader.of("message")):
+            return True
+        time.sleep(0.2)
+    return False
+
+
 @pytest.mark.timeout(420)
 def test_postgresql_primary_lost_and_standby_promoted_loses_and_doubles_nothing(stack: Stack) -> None:
     """Crash the primary (immediate stop) mid fan-out; promote the standby 10 s later, as a managed failover does."""
@@ -787,7 +824,17 @@ def test_postgresql_primary_lost_and_standby_promoted_loses_and_doubles_nothing(
         stack.pg.standby.promote()
         return time.time()
 
-    fault = run_fault(stack, "postgresql-failover", "database", lambda: stack.pg.primary.stop("immediate"), restore)
+    reader = _inbox_stream(stack, "inbox-reader")
+    assert _alert_seen(stack, reader, "before"), "the inbox stream delivered nothing before the fault"
+    try:
+        fault = run_fault(stack, "postgresql-failover", "database", lambda: stack.pg.primary.stop("immediate"), restore)
+        # The stream server's LISTEN connection lost its server with the primary; it reconnects to the promoted one
+        # (DATABASE_URL's read-write host) and the stream opened before the fault carries what is sent after it.
+        seen_after = _alert_seen(stack, reader, "after")
+    finally:
+        reader.close()
+    assert seen_after, "an in-app alert sent after the failover never reached the stream opened before it"
+    assert reader.status == 200
 
     # While there is no primary the API answers 503 at once (never a 500, never silence past 10 s).
     assert set(fault.api_errors) <= {503}, fault.report()
