@@ -337,6 +337,9 @@ SANDBOX_BEHAVIOUR = env.str("SANDBOX_BEHAVIOUR")
 
 # Fan-out pages and pacing, and the backlog beyond which low-priority requests are shed (docs/fanout.md).
 FANOUT_PAGE_SIZE = env.int("FANOUT_PAGE_SIZE", 5000)
+# A workflow trigger's page writes runs, each advanced later by a message on the fan-out queue (about a tenth of
+# the speed they are written at): a page this size is about a second of advance work ahead of anyone else's.
+FANOUT_RUNS_PAGE_SIZE = env.int("FANOUT_RUNS_PAGE_SIZE", 1000)
 FANOUT_RUN_SECONDS = env.float("FANOUT_RUN_SECONDS", 5.0)
 FANOUT_PACE_WINDOW_SECONDS = env.float("FANOUT_PACE_WINDOW_SECONDS", 10.0)
 FANOUT_STALL_SECONDS = env.int("FANOUT_STALL_SECONDS", 30)

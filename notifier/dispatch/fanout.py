@@ -166,6 +166,11 @@ def page_size() -> int:
     return max(1, int(_setting("FANOUT_PAGE_SIZE", 5000)))
 
 
+def runs_page_size() -> int:
+    """Return the most runs a page of a workflow trigger writes (FANOUT_RUNS_PAGE_SIZE, default 1,000)."""
+    return max(1, int(_setting("FANOUT_RUNS_PAGE_SIZE", 1000)))
+
+
 def run_budget_seconds() -> float:
     """Return how long one task run keeps paging before it re-enqueues itself (FANOUT_RUN_SECONDS, default 5)."""
     return _setting("FANOUT_RUN_SECONDS", 5.0)
@@ -334,7 +339,8 @@ class PageResult:
     pace_seconds: float | None = None
     # Set when a throttled queue had no room or turn for this broadcast: nothing was written.
     hold: shares.Share | None = None
-    # Whether other broadcasts wanted the page's throttled queue too (the run then makes way for their lanes).
+    # Whether the run makes way after this page: other broadcasts wanted its throttled queue too, or the page wrote
+    # runs whose advance messages it queued on the fan-out queue (the lane's next page then waits behind them).
     contended: bool = False
 
 
@@ -516,7 +522,14 @@ def fanout_page(
     # A broadcast at normal or low priority feeds a throttled queue only as far as there is room in it and it is
     # its project's (and its own) turn (notifier/dispatch/shares.py): the rest of the topic waits in PostgreSQL,
     # as subscribers not yet paged, and a single published meanwhile waits behind seconds of work at most.
-    gated = n.priority != "high" and n.strategy not in _page_writers and shares.enabled()
+    # A page of workflow runs is written ~10 times faster than its runs advance, and their advance messages go on
+    # the fan-out queue every project's fan-outs and workflow steps share: a lane writes one page of at most
+    # FANOUT_RUNS_PAGE_SIZE runs per task run and re-enqueues itself behind that page's advance messages, so
+    # another project's page or step waits behind about one page of runs per active lane, not the whole topic.
+    writes_runs = n.strategy in _page_writers
+    if writes_runs:
+        size = min(size, runs_page_size())
+    gated = n.priority != "high" and not writes_runs and shares.enabled()
     gate = _gate_open(n, channels, size) if gated else None
     if gate is not None:
         if gate.hold is not None:
@@ -525,7 +538,7 @@ def fanout_page(
     fed: dict[str, int] = defaultdict(int)
     try:
         result = _page(n, lane, current, size, rate, fallback_zone, direct, later, fed)
-        result.contended = gate is not None and gate.contended
+        result.contended = writes_runs or (gate is not None and gate.contended)
         return result
     finally:
         if gate is not None:

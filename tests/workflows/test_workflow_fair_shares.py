@@ -160,3 +160,39 @@ def test_a_topic_workflow_holds_another_projects_singles_a_room_at_most(
     assert Counter(steps.values_list("status", flat=True)) == {"done": TOTAL}
     held = steps.filter(reason__startswith="held for room in its queue until").count()
     assert held >= TOTAL / 2, held
+
+
+def waiter(client: Any, topic: str | None = None, user_id: str | None = None) -> Any:
+    """Trigger a workflow whose first step is a long delay (its run's advance stops there); return the trigger."""
+    with owner_scope(client.environment_id):
+        workflow_put(key="later", category="social", steps=[{"id": "wait", "type": "delay", "seconds": 3600}])
+    target: dict[str, Any] = {"topic": topic} if topic else {"recipient": {"user_id": user_id}}
+    return workflow_trigger(client=client, data={**target, "workflow": "later", "payload": {}}).notification
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_topic_workflows_runs_hold_another_projects_steps_a_page_at_most(start_worker: Any) -> None:
+    """A's 3,000 runs are written a page at a time behind their own advance messages on the shared fan-out queue.
+
+    B's run, triggered once A's first runs exist, advances after about one page of A's runs, not after all of them:
+    the lane re-enqueues itself behind each page's advance messages. Written all at once (the whole topic in one
+    task run), A's 3,000 advances were all ahead of B's.
+    """
+    page, total = 500, 3000
+    env = {"FANOUT_RUNS_PAGE_SIZE": str(page), "WORKFLOW_ADVANCE_BATCH": "100"}
+    a, b = project_client("proj-a"), project_client("proj-b")
+    project_topic(a, "everyone", total)
+    with owner_scope(b.environment_id):
+        factories.make_recipient(user_id="b-1", email="b-1@example.com")
+    start_worker(queues=["fanout"], env=env, concurrency=1)
+    trigger = waiter(a, topic="everyone")
+    a_runs = WorkflowRun.objects.filter(notification_id=trigger.pk)
+    wait_for(lambda: a_runs.exists(), timeout=60)
+    b_run = WorkflowRun.objects.filter(notification_id=waiter(b, user_id="b-1").pk)
+    wait_for(lambda: b_run.filter(status="waiting").exists(), timeout=120)
+    a_ahead = a_runs.filter(status="waiting").count()
+    # Every run of A is written and advanced in the end: nothing is lost by writing a page at a time.
+    wait_for(lambda: a_runs.filter(status="waiting").count() == total, timeout=180)
+    assert a_runs.count() == total
+    # B waited behind A's first page (and what the worker had prefetched of the second), not the topic.
+    assert a_ahead <= 2 * page, (a_ahead, total)
