@@ -13,9 +13,10 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 import requests
+from django.conf import settings
 from urllib3.exceptions import ConnectTimeoutError, NewConnectionError
 
 from core import tracing
@@ -359,3 +360,42 @@ class AccountOptions:
         if not isinstance(value, bool):
             raise ConfigurationError(f"'{key}' must be true or false")
         return value
+
+
+class BotProvider(Provider):
+    """A chat network's bot: one token, an endpoint and a timeout, the installation's or a named account's.
+
+    A subclass names its settings' prefix (`SLACK`: SLACK_BOT_TOKEN, SLACK_BASE_URL, SLACK_TIMEOUT_SECONDS) and
+    takes them in `__init__`. An account (PROVIDER_ACCOUNTS) brings its own `bot_token`, never the installation's;
+    its endpoint and timeout default to the installation's.
+    """
+
+    settings_prefix: ClassVar[str] = ""
+    account_keys: ClassVar[tuple[str, ...]] = ("bot_token", "base_url", "timeout_seconds")
+
+    def __init__(self, *, token: str, base_url: str, timeout: float, pool_size: int) -> None:
+        """Set up the network's client for this bot."""
+        raise NotImplementedError
+
+    @classmethod
+    def from_settings(cls) -> Self:
+        """Build the installation's bot from the <PREFIX>_* settings; name the variable that is missing."""
+        name = f"{cls.settings_prefix}_BOT_TOKEN"
+        return cls._bot(getattr(settings, name), name, AccountOptions({}, cls.account_keys))
+
+    @classmethod
+    def from_account(cls, options: AccountOptions) -> Self:
+        """Build a named account's bot: its own token; the endpoint and timeout default to the installation's."""
+        return cls._bot(options.text("bot_token"), "bot_token", options)
+
+    @classmethod
+    def _bot(cls, token: str, token_name: str, options: AccountOptions) -> Self:
+        if not token:
+            raise ConfigurationError(f"{token_name} is not set")
+        prefix = cls.settings_prefix
+        return cls(
+            token=token,
+            base_url=options.text("base_url", getattr(settings, f"{prefix}_BASE_URL")),
+            timeout=options.number("timeout_seconds", getattr(settings, f"{prefix}_TIMEOUT_SECONDS")),
+            pool_size=settings.PROVIDER_CONCURRENCY,
+        )

@@ -17,16 +17,13 @@ from http.client import HTTPException
 from typing import Any, ClassVar
 from urllib.error import URLError
 
-from django.conf import settings
 from slack_sdk.errors import SlackApiError, SlackClientError
 from slack_sdk.web import WebClient
 
 from channels_app.providers.base import (
-    AccountOptions,
-    ConfigurationError,
+    BotProvider,
     OutboundMessage,
     PermanentError,
-    Provider,
     RetriableError,
     SendResult,
     parse_retry_after,
@@ -65,12 +62,12 @@ _quiet_logger = logging.getLogger("notifier.providers.slack.http")
 _quiet_logger.setLevel(logging.WARNING)
 
 
-class SlackProvider(Provider):
+class SlackProvider(BotProvider):
     """Post chat messages to Slack with a bot token."""
 
     name: ClassVar[str] = "slack"
     channels: ClassVar[tuple[str, ...]] = ("slack",)
-    account_keys: ClassVar[tuple[str, ...]] = ("bot_token", "base_url", "timeout_seconds")
+    settings_prefix: ClassVar[str] = "SLACK"
 
     def __init__(self, *, token: str, base_url: str = "", timeout: float = 10.0, pool_size: int = 16) -> None:
         kwargs: dict[str, Any] = {"base_url": base_url} if base_url else {}
@@ -79,31 +76,6 @@ class SlackProvider(Provider):
             token=token, timeout=max(1, round(timeout)), logger=_quiet_logger, retry_handlers=[], **kwargs
         )
         self.max_concurrency = pool_size
-
-    @classmethod
-    def from_settings(cls) -> SlackProvider:
-        """Build the provider from SLACK_* settings; name the variable that is missing."""
-        if not settings.SLACK_BOT_TOKEN:
-            raise ConfigurationError("SLACK_BOT_TOKEN is not set")
-        return cls(
-            token=settings.SLACK_BOT_TOKEN,
-            base_url=settings.SLACK_BASE_URL,
-            timeout=settings.SLACK_TIMEOUT_SECONDS,
-            pool_size=settings.PROVIDER_CONCURRENCY,
-        )
-
-    @classmethod
-    def from_account(cls, options: AccountOptions) -> SlackProvider:
-        """Build a named account's Slack bot: its own token; the endpoint and timeout default to the installation's."""
-        token = options.text("bot_token")
-        if not token:
-            raise ConfigurationError("bot_token is not set")
-        return cls(
-            token=token,
-            base_url=options.text("base_url", settings.SLACK_BASE_URL),
-            timeout=options.number("timeout_seconds", settings.SLACK_TIMEOUT_SECONDS),
-            pool_size=settings.PROVIDER_CONCURRENCY,
-        )
 
     @staticmethod
     def build_request(message: OutboundMessage) -> dict[str, Any]:

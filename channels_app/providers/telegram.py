@@ -15,15 +15,12 @@ import json
 from typing import Any, ClassVar
 
 import requests
-from django.conf import settings
 from requests.adapters import HTTPAdapter
 
 from channels_app.providers.base import (
-    AccountOptions,
-    ConfigurationError,
+    BotProvider,
     OutboundMessage,
     PermanentError,
-    Provider,
     RetriableError,
     SendResult,
     parse_retry_after,
@@ -48,12 +45,12 @@ class _DeadlineAdapter(DeadlinePools, HTTPAdapter):
     """A pooled adapter (no retries) whose connections a CallDeadline can abort."""
 
 
-class TelegramProvider(Provider):
+class TelegramProvider(BotProvider):
     """Send Telegram messages as a bot."""
 
     name: ClassVar[str] = "telegram"
     channels: ClassVar[tuple[str, ...]] = ("telegram",)
-    account_keys: ClassVar[tuple[str, ...]] = ("bot_token", "base_url", "timeout_seconds")
+    settings_prefix: ClassVar[str] = "TELEGRAM"
 
     def __init__(self, *, token: str, base_url: str, timeout: float = 10.0, pool_size: int = 16) -> None:
         self._url = f"{base_url.rstrip('/')}/bot{token}/sendMessage"
@@ -64,31 +61,6 @@ class TelegramProvider(Provider):
         adapter = _DeadlineAdapter(pool_connections=pool_size, pool_maxsize=pool_size, max_retries=0)
         self.session.mount("https://", adapter)
         self.session.mount("http://", adapter)
-
-    @classmethod
-    def from_settings(cls) -> TelegramProvider:
-        """Build the provider from TELEGRAM_* settings; name the variable that is missing."""
-        if not settings.TELEGRAM_BOT_TOKEN:
-            raise ConfigurationError("TELEGRAM_BOT_TOKEN is not set")
-        return cls(
-            token=settings.TELEGRAM_BOT_TOKEN,
-            base_url=settings.TELEGRAM_BASE_URL,
-            timeout=settings.TELEGRAM_TIMEOUT_SECONDS,
-            pool_size=settings.PROVIDER_CONCURRENCY,
-        )
-
-    @classmethod
-    def from_account(cls, options: AccountOptions) -> TelegramProvider:
-        """Build a named account's Telegram bot: its own token; endpoint and timeout default to the installation's."""
-        token = options.text("bot_token")
-        if not token:
-            raise ConfigurationError("bot_token is not set")
-        return cls(
-            token=token,
-            base_url=options.text("base_url", settings.TELEGRAM_BASE_URL),
-            timeout=options.number("timeout_seconds", settings.TELEGRAM_TIMEOUT_SECONDS),
-            pool_size=settings.PROVIDER_CONCURRENCY,
-        )
 
     @staticmethod
     def build_request(message: OutboundMessage) -> dict[str, Any]:

@@ -137,13 +137,28 @@ def after_accept(notification: Notification, deliveries: Sequence[Delivery], now
     """Record why the chain starts where it does, and ask for the first decision after commit."""
     if not is_fallback(notification):
         return
-    events = _start_events(notification.channels, [(d.pk, d.channel, d.status, d.reason) for d in deliveries])
-    record_events(events, at=now)
+    record_start_events(notification, [(d.pk, d.channel, d.status, d.reason, d.recipient_id) for d in deliveries], now)
     timed = [(d.pk, d.not_before) for d in deliveries if d.status == "pending" and d.not_before is not None]
     if timed:
         delay = (min(at for _, at in timed) - now).total_seconds()
         ids = [pk for pk, _ in timed]
         transaction.on_commit(lambda: schedule(ids, delay))
+
+
+def record_start_events(notification: Notification, rows: Sequence[tuple[Any, ...]], now: datetime) -> None:
+    """Record, per recipient, why a chain starts past its first channel: one statement for all of them.
+
+    `rows` are the new deliveries as (id, channel, status, reason, recipient_id): a single's, or the rows a fan-out
+    page inserted, so that a subscriber's chain gets the same events as the same recipient's single.
+    """
+    if not is_fallback(notification):
+        return
+    by_recipient: dict[Any, list[tuple[int, str, str, str]]] = defaultdict(list)
+    for delivery_id, channel, status, reason, recipient_id in rows:
+        by_recipient[recipient_id].append((delivery_id, channel, status, reason))
+    record_events(
+        [event for mine in by_recipient.values() for event in _start_events(notification.channels, mine)], at=now
+    )
 
 
 def _start_events(channels: Sequence[str], rows: Sequence[tuple[int, str, str, str]]) -> list[tuple[int, str, str]]:

@@ -25,7 +25,7 @@ _INSERTED = """
         -- The partition's own unique index on (notification, recipient, channel, address) is the arbiter: a
         -- notification's deliveries all take its day (the id above), so a resumed page never doubles.
         ON CONFLICT DO NOTHING
-        RETURNING id, channel, status, reason
+        RETURNING id, channel, status, reason, recipient_id
     ), events AS (
         INSERT INTO notifier_deliveryevent (delivery_id, status, detail, at)
 """
@@ -44,7 +44,7 @@ _INSERT_SQL = (
     + _INSERTED
     + """        SELECT id, status, reason, %s FROM ins
     )
-    SELECT id, channel, status FROM ins
+    SELECT id, channel, status, reason, recipient_id FROM ins
 """
 )
 # The same for a page with in-app items the fan-out stores itself (notifier/inbox/fanout.py): those rows come
@@ -75,7 +75,7 @@ _INSERT_STORED_SQL = (
         UNION ALL
         SELECT id, status, CASE WHEN status = 'sent' THEN %s ELSE reason END, %s FROM ins
     )
-    SELECT id, channel, status FROM ins
+    SELECT id, channel, status, reason, recipient_id FROM ins
 """
 )
 
@@ -94,11 +94,12 @@ def page_deliveries_insert(
     at: datetime,
     stored: tuple[list[dict[str, Any]], int | None, str] | None = None,
 ) -> list[tuple[Any, ...]]:
-    """Insert a fan-out page's deliveries with their first events; return (id, channel, status) of those inserted.
+    """Insert a fan-out page's deliveries with their first events; return those inserted.
 
     `rows` are [recipient_id, channel, address, status, reason, not_before] (a stored in-app item: status `sent`
     and a seventh element, the index of its content). `stored` = (contents, template version id, sent detail)
-    for a page with such items. A row the page already inserted (a redone page) is not inserted again.
+    for a page with such items. A row the page already inserted (a redone page) is not inserted again. Each
+    delivery inserted is returned as (id, channel, status, reason, recipient_id).
     """
     with bound_cursor() as cursor:
         if stored is not None:

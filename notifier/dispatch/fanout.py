@@ -608,6 +608,8 @@ def _page(
         # Deliveries suppressed or stored (in-app) at fan-out are status changes too: events for the calling
         # service and the inbox streams' NOTIFY, in bulk, committed with the page.
         reach_record([(row[0], row[2], "") for row in inserted if row[2] in (S.SUPPRESSED, S.SENT)], at=now)
+        # A subscriber's chain that starts past its first channel says why, as the same recipient's single does.
+        fallback.record_start_events(n, inserted, now)
     fallback.after_fanout_page(n, inserted, now)  # after commit: the timer for the pending steps
     stored = [row[0] for row in inserted if row[2] == S.SENT]
     if direct is not None:
