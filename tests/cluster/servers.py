@@ -399,6 +399,22 @@ class PgServer:
         """Return a libpq connection string to this server alone."""
         return f"host={self.host} port={self.port} user=postgres dbname={dbname} connect_timeout=3"
 
+    def clone(self, primary: PgServer) -> None:
+        """Make this (stopped) server's data directory a fresh base backup of `primary`, set up to stream from it."""
+        shutil.rmtree(self.dir, ignore_errors=True)
+        _own(self.dir, "postgres")
+        self.dir.chmod(0o700)
+        subprocess.run(
+            [*self.as_postgres(), _pg_bin("pg_basebackup"), "-h", primary.host, "-p",
+             str(primary.port), "-U", "postgres", "-D", str(self.dir), "-R", "-X", "stream", "--no-sync",
+             "--checkpoint=fast"],
+            check=True, capture_output=True, timeout=120,
+        )  # fmt: skip
+        # The source's socket lock files, copied with its data directory (its sockets live there): one of a server
+        # on this port would stop this one from starting.
+        for lock in self.dir.glob(".s.PGSQL.*.lock"):
+            lock.unlink()
+
 
 class PgPair:
     """A PostgreSQL primary and a hot standby made from it with pg_basebackup, streaming, synchronous.
@@ -427,14 +443,7 @@ class PgPair:
         self.primary.init().start()
         with psycopg.connect(self.primary.conninfo("postgres"), autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{self.dbname}"')
-        _own(self.standby.dir, "postgres")
-        self.standby.dir.chmod(0o700)
-        subprocess.run(
-            [*self.standby.as_postgres(), _pg_bin("pg_basebackup"), "-h", self.primary.host, "-p",
-             str(self.primary.port), "-U", "postgres", "-D", str(self.standby.dir), "-R", "-X", "stream", "--no-sync",
-             "--checkpoint=fast"],
-            check=True, capture_output=True, timeout=120,
-        )  # fmt: skip
+        self.standby.clone(self.primary)
         # Once promoted, the standby is a primary with no standby of its own: it must not wait for one.
         self.standby.extra = ["-c synchronous_standby_names=''"]
         self.standby.start()
@@ -450,6 +459,29 @@ class PgPair:
         with psycopg.connect(self.primary.conninfo("postgres"), autocommit=True) as conn:
             rows = conn.execute("SELECT state, sync_state FROM pg_stat_replication").fetchall()
         return ("streaming", "sync") in [tuple(r) for r in rows]
+
+    def rejoin_old_primary(self) -> None:
+        """After a failover, bring the old primary (fenced: stopped) back as a standby of the promoted one.
+
+        Re-cloned with pg_basebackup rather than pg_rewind: the old primary may hold WAL the new one never had
+        (commits waiting for their synchronous acknowledgement when it went silent), and a fresh copy drops it
+        without the servers having been initialised for pg_rewind (wal_log_hints or data checksums); the
+        database is small enough here that the copy takes seconds. The roles are swapped: `primary` is the
+        promoted server, `standby` the old primary, streaming from it asynchronously (the promoted server runs
+        with no synchronous standby, as it was started).
+        """
+        old, new = self.primary, self.standby
+        old.stop("immediate")  # the fence; a no-op when it is stopped already
+        old.clone(new)
+        old.start()
+        self.primary, self.standby = new, old
+        _wait(lambda: old.host in self.streaming_from(), "the old primary streaming from the new one", timeout=30)
+
+    def streaming_from(self) -> list[str]:
+        """Return the addresses of the standbys streaming from the primary now (synchronous or not)."""
+        with psycopg.connect(self.primary.conninfo("postgres"), autocommit=True) as conn:
+            rows = conn.execute("SELECT client_addr FROM pg_stat_replication WHERE state = 'streaming'").fetchall()
+        return [str(row[0]) for row in rows]
 
     def stop(self) -> None:
         """Stop both servers (teardown)."""
