@@ -495,8 +495,11 @@ class PgPair:
 class RedisNode:
     """One redis-server (data node or Sentinel) on its own port, config file in its own directory."""
 
-    def __init__(self, root: Path, name: str, config: Callable[[int], str]) -> None:
+    def __init__(self, root: Path, name: str, config: Callable[[int], str], net: NetHost | None = None) -> None:
         self.name = name
+        # In a network namespace of its own (tests/cluster/netns.py) the server listens on its address there.
+        self.net = net
+        self.host = net.address if net else "127.0.0.1"
         self.port = free_port()
         self.dir = root / name
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -510,7 +513,8 @@ class RedisNode:
         """Start the server and wait until it answers PING."""
         self._starts += 1
         log = (self.dir / f"out-{self._starts}.log").open("wb")
-        args = ["redis-server", str(self.dir / "redis.conf"), *(["--sentinel"] if self.sentinel else [])]
+        inside = self.net.exec_prefix() if self.net else []
+        args = [*inside, "redis-server", str(self.dir / "redis.conf"), *(["--sentinel"] if self.sentinel else [])]
         self.proc = subprocess.Popen(args, cwd=self.dir, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         client = self.client()
         _wait(lambda: _pings(client), f"redis {self.name} answering", timeout=15)
@@ -518,7 +522,9 @@ class RedisNode:
 
     def client(self) -> redis.Redis:
         """Return a client of this server alone (short timeouts)."""
-        return redis.Redis(port=self.port, socket_connect_timeout=0.3, socket_timeout=1, decode_responses=True)
+        return redis.Redis(
+            host=self.host, port=self.port, socket_connect_timeout=0.3, socket_timeout=1, decode_responses=True
+        )
 
     def kill(self) -> None:
         """SIGKILL the server: a crash."""
@@ -537,26 +543,42 @@ def _pings(client: redis.Redis) -> bool:
 
 
 class RedisSentinelSet:
-    """A Redis master, one replica of it, and three Sentinels (quorum 2) watching them under one master name."""
+    """A Redis master, one replica of it, and three Sentinels (quorum 2) watching them under one master name.
+
+    With `lab`, the master and the replica run in network namespaces of it (each on its address, replicating over
+    the bridge) and the Sentinels on the host, beside the service: they see the data nodes as its clients do, and
+    reach each other on the host end's address too (the address they announce to each other, as the data nodes
+    see them).
+    """
 
     MASTER_NAME = "notifier"
 
-    def __init__(self, root: Path) -> None:
-        data = 'bind 127.0.0.1\nport {port}\nsave ""\nappendonly no\ndir {dir}\n'
-        self.master = RedisNode(root, "redis-a", lambda port: data.format(port=port, dir=root / "redis-a"))
+    def __init__(self, root: Path, lab: NetLab | None = None) -> None:
+        # Not protected mode: with no password it would refuse every client but loopback (the lab's addresses too).
+        data = 'bind {host}\nprotected-mode no\nport {port}\nsave ""\nappendonly no\ndir {dir}\n'
+        nets = (lab.add("redis-a"), lab.add("redis-b")) if lab else (None, None)
+        hosts = [net.address if net else "127.0.0.1" for net in nets]
+        self.master = RedisNode(
+            root, "redis-a", lambda port: data.format(host=hosts[0], port=port, dir=root / "redis-a"), nets[0]
+        )
         self.replica = RedisNode(
             root,
             "redis-b",
-            lambda port: data.format(port=port, dir=root / "redis-b") + f"replicaof 127.0.0.1 {self.master.port}\n",
+            lambda port: (
+                data.format(host=hosts[1], port=port, dir=root / "redis-b")
+                + f"replicaof {hosts[0]} {self.master.port}\n"
+            ),
+            nets[1],
         )
         watched = self.master.port
+        sentinel_bind = f"127.0.0.1 {lab.host_address}" if lab else "127.0.0.1"
         self.sentinels = [
             RedisNode(
                 root,
                 f"sentinel-{i}",
                 lambda port: (
-                    f"bind 127.0.0.1\nport {port}\n"
-                    f"sentinel monitor {self.MASTER_NAME} 127.0.0.1 {watched} 2\n"
+                    f"bind {sentinel_bind}\nprotected-mode no\nport {port}\n"
+                    f"sentinel monitor {self.MASTER_NAME} {self.master.host} {watched} 2\n"
                     # A master silent for 2 s is down; a failover that stalls is retried after 10 s.
                     f"sentinel down-after-milliseconds {self.MASTER_NAME} 2000\n"
                     f"sentinel failover-timeout {self.MASTER_NAME} 10000\n"

@@ -1,11 +1,11 @@
 """Faults of replicated engines under load: a RabbitMQ node killed, a broker node hung, a broker node cut off
 its peers by the network, the PostgreSQL primary lost and its standby promoted, the PostgreSQL primary silenced by
 the network (its standby promoted, then the old primary back as a standby), the Redis master killed and a replica
-promoted by Sentinel.
+promoted by Sentinel, the Redis master silenced by the network.
 
 The whole stack runs against real clusters on loopback (tests/cluster/servers.py; for the network partition the
-broker nodes and PostgreSQL run in network namespaces of their own, tests/cluster/netns.py, and the silent
-primary shares that stack), configured as a deployment
+broker nodes, PostgreSQL and Redis's master and replica run in network namespaces of their own,
+tests/cluster/netns.py, and the silent primary and silent Redis master share that stack), configured as a deployment
 is: the broker failover list in CELERY_BROKER_URL, a multi-host DATABASE_URL with target_session_attrs, Redis
 through REDIS_SENTINELS. The API is gunicorn, the workers and beat real Celery processes, the provider the
 webhook stand-in receiver (which records every call and the delivery it carried). Under each fault a topic
@@ -51,6 +51,7 @@ from tests.cluster.servers import (
     PgServer,
     RabbitCluster,
     RabbitNode,
+    RedisNode,
     RedisSentinelSet,
     answers_ok,
     missing_requirements,
@@ -80,6 +81,10 @@ HUNG_PROMOTE_AFTER = 10.0
 # connection is opened again, and 4 s for a loaded box (measured: 16.4 s at most).
 HUNG_ANSWER_BOUND = 20.0
 HUNG_CLIENT_TIMEOUT = 30.0  # the load waits this long for an answer (gunicorn's own timeout): longer calls show
+# The Redis master silenced: the API's client is on the promoted replica this soon after the promotion (a command
+# on the silent master fails after socket_timeout, 0.5 s; the guard retries Redis every 5 s; a new connection asks
+# the Sentinels for the master).
+REDIS_NOTICE_BOUND = 10.0
 # The API accepts, and the workers send, again this soon after the promotion (a call made after it answered 202, a
 # delivery reached the receiver): what a call may wait (HUNG_ANSWER_BOUND) less the 10 s before the promotion, and 5 s.
 HUNG_ACCEPTING_BOUND = 15.0
@@ -191,10 +196,11 @@ def _running_stack(
     """Start Redis, PostgreSQL, `rabbit` and the service on them; stop every process, remove `root` afterwards.
 
     `first_node` places a process (by kind: api, high, bulk, beat) on a broker node: its failover list starts
-    there (the others start at the first node). With `lab`, PostgreSQL's two servers run in namespaces of it.
+    there (the others start at the first node). With `lab`, PostgreSQL's two servers and Redis's master and replica
+    run in namespaces of it.
     """
     pg = PgPair(root, "notifier", lab)
-    rs = RedisSentinelSet(root)
+    rs = RedisSentinelSet(root, lab)
     processes: list[ServerProcess] = []
     started = time.monotonic()
     with TimedReceiver() as receiver:
@@ -960,3 +966,66 @@ def test_a_hung_postgresql_primary_is_noticed_within_seconds_and_comes_back_as_a
     database = response["checks"]["database"]
     assert database["ok"] and database["nodes_up"] == 2 and not database["degraded"], response
     assert "database" not in response["degraded"], response
+
+
+def _redis_role(node: RedisNode) -> tuple[str, int | None]:
+    """Return the node's replication role and, for a replica, the port of its master (as the node itself says)."""
+    info = node.client().info("replication")
+    return str(info["role"]), (int(info["master_port"]) if info["role"] == "slave" else None)
+
+
+# Its own stack's start counts too when it runs alone (the other namespace scenarios share it otherwise).
+@pytest.mark.timeout(420)
+def test_the_service_cut_from_the_redis_master_by_the_network_rides_out_the_sentinel_failover(
+    partitionable_stack: tuple[Stack, NetLab],
+) -> None:
+    """Silence the Redis master's network mid fan-out; Sentinel promotes the replica; heal; it returns as a replica.
+
+    Every packet the master's namespace sends or receives is dropped (a dead host: the service's connections to
+    it stay open and get no answer, nothing is refused). The service's Redis clients (socket_timeout and
+    socket_connect_timeout 0.5 s, core/redis_guard.py) give up on it within a second and fall back for the
+    guard's retry period; through the Sentinels they find the promoted replica. Redis is a fast path: no API
+    error, OTP p99 under OTP_P99_BOUND, exact accounting by dedup_key. Once healed, the Sentinels make the old
+    master a replica of the new one.
+    """
+    stack, lab = partitionable_stack
+    master_port = stack.redis.master_port()
+    assert master_port is not None
+    old = stack.redis.node_on(master_port)
+    new = stack.redis.replica if old is stack.redis.master else stack.redis.master
+    assert old.net is not None and _redis_role(old)[0] == "master"
+    seen: dict[str, Any] = {}
+
+    def redis_ok() -> bool:
+        check = httpx.get(f"{stack.api}/readyz", timeout=10).json()["checks"]["redis"]
+        return bool(check["ok"])
+
+    def restore() -> float:
+        _until(lambda: stack.redis.master_port() == new.port, "Sentinel promoting the replica", 60)
+        promoted = time.time()
+        # The API's own client finds the new master through the Sentinels (its /readyz PING answers again).
+        _until(redis_ok, "the API's Redis client on the promoted replica", REDIS_NOTICE_BOUND)
+        seen["api_on_new"] = time.time()
+        time.sleep(5)  # the old master stays cut off a little longer, then comes back
+        seen["dropped"] = (lab.dropped_packets(old.net), lab.dropped_packets(old.net, inbound=True))
+        lab.heal()
+        seen["healed"] = time.time()
+        _until(lambda: _redis_role(old) == ("slave", new.port), "the old master a replica of the new one", 60)
+        _until(lambda: stack.redis.known_replicas() >= 1, "the Sentinels seeing the old master as a replica", 60)
+        seen["replica"] = time.time()
+        return promoted
+
+    fault = run_fault(stack, "redis-cut-off", "redis", lambda: lab.silence(old.net), restore)
+
+    print(
+        f"redis cut: replica promoted {fault.t_back - fault.t_fault:.1f}s after the silence, the API's client on it"
+        f" {seen['api_on_new'] - fault.t_back:.1f}s after the promotion; packets dropped (sent, to it)"
+        f" {seen['dropped']}; the old master a replica {seen['replica'] - seen['healed']:.1f}s after the heal"
+    )
+    assert seen["dropped"][0] > 0 and seen["dropped"][1] > 0, seen["dropped"]  # the silence silenced, both ways
+    assert not fault.api_errors, fault.report()  # Redis is a fast path: the accept never waits on it
+    assert fault.otp_p99 < OTP_P99_BOUND, fault.report()
+    assert {"down", "degraded"} & set(fault.readyz), fault.readyz
+    assert _redis_role(new) == ("master", None)
+    response = httpx.get(f"{stack.api}/readyz", timeout=10).json()
+    assert response["checks"]["redis"]["ok"] and not response["checks"]["redis"]["degraded"], response
