@@ -18,7 +18,9 @@ A cut is made with tc in the namespaces of the servers on both sides: their pack
 classified (u32 on the destination address) into an HTB class whose queue holds no packet (pfifo limit 0),
 so they are dropped, in both directions; the host end is not filtered, so clients on the host still reach
 both sides (as clients in two zones would). The kernel of this machine has no netem (nor prio, nor tc's drop
-action); a slow link is an HTB rate limit on a server's egress (`cut`'s `rate`), so its packets queue.
+action); a slow link is an HTB rate limit on a server's egress (`cut`'s `rate`), so its packets queue. A server
+made silent (`silence`: a dead host, to everyone, the host end too) has every packet dropped the same way, on its
+own interface's egress and on the egress of its bridge port (what would be delivered to it).
 """
 
 from __future__ import annotations
@@ -143,14 +145,54 @@ class NetLab:
         for host in others:
             self._shape(host, rate, side)
 
+    def _drop_all(self, netns: str, dev: str) -> None:
+        """Replace `dev`'s egress queueing in `netns` by one that drops every packet (ARP too)."""
+        tc = ["ip", "netns", "exec", netns, "tc"]
+        subprocess.run([*tc, "qdisc", "del", "dev", dev, "root"], capture_output=True, timeout=30, check=False)
+        for args in (
+            # Every packet is unclassified, so HTB's default class takes it: one whose queue holds none.
+            ["qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "2"],
+            ["class", "add", "dev", dev, "parent", "1:", "classid", "1:2", "htb", "rate", "8bit"],
+            ["qdisc", "add", "dev", dev, "parent", "1:2", "handle", "20:", "pfifo", "limit", "0"],
+        ):
+            subprocess.run([*tc, *args], capture_output=True, text=True, timeout=30, check=True)
+
+    def _bridge_port(self, host: NetHost) -> str:
+        """Return the name, in the hub, of the bridge port `host`'s eth0 is the peer of."""
+        return f"p{host.address.rsplit('.', 1)[1]}"
+
+    def silence(self, host: NetHost) -> None:
+        """Make `host` silent by the network: drop every packet it sends and every packet sent to it.
+
+        Its egress (its eth0) and its ingress (the bridge port that delivers into its eth0, in the hub) both drop
+        everything, whoever the peer (the host end, the other servers). Its processes keep running and keep their
+        sockets; nobody hears from them and they hear from nobody: a dead host, not a closed socket (no RST, no
+        ICMP). `heal` undoes it.
+        """
+        self._drop_all(host.netns, "eth0")
+        self._drop_all(self.hub, self._bridge_port(host))
+
     def heal(self) -> None:
-        """Remove every cut and limit: back to the bridge as it was."""
+        """Remove every cut, limit and silence: back to the bridge as it was."""
         for host in self.hosts:
             host.tc("qdisc", "del", "dev", "eth0", "root", check=False)
+            subprocess.run(
+                ["ip", "netns", "exec", self.hub, "tc", "qdisc", "del", "dev", self._bridge_port(host), "root"],
+                capture_output=True, timeout=30, check=False,
+            )  # fmt: skip
 
-    def dropped_packets(self, host: NetHost) -> int:
-        """Return how many packets `host`'s cut queue dropped so far (0 when it has none): proof a cut cut."""
-        shown = host.tc("-s", "qdisc", "show", "dev", "eth0", check=False).stdout
+    def dropped_packets(self, host: NetHost, inbound: bool = False) -> int:
+        """Return how many packets `host`'s cut queue dropped so far (0 when it has none): proof a cut cut.
+
+        `inbound`: those sent to it that `silence` dropped (its bridge port's queue) instead of those it sent.
+        """
+        if inbound:
+            shown = subprocess.run(
+                ["ip", "netns", "exec", self.hub, "tc", "-s", "qdisc", "show", "dev", self._bridge_port(host)],
+                capture_output=True, text=True, timeout=30, check=False,
+            ).stdout  # fmt: skip
+        else:
+            shown = host.tc("-s", "qdisc", "show", "dev", "eth0", check=False).stdout
         for block in shown.split("qdisc ")[1:]:
             if block.startswith("pfifo 20:"):
                 return int(block.split("dropped ")[1].split(",")[0])

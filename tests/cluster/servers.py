@@ -399,6 +399,22 @@ class PgServer:
         """Return a libpq connection string to this server alone."""
         return f"host={self.host} port={self.port} user=postgres dbname={dbname} connect_timeout=3"
 
+    def clone(self, primary: PgServer) -> None:
+        """Make this (stopped) server's data directory a fresh base backup of `primary`, set up to stream from it."""
+        shutil.rmtree(self.dir, ignore_errors=True)
+        _own(self.dir, "postgres")
+        self.dir.chmod(0o700)
+        subprocess.run(
+            [*self.as_postgres(), _pg_bin("pg_basebackup"), "-h", primary.host, "-p",
+             str(primary.port), "-U", "postgres", "-D", str(self.dir), "-R", "-X", "stream", "--no-sync",
+             "--checkpoint=fast"],
+            check=True, capture_output=True, timeout=120,
+        )  # fmt: skip
+        # The source's socket lock files, copied with its data directory (its sockets live there): one of a server
+        # on this port would stop this one from starting.
+        for lock in self.dir.glob(".s.PGSQL.*.lock"):
+            lock.unlink()
+
 
 class PgPair:
     """A PostgreSQL primary and a hot standby made from it with pg_basebackup, streaming, synchronous.
@@ -427,14 +443,7 @@ class PgPair:
         self.primary.init().start()
         with psycopg.connect(self.primary.conninfo("postgres"), autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{self.dbname}"')
-        _own(self.standby.dir, "postgres")
-        self.standby.dir.chmod(0o700)
-        subprocess.run(
-            [*self.standby.as_postgres(), _pg_bin("pg_basebackup"), "-h", self.primary.host, "-p",
-             str(self.primary.port), "-U", "postgres", "-D", str(self.standby.dir), "-R", "-X", "stream", "--no-sync",
-             "--checkpoint=fast"],
-            check=True, capture_output=True, timeout=120,
-        )  # fmt: skip
+        self.standby.clone(self.primary)
         # Once promoted, the standby is a primary with no standby of its own: it must not wait for one.
         self.standby.extra = ["-c synchronous_standby_names=''"]
         self.standby.start()
@@ -451,6 +460,29 @@ class PgPair:
             rows = conn.execute("SELECT state, sync_state FROM pg_stat_replication").fetchall()
         return ("streaming", "sync") in [tuple(r) for r in rows]
 
+    def rejoin_old_primary(self) -> None:
+        """After a failover, bring the old primary (fenced: stopped) back as a standby of the promoted one.
+
+        Re-cloned with pg_basebackup rather than pg_rewind: the old primary may hold WAL the new one never had
+        (commits waiting for their synchronous acknowledgement when it went silent), and a fresh copy drops it
+        without the servers having been initialised for pg_rewind (wal_log_hints or data checksums); the
+        database is small enough here that the copy takes seconds. The roles are swapped: `primary` is the
+        promoted server, `standby` the old primary, streaming from it asynchronously (the promoted server runs
+        with no synchronous standby, as it was started).
+        """
+        old, new = self.primary, self.standby
+        old.stop("immediate")  # the fence; a no-op when it is stopped already
+        old.clone(new)
+        old.start()
+        self.primary, self.standby = new, old
+        _wait(lambda: old.host in self.streaming_from(), "the old primary streaming from the new one", timeout=30)
+
+    def streaming_from(self) -> list[str]:
+        """Return the addresses of the standbys streaming from the primary now (synchronous or not)."""
+        with psycopg.connect(self.primary.conninfo("postgres"), autocommit=True) as conn:
+            rows = conn.execute("SELECT client_addr FROM pg_stat_replication WHERE state = 'streaming'").fetchall()
+        return [str(row[0]) for row in rows]
+
     def stop(self) -> None:
         """Stop both servers (teardown)."""
         self.standby.stop()
@@ -463,8 +495,11 @@ class PgPair:
 class RedisNode:
     """One redis-server (data node or Sentinel) on its own port, config file in its own directory."""
 
-    def __init__(self, root: Path, name: str, config: Callable[[int], str]) -> None:
+    def __init__(self, root: Path, name: str, config: Callable[[int], str], net: NetHost | None = None) -> None:
         self.name = name
+        # In a network namespace of its own (tests/cluster/netns.py) the server listens on its address there.
+        self.net = net
+        self.host = net.address if net else "127.0.0.1"
         self.port = free_port()
         self.dir = root / name
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -478,7 +513,8 @@ class RedisNode:
         """Start the server and wait until it answers PING."""
         self._starts += 1
         log = (self.dir / f"out-{self._starts}.log").open("wb")
-        args = ["redis-server", str(self.dir / "redis.conf"), *(["--sentinel"] if self.sentinel else [])]
+        inside = self.net.exec_prefix() if self.net else []
+        args = [*inside, "redis-server", str(self.dir / "redis.conf"), *(["--sentinel"] if self.sentinel else [])]
         self.proc = subprocess.Popen(args, cwd=self.dir, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         client = self.client()
         _wait(lambda: _pings(client), f"redis {self.name} answering", timeout=15)
@@ -486,7 +522,9 @@ class RedisNode:
 
     def client(self) -> redis.Redis:
         """Return a client of this server alone (short timeouts)."""
-        return redis.Redis(port=self.port, socket_connect_timeout=0.3, socket_timeout=1, decode_responses=True)
+        return redis.Redis(
+            host=self.host, port=self.port, socket_connect_timeout=0.3, socket_timeout=1, decode_responses=True
+        )
 
     def kill(self) -> None:
         """SIGKILL the server: a crash."""
@@ -505,26 +543,42 @@ def _pings(client: redis.Redis) -> bool:
 
 
 class RedisSentinelSet:
-    """A Redis master, one replica of it, and three Sentinels (quorum 2) watching them under one master name."""
+    """A Redis master, one replica of it, and three Sentinels (quorum 2) watching them under one master name.
+
+    With `lab`, the master and the replica run in network namespaces of it (each on its address, replicating over
+    the bridge) and the Sentinels on the host, beside the service: they see the data nodes as its clients do, and
+    reach each other on the host end's address too (the address they announce to each other, as the data nodes
+    see them).
+    """
 
     MASTER_NAME = "notifier"
 
-    def __init__(self, root: Path) -> None:
-        data = 'bind 127.0.0.1\nport {port}\nsave ""\nappendonly no\ndir {dir}\n'
-        self.master = RedisNode(root, "redis-a", lambda port: data.format(port=port, dir=root / "redis-a"))
+    def __init__(self, root: Path, lab: NetLab | None = None) -> None:
+        # Not protected mode: with no password it would refuse every client but loopback (the lab's addresses too).
+        data = 'bind {host}\nprotected-mode no\nport {port}\nsave ""\nappendonly no\ndir {dir}\n'
+        nets = (lab.add("redis-a"), lab.add("redis-b")) if lab else (None, None)
+        hosts = [net.address if net else "127.0.0.1" for net in nets]
+        self.master = RedisNode(
+            root, "redis-a", lambda port: data.format(host=hosts[0], port=port, dir=root / "redis-a"), nets[0]
+        )
         self.replica = RedisNode(
             root,
             "redis-b",
-            lambda port: data.format(port=port, dir=root / "redis-b") + f"replicaof 127.0.0.1 {self.master.port}\n",
+            lambda port: (
+                data.format(host=hosts[1], port=port, dir=root / "redis-b")
+                + f"replicaof {hosts[0]} {self.master.port}\n"
+            ),
+            nets[1],
         )
         watched = self.master.port
+        sentinel_bind = f"127.0.0.1 {lab.host_address}" if lab else "127.0.0.1"
         self.sentinels = [
             RedisNode(
                 root,
                 f"sentinel-{i}",
                 lambda port: (
-                    f"bind 127.0.0.1\nport {port}\n"
-                    f"sentinel monitor {self.MASTER_NAME} 127.0.0.1 {watched} 2\n"
+                    f"bind {sentinel_bind}\nprotected-mode no\nport {port}\n"
+                    f"sentinel monitor {self.MASTER_NAME} {self.master.host} {watched} 2\n"
                     # A master silent for 2 s is down; a failover that stalls is retried after 10 s.
                     f"sentinel down-after-milliseconds {self.MASTER_NAME} 2000\n"
                     f"sentinel failover-timeout {self.MASTER_NAME} 10000\n"

@@ -1,9 +1,11 @@
 """Faults of replicated engines under load: a RabbitMQ node killed, a broker node hung, a broker node cut off
-its peers by the network, the PostgreSQL primary lost and its standby promoted, the Redis master killed and a
-replica promoted by Sentinel.
+its peers by the network, the PostgreSQL primary lost and its standby promoted, the PostgreSQL primary silenced by
+the network (its standby promoted, then the old primary back as a standby), the Redis master killed and a replica
+promoted by Sentinel, the Redis master silenced by the network.
 
 The whole stack runs against real clusters on loopback (tests/cluster/servers.py; for the network partition the
-broker nodes run in network namespaces of their own, tests/cluster/netns.py), configured as a deployment
+broker nodes, PostgreSQL and Redis's master and replica run in network namespaces of their own,
+tests/cluster/netns.py, and the silent primary and silent Redis master share that stack), configured as a deployment
 is: the broker failover list in CELERY_BROKER_URL, a multi-host DATABASE_URL with target_session_attrs, Redis
 through REDIS_SENTINELS. The API is gunicorn, the workers and beat real Celery processes, the provider the
 webhook stand-in receiver (which records every call and the delivery it carried). Under each fault a topic
@@ -44,7 +46,16 @@ import psycopg
 import pytest
 
 from tests.cluster.netns import NetLab
-from tests.cluster.servers import PgPair, RabbitCluster, RabbitNode, RedisSentinelSet, answers_ok, missing_requirements
+from tests.cluster.servers import (
+    PgPair,
+    PgServer,
+    RabbitCluster,
+    RabbitNode,
+    RedisNode,
+    RedisSentinelSet,
+    answers_ok,
+    missing_requirements,
+)
 from tests.conftest import NS, ROOT, ServerProcess
 from tests.inbox.test_inbox_browser import SseReader
 from tests.redis_server import free_port
@@ -62,6 +73,22 @@ DELIVERY_BOUND = 60.0  # seconds after the dependency's return by which every ac
 NETNS_TICKTIME = 4
 SLOW_RATE = "4mbit"  # while cut, what still flows leaves every broker node at this rate at most
 OTP_P99_BOUND = 2.0  # seconds from accept to the provider for OTPs while a quorum of broker nodes remains
+# The hung primary: its standby promoted this long after the primary went silent (a managed failover's detection).
+HUNG_PROMOTE_AFTER = 10.0
+# No call waits longer for its answer while the primary is silent. A statement sent to it fails after
+# tcp_user_timeout (10 s); the API's accepts of one process queue behind the write in flight (group commit), so
+# a call that arrived meanwhile waits that out, then its own connection gives up on the silent host, first in the
+# list, after connect_timeout (3 s) and finds the promoted standby; another connect_timeout where the failed
+# connection is opened again, and 4 s for a loaded box (measured: 16.4 s at most).
+HUNG_ANSWER_BOUND = 20.0
+HUNG_CLIENT_TIMEOUT = 30.0  # the load waits this long for an answer (gunicorn's own timeout): longer calls show
+# The Redis master silenced: the API's client is on the promoted replica this soon after the promotion (a command
+# on the silent master fails after socket_timeout, 0.5 s; the guard retries Redis every 5 s; a new connection asks
+# the Sentinels for the master).
+REDIS_NOTICE_BOUND = 10.0
+# The API accepts, and the workers send, again this soon after the promotion (a call made after it answered 202, a
+# delivery reached the receiver): what a call may wait (HUNG_ANSWER_BOUND) less the 10 s before the promotion, and 5 s.
+HUNG_ACCEPTING_BOUND = 15.0
 
 
 @dataclass
@@ -76,6 +103,8 @@ class Stack:
     key: str
     processes: list[ServerProcess]
     stream_port: int
+    loads: list[Load] = field(default_factory=list)  # every fault run's load, the latest last (its calls)
+    answer_within: float = 10.0  # the load's HTTP timeout: a call not answered by then has status 0
 
     def sql(self, query: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
         """Run a query on the service's database, wherever its primary is now (as the service finds it)."""
@@ -131,14 +160,14 @@ def stack() -> Iterator[Stack]:
         yield running
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def partitionable_stack() -> Iterator[tuple[Stack, NetLab]]:
     """Start the stack with each broker node in a network namespace of its own; remove them all afterwards.
 
     The nodes are on a bridge (tests/cluster/netns.py), named by address, with NETNS_TICKTIME. The API, the
     high-priority worker and beat start their failover lists at node 1; the bulk worker (fan-out, webhook.low,
-    maintenance) at node 3, the side the scenario cuts off. Function-scoped: the namespaces and the stack exist
-    only while the scenario runs.
+    maintenance) at node 3, the side the partition cuts off. Module-scoped: the scenarios on namespaces share one
+    stack (each leaves it whole again); the namespaces exist only while they run.
     """
     reason = missing_requirements() or next(
         (f"{tool} is not installed" for tool in ("ip", "tc") if shutil.which(tool) is None), None
@@ -169,10 +198,11 @@ def _running_stack(
     """Start Redis, PostgreSQL, `rabbit` and the service on them; stop every process, remove `root` afterwards.
 
     `first_node` places a process (by kind: api, high, bulk, beat) on a broker node: its failover list starts
-    there (the others start at the first node). With `lab`, PostgreSQL's two servers run in namespaces of it.
+    there (the others start at the first node). With `lab`, PostgreSQL's two servers and Redis's master and replica
+    run in namespaces of it.
     """
     pg = PgPair(root, "notifier", lab)
-    rs = RedisSentinelSet(root)
+    rs = RedisSentinelSet(root, lab)
     processes: list[ServerProcess] = []
     started = time.monotonic()
     with TimedReceiver() as receiver:
@@ -258,7 +288,8 @@ class Load:
     threads: list[threading.Thread] = field(default_factory=list)
 
     def start(self) -> Load:
-        """Start the two streams."""
+        """Start the two streams (and list this load on the stack: a scenario may read its calls)."""
+        self.stack.loads.append(self)
         for kind, template, user, rate in (
             ("single", "receipt", "single", SINGLES_PER_SECOND),
             ("otp", "otp", "otp", OTPS_PER_SECOND),
@@ -285,8 +316,12 @@ class Load:
         return status
 
     def client(self) -> httpx.Client:
-        """Return an HTTP client of the API with the load's key (10 s to answer: beyond that it did not)."""
-        return httpx.Client(base_url=self.stack.api, headers={"Authorization": f"Bearer {self.stack.key}"}, timeout=10)
+        """Return an HTTP client of the API with the load's key (10 s to answer unless the stack says otherwise)."""
+        return httpx.Client(
+            base_url=self.stack.api,
+            headers={"Authorization": f"Bearer {self.stack.key}"},
+            timeout=self.stack.answer_within,
+        )
 
     def _stream(self, kind: str, template: str, user: str, rate: float) -> None:
         with self.client() as http:
@@ -864,5 +899,180 @@ def test_redis_master_killed_and_replica_promoted_by_sentinel_loses_and_doubles_
 
     assert not fault.api_errors, fault.report()  # Redis is a fast path: the accept never waits on it
     assert {"down", "degraded"} & set(fault.readyz), fault.readyz
+    response = httpx.get(f"{stack.api}/readyz", timeout=10).json()
+    assert response["checks"]["redis"]["ok"] and not response["checks"]["redis"]["degraded"], response
+
+
+def _sessions_on(server: PgServer, dbname: str) -> int:
+    """Return how many client sessions of `dbname` on `server` have lasted 2 s or more (clients that stayed there)."""
+    with psycopg.connect(server.conninfo("postgres"), autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend' AND datname = %s"
+            " AND pid <> pg_backend_pid() AND backend_start < now() - interval '2 seconds'",
+            [dbname],
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+# Its own stack's start counts too when it runs alone (the partition scenario shares it otherwise).
+@pytest.mark.timeout(420)
+def test_a_hung_postgresql_primary_is_noticed_within_seconds_and_comes_back_as_a_standby(
+    partitionable_stack: tuple[Stack, NetLab],
+) -> None:
+    """Silence the primary's network mid fan-out; promote the standby 10 s later; fence, heal, re-clone the old one.
+
+    Every packet the primary's namespace sends or receives is dropped: its processes run on with their sockets
+    open, nothing answers (no RST). The service's libpq options (keepalives, tcp_user_timeout, connect_timeout)
+    must end its connections within seconds: the API answers quick 503s meanwhile, then writes on the promoted
+    standby. The old primary is stopped (the fence: it still thinks it is the primary), the cut healed, and it is
+    made a standby of the new primary by a fresh base backup: in recovery, streaming, read-only, and the
+    service's target_session_attrs keeps its clients off it. Exact accounting by dedup_key, every accepted
+    delivery sent within DELIVERY_BOUND of the promotion.
+    """
+    stack, lab = partitionable_stack
+    old, new = stack.pg.primary, stack.pg.standby
+    assert old.net is not None and not old.in_recovery() and new.in_recovery()
+    seen: dict[str, Any] = {}
+
+    def restore() -> float:
+        time.sleep(HUNG_PROMOTE_AFTER)
+        new.promote()
+        promoted = time.time()
+        load = stack.loads[-1]
+        # The API writes again once its connections to the silent host are gone: a call made after the promotion
+        # answered 202 (on the new primary: the old one is still silent).
+        _until(
+            lambda: any(c.status == 202 and c.started >= promoted for c in load.calls),
+            "the API accepting on the promoted standby",
+            HUNG_ACCEPTING_BOUND,
+        )
+        seen["accepting"] = min(c.ended for c in load.calls if c.status == 202 and c.started >= promoted)
+        seen["dropped"] = (lab.dropped_packets(old.net), lab.dropped_packets(old.net, inbound=True))
+        old.stop("immediate")  # the fence, while still cut off: it still takes itself for the primary
+        lab.heal()
+        stack.pg.rejoin_old_primary()
+        seen["rejoined"] = time.time()
+        return promoted
+
+    stack.answer_within = HUNG_CLIENT_TIMEOUT  # a call's real duration, not the 10 s default cut-off
+    try:
+        fault = run_fault(stack, "postgresql-hung-primary", "database", lambda: lab.silence(old.net), restore)
+    finally:
+        stack.answer_within = Stack.answer_within
+
+    calls = [c for c in stack.loads[-1].calls if c.kind != "topic"]
+    during = [c for c in calls if c.ended >= fault.t_fault and c.started <= seen["rejoined"]]
+    errors = [c for c in during if c.status not in (200, 202)]
+    first_error = min((c.ended for c in errors), default=math.nan) - fault.t_fault
+    longest = max(c.ended - c.started for c in during)
+    slow = [c for c in during if c.ended - c.started > 2]
+    hits = [h.at for h in stack.receiver.snapshot()]
+    first_hit_after = min((at for at in hits if at >= fault.t_back), default=math.nan)
+    hits_silent = sum(1 for at in hits if fault.t_fault + 1 <= at < fault.t_back)
+    print(
+        f"hung primary: first API error {first_error:.1f}s after the silence, longest call {longest:.1f}s,"
+        f" API accepting {seen['accepting'] - fault.t_back:.1f}s after the promotion, first delivery received"
+        f" {first_hit_after - fault.t_back:.1f}s after it ({hits_silent} while it was silent); packets dropped"
+        f" (sent, to it) {seen['dropped']};"
+        f" old primary a streaming standby {seen['rejoined'] - fault.t_back:.1f}s after the promotion;"
+        f" errors by status {Counter(c.status for c in errors)}; calls over 2 s (start from the silence, duration,"
+        f" status): {[(round(c.started - fault.t_fault, 1), round(c.ended - c.started, 1), c.status) for c in slow]}"
+    )
+    assert seen["dropped"][0] > 0 and seen["dropped"][1] > 0, seen["dropped"]  # the silence silenced, both ways
+    # Noticed: the API's only errors are 503s, every call answered (status 0: none within HUNG_CLIENT_TIMEOUT), none
+    # later than the options allow.
+    assert set(fault.api_errors) <= {503}, fault.report()
+    assert longest <= HUNG_ANSWER_BOUND, f"a call took {longest:.1f}s"
+    assert first_hit_after - fault.t_back <= HUNG_ACCEPTING_BOUND  # the workers send on the new primary
+    # /readyz is not asserted during the silence: its own SELECT 1 hangs like any statement (up to tcp_user_timeout,
+    # the probe's timeout too), so a probe may span the whole window; it is once the old primary is back, below.
+    # After the rejoin nothing fails: clients are on the new primary only.
+    assert not [c for c in calls if c.started >= seen["rejoined"] and c.status != 202]
+
+    # The old primary is a standby of the new one: in recovery, streaming, fed by it, refusing writes.
+    assert stack.pg.primary is new and stack.pg.standby is old
+    assert old.in_recovery() and not new.in_recovery()
+    assert old.host in stack.pg.streaming_from()
+    marker = f"rejoined-{int(time.time())}"
+    with psycopg.connect(new.conninfo("postgres"), autocommit=True) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS failover_probe (v text)")
+        conn.execute("INSERT INTO failover_probe VALUES (%s)", [marker])
+
+    def replayed() -> bool:
+        with psycopg.connect(old.conninfo("postgres"), autocommit=True) as conn:
+            return bool(conn.execute("SELECT 1 FROM failover_probe WHERE v = %s", [marker]).fetchone())
+
+    _until(replayed, "a row written on the new primary replayed on the old one", 30)
+    with (
+        pytest.raises(psycopg.errors.ReadOnlySqlTransaction),
+        psycopg.connect(old.conninfo("postgres"), autocommit=True) as conn,
+    ):
+        conn.execute("INSERT INTO failover_probe VALUES ('written on the standby')")
+    assert _sessions_on(old, stack.pg.dbname) == 0  # target_session_attrs=read-write: no client stayed there
+    response = httpx.get(f"{stack.api}/readyz", timeout=10).json()
+    database = response["checks"]["database"]
+    assert database["ok"] and database["nodes_up"] == 2 and not database["degraded"], response
+    assert "database" not in response["degraded"], response
+
+
+def _redis_role(node: RedisNode) -> tuple[str, int | None]:
+    """Return the node's replication role and, for a replica, the port of its master (as the node itself says)."""
+    info = node.client().info("replication")
+    return str(info["role"]), (int(info["master_port"]) if info["role"] == "slave" else None)
+
+
+# Its own stack's start counts too when it runs alone (the other namespace scenarios share it otherwise).
+@pytest.mark.timeout(420)
+def test_the_service_cut_from_the_redis_master_by_the_network_rides_out_the_sentinel_failover(
+    partitionable_stack: tuple[Stack, NetLab],
+) -> None:
+    """Silence the Redis master's network mid fan-out; Sentinel promotes the replica; heal; it returns as a replica.
+
+    Every packet the master's namespace sends or receives is dropped (a dead host: the service's connections to
+    it stay open and get no answer, nothing is refused). The service's Redis clients (socket_timeout and
+    socket_connect_timeout 0.5 s, core/redis_guard.py) give up on it within a second and fall back for the
+    guard's retry period; through the Sentinels they find the promoted replica. Redis is a fast path: no API
+    error, OTP p99 under OTP_P99_BOUND, exact accounting by dedup_key. Once healed, the Sentinels make the old
+    master a replica of the new one.
+    """
+    stack, lab = partitionable_stack
+    master_port = stack.redis.master_port()
+    assert master_port is not None
+    old = stack.redis.node_on(master_port)
+    new = stack.redis.replica if old is stack.redis.master else stack.redis.master
+    assert old.net is not None and _redis_role(old)[0] == "master"
+    seen: dict[str, Any] = {}
+
+    def redis_ok() -> bool:
+        check = httpx.get(f"{stack.api}/readyz", timeout=10).json()["checks"]["redis"]
+        return bool(check["ok"])
+
+    def restore() -> float:
+        _until(lambda: stack.redis.master_port() == new.port, "Sentinel promoting the replica", 60)
+        promoted = time.time()
+        # The API's own client finds the new master through the Sentinels (its /readyz PING answers again).
+        _until(redis_ok, "the API's Redis client on the promoted replica", REDIS_NOTICE_BOUND)
+        seen["api_on_new"] = time.time()
+        time.sleep(5)  # the old master stays cut off a little longer, then comes back
+        seen["dropped"] = (lab.dropped_packets(old.net), lab.dropped_packets(old.net, inbound=True))
+        lab.heal()
+        seen["healed"] = time.time()
+        _until(lambda: _redis_role(old) == ("slave", new.port), "the old master a replica of the new one", 60)
+        _until(lambda: stack.redis.known_replicas() >= 1, "the Sentinels seeing the old master as a replica", 60)
+        seen["replica"] = time.time()
+        return promoted
+
+    fault = run_fault(stack, "redis-cut-off", "redis", lambda: lab.silence(old.net), restore)
+
+    print(
+        f"redis cut: replica promoted {fault.t_back - fault.t_fault:.1f}s after the silence, the API's client on it"
+        f" {seen['api_on_new'] - fault.t_back:.1f}s after the promotion; packets dropped (sent, to it)"
+        f" {seen['dropped']}; the old master a replica {seen['replica'] - seen['healed']:.1f}s after the heal"
+    )
+    assert seen["dropped"][0] > 0 and seen["dropped"][1] > 0, seen["dropped"]  # the silence silenced, both ways
+    assert not fault.api_errors, fault.report()  # Redis is a fast path: the accept never waits on it
+    assert fault.otp_p99 < OTP_P99_BOUND, fault.report()
+    assert {"down", "degraded"} & set(fault.readyz), fault.readyz
+    assert _redis_role(new) == ("master", None)
     response = httpx.get(f"{stack.api}/readyz", timeout=10).json()
     assert response["checks"]["redis"]["ok"] and not response["checks"]["redis"]["degraded"], response
