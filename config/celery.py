@@ -45,6 +45,9 @@ app.conf.update(
     worker_prefetch_multiplier=env.int("CELERY_PREFETCH_MULTIPLIER", 4),
     # Retry delays live in the broker (quorum queues on a topic exchange), not in worker memory.
     broker_native_delayed_delivery_queue_type="quorum",
+    # Its set-up goes through the failover list once instead of retrying a dead node for seconds at every
+    # reconnect, before consuming anything (core/broker_consumer.py).
+    worker_consumer="core.broker_consumer:Consumer",
     worker_detect_quorum_queues=True,
     task_ignore_result=True,
     result_backend=None,

@@ -176,11 +176,16 @@ def declare_topology(*, delayed_delivery: bool = True) -> None:
         for queue in current_app.conf.task_queues:
             queue(channel).declare()
         if delayed_delivery:
-            declare_native_delayed_delivery_exchanges_and_queues(conn, "quorum")
-            for queue in current_app.conf.task_queues:
-                if not queue.name.startswith("dead."):
-                    bind_queue_to_native_delayed_delivery_exchange(conn, queue)
+            declare_delayed_delivery(conn)
     _topology_declared = True
+
+
+def declare_delayed_delivery(conn: Any) -> None:
+    """Declare native delayed delivery's exchanges and queues on `conn`; bind the work queues to them."""
+    declare_native_delayed_delivery_exchanges_and_queues(conn, "quorum")
+    for queue in current_app.conf.task_queues:
+        if not queue.name.startswith("dead."):
+            bind_queue_to_native_delayed_delivery_exchange(conn, queue)
 
 
 def ensure_topology() -> None:

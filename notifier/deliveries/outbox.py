@@ -37,46 +37,81 @@ def _chunks(ids: Sequence[int], size: int) -> Iterable[list[int]]:
         yield list(ids[start : start + size])
 
 
+# A publish that fails is tried again, PUBLISH_RETRY_PAUSE_SECONDS apart, before its ids are left to the relay. Each try
+# lets kombu reconnect at once on a connection error, to the next node of the failover list (KOMBU_FAILOVER), so the
+# loss of the node a publisher sits on costs one reconnect. The pauses are for what follows: the nodes left nack every
+# publish to a quorum queue whose leader died until they have elected a new one (2 s on a quiet cluster of three, 4 s
+# on a loaded one). Callers give up after PUBLISH_RETRY_SECONDS; the API's coalescer keeps trying as long as the relay
+# would take (its grace, a quarter of OUTBOX_REPUBLISH_AFTER_SECONDS), which never leaves a row later than giving up
+# would. Decision 0103.
+PUBLISH_RETRY_SECONDS = 1.0
+PUBLISH_RETRY_PAUSE_SECONDS = 0.25
+KOMBU_FAILOVER: dict[str, Any] = {
+    "retry": True,
+    "retry_policy": {"max_retries": 2, "interval_start": 0, "interval_step": 0, "interval_max": 0},
+}
+
+
 def publish(
-    groups: dict[str, list[int]], *, countdown: float | None = None, batch_size: int | None = None
+    groups: dict[str, list[int]],
+    *,
+    countdown: float | None = None,
+    batch_size: int | None = None,
+    retry_seconds: float = PUBLISH_RETRY_SECONDS,
 ) -> list[int]:
     """Publish delivery ids grouped by queue, `batch_size` ids per message; return the ids published.
 
-    Raises nothing: a failure is logged and the ids not published are left to the relay.
+    Raises nothing: a failure is tried again for `retry_seconds`, then logged, and the ids not published are left
+    to the relay.
     """
     size = batch_size or settings.SEND_BATCH_SIZE
     published: list[int] = []
-    options: dict[str, Any] = {"retry": False}
+    options: dict[str, Any] = dict(KOMBU_FAILOVER)
     if countdown and countdown > 0:
         # Whole seconds, rounded up: native delayed delivery routes by seconds, and arriving a little late is
         # fine where arriving early would find the delivery not yet due.
         options["countdown"] = math.ceil(countdown)
+    # High priority first: an OTP never waits behind a bulk message, nor behind the retries of one.
+    pending = sorted(
+        ((queue, chunk) for queue, ids in groups.items() for chunk in _chunks(ids, size)),
+        key=lambda item: not item[0].endswith(".high"),
+    )
+    give_up_at = time.monotonic() + retry_seconds
     try:
         if "countdown" in options:
             ensure_topology()
-        with celery_app.producer_or_acquire() as producer:
-            for queue, ids in groups.items():
-                for chunk in _chunks(ids, size):
-                    # argsrepr: Celery would otherwise saferepr() 500 ids per message for its logs and Flower.
-                    argsrepr = f"[<{len(chunk)} delivery ids {chunk[0]}..{chunk[-1]}>]"
-                    with tracing.span(
-                        f"publish {queue}",
-                        kind="producer",
-                        **{"messaging.destination.name": queue, "notifier.deliveries": len(chunk)},
-                    ):
-                        celery_app.send_task(
-                            task_names.SEND_DELIVERIES,
-                            args=[chunk],
-                            queue=queue,
-                            producer=producer,
-                            argsrepr=argsrepr,
-                            **options,
-                        )
-                    published.extend(chunk)
+        while pending:
+            try:
+                with celery_app.producer_or_acquire() as producer:
+                    while pending:
+                        queue, chunk = pending[0]
+                        _send(producer, queue, chunk, options)
+                        published.extend(chunk)
+                        pending.pop(0)
+            except Exception as exc:
+                if time.monotonic() + PUBLISH_RETRY_PAUSE_SECONDS > give_up_at:
+                    raise
+                logger.warning("publish to %s failed, trying again: %r", pending[0][0], exc.__cause__ or exc)
+                if len(pending) > 1 and not pending[0][0].endswith(".high"):
+                    pending.append(pending.pop(0))  # another queue's leader may be there: try its messages first
+                time.sleep(PUBLISH_RETRY_PAUSE_SECONDS)
     except Exception as exc:  # any broker failure (including channel errors) leaves the rows to the relay
         mark_broker_down()
         logger.error("publish failed; %d deliveries left to the outbox relay: %s", _count(groups, published), exc)
     return published
+
+
+def _send(producer: Any, queue: str, chunk: list[int], options: dict[str, Any]) -> None:
+    # argsrepr: Celery would otherwise saferepr() 500 ids per message for its logs and Flower.
+    argsrepr = f"[<{len(chunk)} delivery ids {chunk[0]}..{chunk[-1]}>]"
+    with tracing.span(
+        f"publish {queue}",
+        kind="producer",
+        **{"messaging.destination.name": queue, "notifier.deliveries": len(chunk)},
+    ):
+        celery_app.send_task(
+            task_names.SEND_DELIVERIES, args=[chunk], queue=queue, producer=producer, argsrepr=argsrepr, **options
+        )
 
 
 def _count(groups: dict[str, list[int]], published: list[int]) -> int:
@@ -247,7 +282,9 @@ class Coalescer:
             try:
                 if rows and not broker_recently_down():
                     with tracing.continue_from(contexts):
-                        published = publish(group_by_queue(rows))
+                        published = publish(
+                            group_by_queue(rows), retry_seconds=settings.OUTBOX_REPUBLISH_AFTER_SECONDS / 4
+                        )
                     if published and not self._to_mark and not self._flushing:
                         self._mark_at = time.monotonic() + MARK_AFTER_SECONDS
                     self._to_mark.extend(published)

@@ -683,6 +683,8 @@ def test_quorum_queues_have_three_members_and_a_killed_leader_node_loses_and_dou
     fault = run_fault(stack, "rabbitmq-node-killed", "broker", victim.kill, _node_back(victim, 20, victim.start))
 
     _assert_the_cluster_rode_it_out(stack, fault)
+    # OTP p99 is printed, not held to OTP_P99_BOUND yet: when the node led webhook.high, OTPs wait for RabbitMQ to
+    # elect its new leader and resume its consumer: 1.7 s at load average 2-7, 2.2-4.6 s at 9-12 (docs/cluster.md).
 
 
 @pytest.mark.timeout(420)
@@ -698,6 +700,8 @@ def test_a_hung_broker_node_is_a_partition_the_cluster_rides_out(stack: Stack) -
     fault = run_fault(stack, "rabbitmq-node-partitioned", "broker", victim.pause, _node_back(victim, 25, victim.resume))
 
     _assert_the_cluster_rode_it_out(stack, fault)
+    # OTP p99 is printed, not held to OTP_P99_BOUND: when the hung node leads webhook.high, publishes to it wait
+    # until its peers give it up and elect a new leader (8.8 s in one run; docs/cluster.md).
 
 
 def _rabbit_running(node: RabbitNode) -> bool | None:
@@ -790,8 +794,8 @@ def test_a_network_partition_pauses_the_minority_node_and_its_clients_move_to_th
         seen["moved"] = time.time()
         log_at_move = len(bulk.log())
         seen["clients_during"] = _client_node(stack.rabbit, first)
-        # ... and works there: a task received since and done (beat's maintenance tasks come once a second). Celery's
-        # delayed-delivery bootstep may first retry every URL of the list, the paused node's too (up to 15 s).
+        # ... and works there: a task received since and done (beat's maintenance tasks come once a second; the
+        # worker no longer retries the paused node's URL before consuming, core/broker_consumer.py).
         _until(lambda: _tasks_done(bulk.log()[log_at_move:]), "the minority's client working on the majority", 45)
         seen["working"] = time.time()
         seen["dropped"] = {h.netns: lab.dropped_packets(h) for h in brokers}
@@ -898,6 +902,7 @@ def test_redis_master_killed_and_replica_promoted_by_sentinel_loses_and_doubles_
     fault = run_fault(stack, "redis-failover", "redis", old.kill, restore)
 
     assert not fault.api_errors, fault.report()  # Redis is a fast path: the accept never waits on it
+    assert fault.otp_p99 < OTP_P99_BOUND, fault.report()  # nor does the OTP's way to the provider
     assert {"down", "degraded"} & set(fault.readyz), fault.readyz
     response = httpx.get(f"{stack.api}/readyz", timeout=10).json()
     assert response["checks"]["redis"]["ok"] and not response["checks"]["redis"]["degraded"], response

@@ -6,6 +6,8 @@ settings are read, and what /readyz and /metrics say when one node of several is
 
 from __future__ import annotations
 
+import re
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,10 +16,13 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from core import redis_guard
+from config.celery import app as celery_app
+from core import redis_guard, task_names
 from core.database_url import configured_hosts, parse_database_url
+from core.queues import broker_recently_down
+from notifier.deliveries import outbox
 from tests.cluster.servers import RedisSentinelSet
-from tests.conftest import BROKER_URL
+from tests.conftest import BROKER_URL, VHOST, purge_all_queues, queue_depth, wait_for
 from tests.redis_server import free_port
 
 
@@ -107,3 +112,32 @@ def test_through_sentinel_the_client_writes_to_the_master_and_readyz_counts_the_
         time.sleep(0.2)
     check = Client().get("/readyz").json()["checks"]["redis"]
     assert (check["ok"], check["nodes_up"], check["degraded"]) == (True, 1, True)
+
+
+def test_a_worker_whose_first_broker_node_is_dead_sets_up_delayed_delivery_without_retrying_it(
+    start_worker: Any,
+) -> None:
+    """A failover list starting at a dead node: delayed delivery is set up through the live one, no retry loop.
+
+    Celery's own step retried the dead URL (1 s, 3 s, 5 s) before the consumer took a message, at every reconnect
+    (core/broker_consumer.py); a countdown task still comes back through the delay exchanges to its queue.
+    """
+    dead = f"amqp://guest:guest@127.0.0.1:{free_port()}/{VHOST}"
+    worker = start_worker(queues=["maintenance"], env={"CELERY_BROKER_URL": f"{dead};{BROKER_URL}"}, concurrency=1)
+    celery_app.send_task(task_names.NOOP, queue="maintenance", countdown=1)
+    wait_for(lambda: re.search(rf"{re.escape(task_names.NOOP)}\[[0-9a-f-]+\] succeeded", worker.log()), timeout=30)
+    assert "Retrying delayed delivery setup" not in worker.log()
+    assert "delayed delivery set-up failed" not in worker.log()
+
+
+@pytest.mark.django_db
+def test_a_publish_whose_connection_died_reconnects_and_is_not_left_to_the_relay() -> None:
+    """The socket under the pooled producer is gone (its node died): the same publish reconnects and succeeds."""
+    purge_all_queues()
+    assert outbox.publish({"email.high": [1]}) == [1]
+    with celery_app.producer_or_acquire() as producer:
+        producer.connection.connection.transport.sock.shutdown(socket.SHUT_RDWR)
+    assert outbox.publish({"email.high": [2]}) == [2]
+    assert not broker_recently_down()  # nothing was given up: the relay's backoff was not started
+    assert queue_depth("email.high") == 2
+    purge_all_queues()

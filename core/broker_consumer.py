@@ -1,0 +1,53 @@
+"""The workers' Celery consumer: Celery's own, with its delayed-delivery set-up made through the failover list.
+
+Celery's DelayedDelivery bootstep declares native delayed delivery's exchanges and queues, and binds the work
+queues to them, on every URL of the broker failover list in turn, and retries a URL that refuses three times
+(sleeping 1, 3 and 5 s, each try also spending kombu's connect timeout). It runs at every consumer restart,
+after the consumer has reconnected and before its event loop takes a single message. With one node of the
+cluster dead, a worker already reconnected to a live node therefore consumed nothing for about 17 s: every OTP
+accepted meanwhile waited that long (docs/cluster.md, decision 0103).
+
+The nodes of a RabbitMQ cluster share their exchanges, queues and bindings, and a failover list names the nodes of
+one cluster, so declaring them once through whichever node answers declares them on every node. This step does
+that: one connection over the whole list, which skips a refusing node at once as the consumer's own connection
+does, one try, and a warning instead of a delay when it fails (the declarations are durable, the publishers'
+ensure_topology declares them too, and the next restart tries again).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from celery.worker.consumer import Consumer as CeleryConsumer
+from celery.worker.consumer.delayed_delivery import DelayedDelivery
+
+from core.queues import declare_delayed_delivery
+
+logger = logging.getLogger(__name__)
+
+_CELERY_STEP = "celery.worker.consumer.delayed_delivery:DelayedDelivery"
+
+
+class FailoverDelayedDelivery(DelayedDelivery):
+    """Declare delayed delivery's topology once, through the failover list, without retrying a dead node."""
+
+    def start(self, c: CeleryConsumer) -> None:
+        """Declare the exchanges and queues and bind the work queues, through the first node that answers."""
+        try:
+            with c.app.connection_for_write() as connection:
+                declare_delayed_delivery(connection)
+        except Exception as exc:  # consuming matters more: the topology is durable and declared again later
+            logger.warning("delayed delivery set-up failed, consuming anyway: %s", exc)
+
+
+class Consumer(CeleryConsumer):
+    """Celery's consumer with FailoverDelayedDelivery in place of Celery's DelayedDelivery step."""
+
+    # celery-types declares Blueprint as an attribute, not a class; Celery subclasses it like this itself.
+    class Blueprint(CeleryConsumer.Blueprint):  # type: ignore[misc,valid-type]
+        """Celery's consumer steps, the delayed-delivery one replaced."""
+
+        default_steps = [
+            f"{__name__}:FailoverDelayedDelivery" if step == _CELERY_STEP else step
+            for step in CeleryConsumer.Blueprint.default_steps
+        ]
