@@ -937,6 +937,7 @@ def test_a_hung_postgresql_primary_is_noticed_within_seconds_and_comes_back_as_a
     stack, lab = partitionable_stack
     old, new = stack.pg.primary, stack.pg.standby
     assert old.net is not None and not old.in_recovery() and new.in_recovery()
+    cut_off = old.net  # narrowed for the closures below
     seen: dict[str, Any] = {}
 
     def restore() -> float:
@@ -952,7 +953,7 @@ def test_a_hung_postgresql_primary_is_noticed_within_seconds_and_comes_back_as_a
             HUNG_ACCEPTING_BOUND,
         )
         seen["accepting"] = min(c.ended for c in load.calls if c.status == 202 and c.started >= promoted)
-        seen["dropped"] = (lab.dropped_packets(old.net), lab.dropped_packets(old.net, inbound=True))
+        seen["dropped"] = (lab.dropped_packets(cut_off), lab.dropped_packets(cut_off, inbound=True))
         old.stop("immediate")  # the fence, while still cut off: it still takes itself for the primary
         lab.heal()
         stack.pg.rejoin_old_primary()
@@ -961,7 +962,7 @@ def test_a_hung_postgresql_primary_is_noticed_within_seconds_and_comes_back_as_a
 
     stack.answer_within = HUNG_CLIENT_TIMEOUT  # a call's real duration, not the 10 s default cut-off
     try:
-        fault = run_fault(stack, "postgresql-hung-primary", "database", lambda: lab.silence(old.net), restore)
+        fault = run_fault(stack, "postgresql-hung-primary", "database", lambda: lab.silence(cut_off), restore)
     finally:
         stack.answer_within = Stack.answer_within
 
@@ -1046,6 +1047,7 @@ def test_the_service_cut_from_the_redis_master_by_the_network_rides_out_the_sent
     old = stack.redis.node_on(master_port)
     new = stack.redis.replica if old is stack.redis.master else stack.redis.master
     assert old.net is not None and _redis_role(old)[0] == "master"
+    cut_off = old.net  # narrowed for the closures below
     seen: dict[str, Any] = {}
 
     def redis_ok() -> bool:
@@ -1059,7 +1061,7 @@ def test_the_service_cut_from_the_redis_master_by_the_network_rides_out_the_sent
         _until(redis_ok, "the API's Redis client on the promoted replica", REDIS_NOTICE_BOUND)
         seen["api_on_new"] = time.time()
         time.sleep(5)  # the old master stays cut off a little longer, then comes back
-        seen["dropped"] = (lab.dropped_packets(old.net), lab.dropped_packets(old.net, inbound=True))
+        seen["dropped"] = (lab.dropped_packets(cut_off), lab.dropped_packets(cut_off, inbound=True))
         lab.heal()
         seen["healed"] = time.time()
         _until(lambda: _redis_role(old) == ("slave", new.port), "the old master a replica of the new one", 60)
@@ -1067,7 +1069,7 @@ def test_the_service_cut_from_the_redis_master_by_the_network_rides_out_the_sent
         seen["replica"] = time.time()
         return promoted
 
-    fault = run_fault(stack, "redis-cut-off", "redis", lambda: lab.silence(old.net), restore)
+    fault = run_fault(stack, "redis-cut-off", "redis", lambda: lab.silence(cut_off), restore)
 
     print(
         f"redis cut: replica promoted {fault.t_back - fault.t_fault:.1f}s after the silence, the API's client on it"
