@@ -8,11 +8,13 @@ at the end (pass --keep to look around afterwards).
 from __future__ import annotations
 
 import argparse
+import http.client
 import os
 import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -520,6 +522,29 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def in_parallel(
+    host: str, port: int, clients: int, n: int, call: Callable[[http.client.HTTPConnection, int], Any]
+) -> list[Any]:
+    """Run `call(connection, i)` for i in range(n) from `clients` threads, each with its own keep-alive connection.
+
+    Return the results in order of i.
+    """
+    results: list[Any] = [None] * n
+
+    def work(c: int) -> None:
+        conn = http.client.HTTPConnection(host, port, timeout=120)
+        for i in range(c, n, clients):
+            results[i] = call(conn, i)
+        conn.close()
+
+    threads = [threading.Thread(target=work, args=(c,)) for c in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
 
 
 SERVERS = ("gunicorn", "granian")

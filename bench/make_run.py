@@ -36,7 +36,7 @@ from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import ROOT, add_recipients, group_cpu, log, percentile, print_cpu, psql
+from bench._common import ROOT, add_recipients, group_cpu, in_parallel, log, percentile, print_cpu, psql
 
 # The database `make run` serves from.
 DATABASE = "notifier"
@@ -52,20 +52,7 @@ class Api:
 
     def in_parallel(self, clients: int, n: int, call: Callable[[http.client.HTTPConnection, int], Any]) -> list[Any]:
         """Run `call(connection, i)` for i in range(n) from `clients` threads; return the results in order."""
-        results: list[Any] = [None] * n
-
-        def work(c: int) -> None:
-            conn = http.client.HTTPConnection(self.host, self.port, timeout=60)
-            for i in range(c, n, clients):
-                results[i] = call(conn, i)
-            conn.close()
-
-        threads = [threading.Thread(target=work, args=(c,)) for c in range(clients)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        return results
+        return in_parallel(self.host, self.port, clients, n, call)
 
     def request(self, conn: http.client.HTTPConnection, method: str, path: str, body: Any = None) -> tuple[int, Any]:
         """Send one request; wait and retry while the API answers 429; return the status and the parsed body."""

@@ -23,6 +23,7 @@ process group on the box (API, PostgreSQL, the bench's clients).
 
 from __future__ import annotations
 
+import http.client
 import io
 import sys
 import tempfile
@@ -31,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import ApiServer, api_key, cleanup, group_cpu, log, parser, prepare, print_cpu
+from bench._common import ApiServer, api_key, cleanup, group_cpu, in_parallel, log, parser, prepare, print_cpu
 
 
 def _item(i: int) -> dict[str, object]:
@@ -131,34 +132,17 @@ def main() -> None:
 
 def _post_all(port: int, headers: dict[str, str], bodies: list[str], callers: int, expected: int) -> float:
     """Post every body from `callers` concurrent clients; return the seconds taken. Every item must be `expected`."""
-    import http.client
     import json
-    import threading
 
-    pending = list(range(len(bodies)))
-    lock = threading.Lock()
-    failures: list[str] = []
+    def post(conn: http.client.HTTPConnection, b: int) -> str:
+        conn.request("POST", "/api/v1/recipients/batch", bodies[b], headers)
+        response = conn.getresponse()
+        answer = response.read()
+        ok = response.status == 200 and {x["status"] for x in json.loads(answer)["results"]} == {expected}
+        return "" if ok else f"{response.status} {answer[:200]!r}"
 
-    def caller() -> None:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-        while True:
-            with lock:
-                if not pending:
-                    return
-                b = pending.pop()
-            conn.request("POST", "/api/v1/recipients/batch", bodies[b], headers)
-            response = conn.getresponse()
-            answer = response.read()
-            ok = response.status == 200 and {x["status"] for x in json.loads(answer)["results"]} == {expected}
-            if not ok:
-                failures.append(f"{response.status} {answer[:200]!r}")
-
-    threads = [threading.Thread(target=caller) for _ in range(callers)]
     started = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    failures = [f for f in in_parallel("127.0.0.1", port, callers, len(bodies), post) if f]
     elapsed = time.perf_counter() - started
     assert not failures, failures[:3]
     return elapsed
