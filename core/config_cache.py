@@ -41,6 +41,10 @@ _GENERATION = ("config", "generation")
 _lock = threading.Lock()
 _entries: dict[tuple[str, str], tuple[Any, float]] = {}
 _seen_generation: list[str | None] = [None]
+# Clears of other per-process caches emptied with this one, on a new generation and by forget_all: caches of
+# immutable rows keyed by names that a row deleted and made again takes anew (a template deleted in the admin and
+# saved again restarts at version 1; a test database truncated between tests does the same).
+_companions: list[Callable[[], None]] = []
 
 
 # Inside one_generation(): the generation read by the block's first lookup (empty until then).
@@ -89,6 +93,8 @@ def cached(kind: str, key: str, load: Callable[[], T | None]) -> T | None:
             if _seen_generation[0] != generation:
                 _entries.clear()
                 _seen_generation[0] = generation
+                for clear in _companions:
+                    clear()
     # The lookup itself takes no lock (a request makes several): a dict read is atomic, and an entry read just
     # before another thread clears the dict is one this lookup could as well have read before the clear.
     hit = _entries.get((kind, key))
@@ -123,6 +129,13 @@ def forget_all() -> None:
     with _lock:
         _entries.clear()
         _seen_generation[0] = None
+    for clear in _companions:
+        clear()
+
+
+def forget_all_also(clear: Callable[[], None]) -> None:
+    """Have `clear` called whenever this process's entries are dropped whole (see _companions)."""
+    _companions.append(clear)
 
 
 def config_changed() -> None:

@@ -56,6 +56,7 @@ def template_version_resolve(spec: str) -> TemplateVersion:
 
 _exact_versions: dict[tuple[int, str, int], TemplateVersion] = {}
 _EXACT_VERSIONS_MAX = 4096
+config_cache.forget_all_also(_exact_versions.clear)
 
 
 def template_version_exact(*, environment_id: int, key: str, version: int | None) -> TemplateVersion | None:

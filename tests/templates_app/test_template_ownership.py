@@ -138,3 +138,26 @@ def test_staff_change_a_client_made_template_and_the_admin_says_who_made_it(clie
     by_staff = staff.get(f"/admin/templates_app/template/{Template.objects.get(key='order_shipped').pk}/change/")
     assert b"staff (in the admin or by a command)" in by_staff.content
     assert b"templates:admin" not in made.content + by_staff.content
+
+
+@pytest.mark.django_db
+def test_a_template_deleted_and_made_again_is_read_afresh_once_the_process_caches_are_forgotten() -> None:
+    """Exact versions are cached per process by (environment, key, number); forget_all() drops them with the rest.
+
+    A template deleted and made again under its key reuses version numbers (a test database truncated between
+    tests does exactly that), so the cache must not outlive the rows it was filled from.
+    """
+    from core import config_cache
+    from templates_app.selectors import template_version_exact
+
+    first = template_put(key="order_shipped", category="transactional", default_locale="en", content=CONTENT)
+    environment = first.template.environment_id
+    assert template_version_exact(environment_id=environment, key="order_shipped", version=1) == first
+
+    Template.objects.filter(pk=first.template_id).delete()
+    again = template_put(key="order_shipped", category="transactional", default_locale="en", content=CHANGED)
+    assert again.version == 1
+
+    config_cache.forget_all()
+    found = template_version_exact(environment_id=environment, key="order_shipped", version=1)
+    assert found is not None and found.pk == again.pk and found.content == CHANGED
