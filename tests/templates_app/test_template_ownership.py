@@ -148,10 +148,11 @@ def test_a_template_deleted_and_made_again_is_read_afresh_once_the_process_cache
     tests does exactly that), so the cache must not outlive the rows it was filled from.
     """
     from core import config_cache
+    from projects.scoping import owner_id
     from templates_app.selectors import template_version_exact
 
     first = template_put(key="order_shipped", category="transactional", default_locale="en", content=CONTENT)
-    environment = first.template.environment_id
+    environment = owner_id(first.template)
     assert template_version_exact(environment_id=environment, key="order_shipped", version=1) == first
 
     Template.objects.filter(pk=first.template_id).delete()
