@@ -104,6 +104,35 @@ def _broker_vhost(request: pytest.FixtureRequest) -> None:
         _ensure_vhost()
 
 
+_KEPT_BY_FLUSH = {"django_content_type", "auth_permission"}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _transactional_tests_flush_by_delete() -> Iterator[None]:
+    """Have a transactional test's teardown empty the tables with DELETE, not TRUNCATE.
+
+    What such a test leaves is a few rows, not a table. TRUNCATE gives each table and index new files: 0.4 to 0.8 s
+    per test on this machine, where a DELETE of every table takes about 0.02 s. The foreign keys are deferred
+    (Django makes them DEFERRABLE INITIALLY DEFERRED), so the order does not matter. Content types and permissions
+    stay (no test makes or removes one), so the post_migrate signal after the flush finds them all and writes
+    nothing. A flush that resets sequences keeps Django's TRUNCATE.
+    """
+    from django.db.backends.postgresql.operations import DatabaseOperations
+
+    truncate = DatabaseOperations.sql_flush
+
+    def delete(
+        self: DatabaseOperations, style: Any, tables: list[str], *, reset_sequences: bool = False, **kwargs: Any
+    ) -> list[str]:
+        if reset_sequences or not tables:
+            return list(truncate(self, style, tables, reset_sequences=reset_sequences, **kwargs))
+        return [f"DELETE FROM {self.quote_name(table)}" for table in tables if table not in _KEPT_BY_FLUSH]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(DatabaseOperations, "sql_flush", delete)
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _clean_redis(request: pytest.FixtureRequest) -> Iterator[None]:
     """Remove this namespace's Redis keys before each test (pure tests have none), and this process's cache.
