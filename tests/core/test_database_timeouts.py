@@ -166,3 +166,61 @@ def test_the_stream_listen_connection_has_the_timeouts_and_may_bypass_a_pooler(s
     assert (direct["host"], direct["port"], direct["target_session_attrs"]) == ("db-a,db-b", "5432,5433", "read-write")
     assert direct["tcp_user_timeout"] == "10000"
     assert conninfo_to_dict(_conninfo())["host"] == reads["host"]  # the reads stay on DATABASE_URL (the pooler)
+
+
+@pytest.mark.pure
+def test_the_host_last_connected_to_goes_first_in_libpqs_lists() -> None:
+    from core.postgresql.base import hosts_last_first
+
+    assert hosts_last_first("a,b,c", "5432,5433,5434", ("b", "5433")) == ("b,a,c", "5433,5432,5434")
+    assert hosts_last_first("a,b", "6432", ("b", "6432")) == ("b,a", "6432,6432")  # one port for all
+    assert hosts_last_first("a,b", "", ("b", "5432")) == ("b,a", "")  # libpq's default port
+    assert hosts_last_first("a,b", "5432,5433", ("b", "5432")) == ("a,b", "5432,5433")  # not one of the pairs
+    assert hosts_last_first("a,b", "5432,5433", None) == ("a,b", "5432,5433")
+    assert hosts_last_first("a,b,c", "1,2", ("b", "2")) == ("a,b,c", "1,2")  # libpq refuses it, not us
+
+
+def test_after_a_silent_first_host_new_connections_go_straight_to_the_host_that_answered(own_pg: PgServer) -> None:
+    """A host list whose first host is silent costs connect_timeout once per process, not on every connection.
+
+    The silent host is a socket that listens and never answers: the kernel completes the TCP handshake, as for a
+    primary whose host hangs, and libpq waits out connect_timeout before it tries the next host.
+    """
+    import socket
+
+    from core.postgresql import base as backend
+
+    timeout = float(settings.DATABASES["default"]["OPTIONS"]["connect_timeout"])
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    settings_dict = copy.deepcopy(settings.DATABASES["default"])
+    settings_dict.update(
+        HOST="127.0.0.1,127.0.0.1", PORT=f"{silent.getsockname()[1]},{own_pg.port}", NAME="postgres", USER="postgres"
+    )
+    settings_dict.update(PASSWORD="", CONN_MAX_AGE=0)
+    settings_dict["OPTIONS"] = {**settings_dict["OPTIONS"], "target_session_attrs": "read-write"}
+    alias = f"hosts-{own_pg.port}"
+    connections.settings[alias] = settings_dict
+    saved = dict(backend._last_host)
+    backend._last_host.clear()
+    took = []
+    try:
+        for _ in range(3):
+            conn = connections[alias]
+            started = time.monotonic()
+            with conn.cursor() as cursor:
+                cursor.execute("SELECT inet_server_port()")
+                assert cursor.fetchone() == (own_pg.port,)
+            took.append(time.monotonic() - started)
+            conn.close()
+    finally:
+        backend._last_host.clear()
+        backend._last_host.update(saved)
+        connections[alias].close()
+        del connections[alias]
+        del connections.settings[alias]
+        silent.close()
+    print(f"\nconnections through a silent first host took {', '.join(f'{t:.2f}s' for t in took)}")
+    assert took[0] >= timeout - 0.5  # the first waited out the silent host, as libpq does
+    assert max(took[1:]) < timeout - 1  # the next ones went to the host that answered first
