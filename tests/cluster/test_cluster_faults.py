@@ -78,17 +78,18 @@ HUNG_PROMOTE_AFTER = 10.0
 # No call waits longer for its answer while the primary is silent. A statement sent to it fails after
 # tcp_user_timeout (10 s); the API's accepts of one process queue behind the write in flight (group commit), so
 # a call that arrived meanwhile waits that out, then its own connection gives up on the silent host, first in the
-# list, after connect_timeout (3 s) and finds the promoted standby; another connect_timeout where the failed
-# connection is opened again, and 4 s for a loaded box (measured: 16.4 s at most).
-HUNG_ANSWER_BOUND = 20.0
+# list, after connect_timeout (3 s) and finds the promoted standby; the process's next connections go to that one
+# first (core/postgresql/base.py). And 4 s for a loaded box (measured: 13.6 and 13.7 s at most).
+HUNG_ANSWER_BOUND = 17.0
 HUNG_CLIENT_TIMEOUT = 30.0  # the load waits this long for an answer (gunicorn's own timeout): longer calls show
 # The Redis master silenced: the API's client is on the promoted replica this soon after the promotion (a command
 # on the silent master fails after socket_timeout, 0.5 s; the guard retries Redis every 5 s; a new connection asks
 # the Sentinels for the master).
 REDIS_NOTICE_BOUND = 10.0
 # The API accepts, and the workers send, again this soon after the promotion (a call made after it answered 202, a
-# delivery reached the receiver): what a call may wait (HUNG_ANSWER_BOUND) less the 10 s before the promotion, and 5 s.
-HUNG_ACCEPTING_BOUND = 15.0
+# delivery reached the receiver): what a call may wait (HUNG_ANSWER_BOUND) less the 10 s before the promotion, and 5 s
+# (measured: 3.6 s).
+HUNG_ACCEPTING_BOUND = 12.0
 
 
 @dataclass
