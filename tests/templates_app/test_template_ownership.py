@@ -162,3 +162,24 @@ def test_a_template_deleted_and_made_again_is_read_afresh_once_the_process_cache
     config_cache.forget_all()
     found = template_version_exact(environment_id=environment, key="order_shipped", version=1)
     assert found is not None and found.pk == again.pk and found.content == CHANGED
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_template_deleted_and_made_again_is_read_afresh_once_a_lookup_sees_the_new_generation() -> None:
+    """In a running process: the delete bumps the configuration generation, and the next cached lookup that reads
+    it (every request and send batch makes one) empties the exact versions with the rest."""
+    from core import config_cache
+    from projects.scoping import owner_id
+    from templates_app.selectors import template_version_cached, template_version_exact
+
+    first = template_put(key="order_shipped", category="transactional", default_locale="en", content=CONTENT)
+    environment = owner_id(first.template)
+    assert template_version_cached("order_shipped", environment_id=environment) == first
+    assert template_version_exact(environment_id=environment, key="order_shipped", version=1) == first
+
+    Template.objects.filter(pk=first.template_id).delete()
+    again = template_put(key="order_shipped", category="transactional", default_locale="en", content=CHANGED)
+    assert template_version_cached("order_shipped", environment_id=environment) == again
+    found = template_version_exact(environment_id=environment, key="order_shipped", version=1)
+    assert found is not None and found.pk == again.pk and found.content == CHANGED
+    assert config_cache.peek("template", f"{environment}:order_shipped") == again
