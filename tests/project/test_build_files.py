@@ -79,15 +79,19 @@ def _make_dry_run(*targets: str) -> list[str]:
 
 
 def test_make_installs_from_the_locks_and_can_regenerate_them() -> None:
-    """`make run`/`make test` install the dev lock with --require-hashes; `make lock` compiles both locks."""
+    """`make run`/`make test` install every lock with --require-hashes; `make lock` compiles all three."""
     install = _make_dry_run(".venv/.installed")
-    assert any("pip install" in c and "--require-hashes -r requirements-dev.txt" in c for c in install), install
+    # pip installs the installer from its own lock; the installer installs the rest from theirs.
+    assert any("pip install" in c and "--require-hashes -r requirements-bootstrap.txt" in c for c in install), install
+    assert any("uv pip install" in c and "--require-hashes -r requirements-dev.txt" in c for c in install), install
     # A local package cannot be hash-locked: installed on its own, without dependencies.
-    assert any("pip install" in c and "--no-deps ./clients/python" in c for c in install), install
+    assert any("uv pip install" in c and "--no-deps ./clients/python" in c for c in install), install
+    assert list(_pins(ROOT / "requirements-bootstrap.txt")) == ["uv"]
     compiles = [c for c in _make_dry_run("lock") if "pip-compile" in c]
-    assert len(compiles) == 2 and all("--generate-hashes" in c for c in compiles), compiles
-    assert "--output-file=requirements.txt requirements.in" in compiles[0]
-    assert "--output-file=requirements-dev.txt requirements-dev.in" in compiles[1]
+    assert len(compiles) == 3 and all("--generate-hashes" in c for c in compiles), compiles
+    assert "--output-file=requirements-bootstrap.txt requirements-bootstrap.in" in compiles[0]
+    assert "--output-file=requirements.txt requirements.in" in compiles[1]
+    assert "--output-file=requirements-dev.txt requirements-dev.in" in compiles[2]
 
 
 def _glob(path: str, pattern: str) -> bool:
