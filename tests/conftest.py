@@ -10,17 +10,19 @@ nor the Redis cleanup is set up for them.
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import hypothesis
 import pytest
@@ -54,6 +56,7 @@ AMQP_ADDRESS = os.environ.get("NOTIFIER_TEST_AMQP", "127.0.0.1:5672")
 RABBITMQ_NODE = os.environ.get("NOTIFIER_TEST_RABBITMQ_NODE", "")
 BROKER_URL = f"amqp://guest:guest@{AMQP_ADDRESS}/{VHOST}"
 REDIS_PREFIX = f"notifier-test:{NS}:"
+T = TypeVar("T")
 
 
 def rabbitmqctl(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[bytes]:
@@ -298,6 +301,41 @@ def two_api_processes(start_process: Callable[..., Any]) -> list[str]:
     for url in urls:
         wait_for(functools.partial(up, url), timeout=60)
     return urls
+
+
+def at_once(n: int, call: Callable[[], T]) -> list[T]:
+    """Run `call` on `n` threads released together; return what each returned (each closes its connections).
+
+    Every thread holds a PostgreSQL connection of its own and the server allows 100: two such bursts from two
+    pytest workers beside the rest of the suite's processes exceeded it ("sorry, too many clients already", the
+    test then saw a 503). A burst takes a lock shared by the run's workers, so no two overlap.
+    """
+    from django.db import connections
+
+    barrier = threading.Barrier(n)
+    results: list[T] = []
+    lock = threading.Lock()
+
+    def one() -> None:
+        try:
+            barrier.wait()
+            result = call()
+            with lock:
+                results.append(result)
+        finally:
+            connections.close_all()
+
+    lock_path = ROOT / "var" / f"bursts-{settings.TEST_NAMESPACE}.lock"
+    lock_path.parent.mkdir(exist_ok=True)
+    with lock_path.open("a") as lock_file:
+        fcntl.flock(lock_file, fcntl.LOCK_EX)
+        threads = [threading.Thread(target=one) for _ in range(n)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert len(results) == n, f"{n - len(results)} of {n} calls raised (their tracebacks are above)"
+    return results
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 30, interval: float = 0.2) -> Any:

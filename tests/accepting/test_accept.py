@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import json
-import threading
 from typing import Any
 
 import pytest
-from django.db import connection
 from rest_framework.test import APIClient
 
 from core.redis_guard import get_redis
 from notifier.deliveries.models import Delivery, Notification
 from templates_app.services import template_put
-from tests.conftest import bearer_client
+from tests.conftest import at_once, bearer_client
 
 CONTENT = {"en": {"email": {"subject": "Hi {{ name }}", "text": "Hello {{ name }}"}, "sms": {"text": "Hi {{ name }}"}}}
 
@@ -154,21 +152,12 @@ def test_fifty_concurrent_requests_with_one_key_create_one_notification(api_clie
     from notifier.clients.services import api_client_rotate_key
 
     raw_key = api_client_rotate_key(client=client)
-    results: list[tuple[int, str]] = []
-    barrier = threading.Barrier(50)
 
-    def call() -> None:
-        http = bearer_client(raw_key)
-        barrier.wait()
-        response = http.post("/api/v1/notifications", body(dedup_key="race"), format="json")
-        results.append((response.status_code, response.json()["id"]))
-        connection.close()
+    def call() -> tuple[int, str]:
+        response = bearer_client(raw_key).post("/api/v1/notifications", body(dedup_key="race"), format="json")
+        return response.status_code, response.json()["id"]
 
-    threads = [threading.Thread(target=call) for _ in range(50)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    results = at_once(50, call)
     assert Notification.objects.filter(dedup_key="race").count() == 1
     original = Notification.objects.get(dedup_key="race")
     assert {notification_id for _, notification_id in results} == {str(original.pk)}

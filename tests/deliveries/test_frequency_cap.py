@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import json
-import threading
 from collections import Counter
 from typing import Any
 
 import pytest
-from django.db import close_old_connections, connections
 
 from channels_app.services import deliver
 from core.redis_guard import get_redis
 from notifier.deliveries.models import Delivery
 from preferences.services import recipient_upsert, topic_subscribe, topic_upsert
 from templates_app.services import template_put
-from tests.conftest import bearer_client, wait_for
+from tests.conftest import at_once, bearer_client, wait_for
 from tests.redis_server import free_port
 
 CONTENT = {"en": {"email": {"subject": "News", "text": "Hello"}, "inapp": {"title": "News", "body": "Hello"}}}
@@ -48,29 +46,15 @@ def redis_down(settings: Any) -> Any:
 
 def _post_concurrently(api_key: str, n: int, template: str = "news") -> list[dict[str, Any]]:
     """POST `n` notifications for one recipient from `n` threads released at once; return the answers."""
-    barrier = threading.Barrier(n)
-    answers: list[dict[str, Any]] = []
-    lock = threading.Lock()
 
-    def one() -> None:
+    def one() -> dict[str, Any]:
         http = bearer_client(api_key)
         body = {"recipient": {"user_id": "fc-1"}, "template": template, "category": "social"}
         body["channels"] = ["email", "inapp"]
-        try:
-            barrier.wait()
-            response = http.post("/api/v1/notifications", body, format="json")
-            with lock:
-                answers.append({"code": response.status_code, **response.json()})
-        finally:
-            close_old_connections()
-            connections.close_all()
+        response = http.post("/api/v1/notifications", body, format="json")
+        return {"code": response.status_code, **response.json()}
 
-    threads = [threading.Thread(target=one) for _ in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return answers
+    return at_once(n, one)
 
 
 def _through(answers: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -39,6 +39,7 @@ from notifier.dispatch.models import FanoutLane
 from notifier.inbox.selectors import inbox_item_get
 from preferences.models import Recipient
 from templates_app.services import template_put
+from tests.conftest import at_once
 from tests.redis_server import delete_namespace_keys
 
 HOT = (NOTIFICATION, DELIVERY, EVENT)
@@ -262,23 +263,14 @@ def test_ids_spread_wide_are_planned_with_their_values_not_on_the_prepared_plan(
 
 def _post_all(raw_key: str, payload: dict[str, Any], n: int) -> list[tuple[int, str]]:
     """POST the same body from `n` threads at once; return (status, id) of each."""
-    results: list[tuple[int, str]] = []
-    barrier = threading.Barrier(n)
 
-    def call() -> None:
+    def call() -> tuple[int, str]:
         http = APIClient()
         http.credentials(HTTP_AUTHORIZATION=f"Bearer {raw_key}")
-        barrier.wait()
         response = http.post("/api/v1/notifications", payload, format="json")
-        results.append((response.status_code, response.json().get("id", "")))
-        connection.close()
+        return response.status_code, response.json().get("id", "")
 
-    threads = [threading.Thread(target=call) for _ in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return results
+    return at_once(n, call)
 
 
 @pytest.mark.django_db(transaction=True)
