@@ -30,6 +30,7 @@ from django.conf import settings
 
 from config.celery import app as celery_app
 from core.queues import CHANNELS, purge_queues
+from tests.zygote import ForkedProcess, Zygote, changes_import_time_env
 
 if TYPE_CHECKING:
     pass
@@ -157,6 +158,36 @@ def django_db_modify_db_settings_xdist_suffix() -> None:
     """Leave the test database's name alone under pytest-xdist: the worker's namespace already names it."""
 
 
+_ZYGOTE: list[Zygote | None] = []
+
+
+def _zygote() -> Zygote | None:
+    """Return this process's zygote (tests/zygote.py), started on first use; None where it is off or failed."""
+    if not _ZYGOTE:
+        zygote = None
+        if os.environ.get("NOTIFIER_TEST_ZYGOTE", "1") != "0":
+            base_env = {
+                **os.environ,
+                "CELERY_BROKER_URL": BROKER_URL,
+                "DATABASE_URL": test_database_url(),
+                "REDIS_KEY_PREFIX": REDIS_PREFIX,
+            }
+            zygote = Zygote(ROOT / "var" / f"zygote-{NS}-{os.getpid()}", base_env)
+            if not zygote.ready():
+                zygote.stop()
+                zygote = None
+        _ZYGOTE.append(zygote)
+    return _ZYGOTE[0]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_the_zygote() -> Iterator[None]:
+    """Stop this process's zygote, if a test started one, when the session ends."""
+    yield
+    if _ZYGOTE and _ZYGOTE[0] is not None:
+        _ZYGOTE[0].stop()
+
+
 class ServerProcess:
     """A real process of this project (Celery worker or beat, gunicorn, uvicorn) started by a test.
 
@@ -178,10 +209,15 @@ class ServerProcess:
             **(env or {}),
         }
         self._log = self.log_path.open("w")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", *args],
-            cwd=cwd, env=full_env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+        zygote = _zygote() if args[0] == "celery" and cwd == ROOT and not changes_import_time_env(env or {}) else None
+        self.proc: subprocess.Popen[bytes] | ForkedProcess
+        if zygote is not None:
+            self.proc = zygote.spawn(args, full_env, cwd, self.log_path)
+        else:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", *args],
+                cwd=cwd, env=full_env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
 
     def wait_ready(self, ready: str | Callable[[], bool] = "ready.", timeout: float = 60) -> None:
         """Block until the process logs `ready` (or `ready()` is true); fail if it exits first."""
