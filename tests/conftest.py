@@ -10,6 +10,7 @@ nor the Redis cleanup is set up for them.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import functools
 import os
@@ -210,14 +211,14 @@ class ServerProcess:
         }
         self._log = self.log_path.open("w")
         zygote = _zygote() if args[0] == "celery" and cwd == ROOT and not changes_import_time_env(env or {}) else None
-        self.proc: subprocess.Popen[bytes] | ForkedProcess
+        forked = None
         if zygote is not None:
-            self.proc = zygote.spawn(args, full_env, cwd, self.log_path)
-        else:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", *args],
-                cwd=cwd, env=full_env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
-            )  # fmt: skip
+            with contextlib.suppress(OSError):  # the zygote is gone: a cold start costs a second of CPU, no more
+                forked = zygote.spawn(args, full_env, cwd, self.log_path)
+        self.proc: subprocess.Popen[bytes] | ForkedProcess = forked or subprocess.Popen(
+            [sys.executable, "-m", *args],
+            cwd=cwd, env=full_env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
 
     def wait_ready(self, ready: str | Callable[[], bool] = "ready.", timeout: float = 60) -> None:
         """Block until the process logs `ready` (or `ready()` is true); fail if it exits first."""

@@ -20,6 +20,8 @@ its `status` file, which `ForkedProcess` reads.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
 import os
 import runpy
@@ -201,7 +203,7 @@ def main() -> None:
 
 
 class ForkedProcess:
-    """The `Popen` subset tests use (pid, returncode, poll, wait) for a process the zygote forked."""
+    """`Popen`'s process interface (pid, returncode, poll, wait, send_signal, terminate, kill) for a forked child."""
 
     def __init__(self, pid: int, status_path: Path) -> None:
         self.pid = pid
@@ -223,6 +225,20 @@ class ForkedProcess:
             time.sleep(0.02)
         return code
 
+    def send_signal(self, sig: int) -> None:
+        """Send `sig` to the process itself (not its group), unless it has exited, as `Popen.send_signal`."""
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        """Send SIGTERM."""
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        """Send SIGKILL."""
+        self.send_signal(signal.SIGKILL)
+
 
 class Zygote:
     """The client side: start the zygote process, then ask it for children."""
@@ -235,7 +251,7 @@ class Zygote:
             os.unlink(self.socket_path)
         self.log_path = self._dir / "zygote.log"
         self._log = self.log_path.open("w")
-        self._counter = 0
+        self._starts = itertools.count(1)
         settings_module = env.get("DJANGO_SETTINGS_MODULE", "config.settings")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tests.zygote", self.socket_path, settings_module],
@@ -255,8 +271,7 @@ class Zygote:
 
     def spawn(self, argv: list[str], env: dict[str, str], cwd: Path, log_path: Path) -> ForkedProcess:
         """Fork `python -m <argv>` with this environment, directory and log."""
-        self._counter += 1
-        status = self._dir / f"exit-{os.getpid()}-{self._counter}"
+        status = self._dir / f"exit-{next(self._starts)}"
         request = {"argv": argv, "env": env, "cwd": str(cwd), "log": str(log_path), "status": str(status)}
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
             connection.connect(self.socket_path)

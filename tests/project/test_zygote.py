@@ -36,9 +36,10 @@ def test_a_forked_worker_reads_its_own_environment_and_exits_as_a_process_does(s
     json_lines = [line for line in json_worker.log().splitlines() if line.startswith("{")]
     assert json_lines and all(json.loads(line)["event"] for line in json_lines)
     assert not any(line.startswith("{") for line in text_worker.log().splitlines())
-    # Killed, it reports the signal as Popen does (the suite's kill tests read it).
+    # Killed, it reports the signal as Popen does (the suite's kill tests read it); signalled as Popen is.
     json_worker.kill(signal.SIGKILL)
     assert json_worker.proc.wait(timeout=10) == -signal.SIGKILL
+    json_worker.proc.send_signal(signal.SIGTERM)  # exited: nothing to signal, as with Popen
     # Stopped warmly, Celery's own exit code.
     text_worker.stop()
     assert text_worker.proc.returncode == 0
