@@ -52,8 +52,6 @@ WORKER_IMPORTS = (
 # mode, OpenTelemetry's context, the interpreter's own): a start that changes one is started cold.
 IMPORT_TIME_ENV_PREFIXES = ("PYTHON", "PROMETHEUS_", "OTEL_")
 _INHERITED_ENV_ALLOWED = {"PYTHONUNBUFFERED"}
-
-
 # The running script under its two names (multiprocessing aliases it): never preloaded.
 _MAIN_MODULES = {"__main__", "__mp_main__"}
 

@@ -3,7 +3,8 @@
 The test run shares PostgreSQL (5432), Redis (6379) and RabbitMQ (5672, or the node NOTIFIER_TEST_RABBITMQ_NODE
 names) with every other run on the machine and with the next CI job. A test that injects a fault does it on a
 server of its own, started by the fixtures that own such servers: tests/cluster/servers.py (RabbitNode, PgServer,
-RedisNode: `stop_app`, `pause`, `kill`) and tests/redis_server.py (RedisServer). Anywhere else under tests/ the
+RedisNode: `stop_app`, `pause`, `kill`), tests/redis_server.py (RedisServer) and tests/zygote.py (the Celery
+workers it forks, signalled as `Popen` signals its process). Anywhere else under tests/ the
 commands that stop, pause or empty a server are refused by this test.
 """
 
@@ -14,8 +15,8 @@ from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent.parent
 # The fixtures that start servers of their own and may stop them: the cluster suite's servers (and its tests,
-# which use only those), and the private redis-server.
-OWN_SERVERS = (TESTS / "cluster", TESTS / "redis_server.py")
+# which use only those), the private redis-server and the zygote's forked workers.
+OWN_SERVERS = (TESTS / "cluster", TESTS / "redis_server.py", TESTS / "zygote.py")
 # rabbitmqctl's commands that stop or cut off a node: these anywhere in a call's arguments (a wrapper too) ...
 RABBITMQ_STOPPING = {
     "stop_app", "force_reset", "close_all_connections", "suspend_listeners", "set_vm_memory_high_watermark",
