@@ -190,9 +190,14 @@ LONGEST_FIRST = frozenset({
 })  # fmt: skip
 
 
-@pytest.hookimpl(trylast=True)
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Put the longest tests first (LONGEST_FIRST), the rest in their collected order."""
+    """Put the longest tests first (LONGEST_FIRST), the rest in their collected order.
+
+    This runs before pytest-django's own ordering, whose stable sort then keeps it within each of its groups:
+    tests in a rolled-back transaction first, then transactional ones, then those without a database. A
+    transactional test empties the tables, rows of the data migrations included, so the first group must stay first.
+    """
     items.sort(key=lambda item: item.nodeid.partition("[")[0] not in LONGEST_FIRST)
 
 
