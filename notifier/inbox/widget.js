@@ -172,20 +172,14 @@
       return res.json();
     }
 
-    // Starting again supersedes a start still under way: as the element is upgraded, each attribute present and
-    // the connection call start() at once, and each would otherwise load the list and open a stream of its own
-    // (two of them left open, counted against the token's streams, and a late list replacing a page loaded since).
     async start() {
-      const run = (this.runs = (this.runs || 0) + 1);
       if (!this.token) return;
       this.stop();
       try {
         this.me = await this.api("/inbox/v1/me");
       } catch (err) { console.warn(err); }
-      if (run !== this.runs) return;
       this.labels();
       await this.load(false);
-      if (run !== this.runs) return;
       // EventSource cannot send headers: the token travels in the query. It reconnects by itself and sends
       // Last-Event-ID, so the server replays what was missed.
       this.source = new EventSource(this.base + "/inbox/v1/stream?token=" + encodeURIComponent(this.token));

@@ -123,42 +123,6 @@ def test_every_item_is_reachable_by_cursor_pages() -> None:
 # --- the widget in a real headless Chromium -----------------------------------------------------------
 
 
-# Counts, in the page, the streams the widget opens and the list pages it asks for (run before any page script).
-_COUNT_STREAMS_AND_PAGES = """
-window.opened = { streams: 0, pages: 0 };
-const RealEventSource = window.EventSource;
-window.EventSource = function (url, options) { window.opened.streams += 1; return new RealEventSource(url, options); };
-window.EventSource.OPEN = RealEventSource.OPEN;
-window.EventSource.CLOSED = RealEventSource.CLOSED;
-const realFetch = window.fetch;
-window.fetch = (url, options) => {
-  if (String(url).includes("/inbox/v1/messages")) window.opened.pages += 1;
-  return realFetch(url, options);
-};
-"""
-
-
-@pytest.mark.django_db(transaction=True)
-def test_the_widget_opens_one_stream_and_loads_its_list_once_however_many_attributes_start_it(
-    stream_server: Callable[..., StreamServer],  # noqa: F811 (the imported fixture)
-    browser: Any,
-) -> None:
-    # The demo page's element carries base-url and token before the script defines it: the upgrade calls start()
-    # for each attribute and once more on connection.
-    server = stream_server({"INBOX_DEMO_ENABLED": "true"})
-    recipient = factories.make_recipient(user_id="w-once")
-    client = factories.make_api_client(name="svc-once")
-    content = {"title": "Hallo", "body": "b"}
-    factories.make_delivery(channel="inapp", recipient=recipient, client=client, content=content)
-    browser.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": _COUNT_STREAMS_AND_PAGES})
-    browser.get(f"{server.url}/inbox/demo/?user_id=w-once")
-    wait_for(lambda: _shadow(browser, "return r.querySelectorAll('li[data-id]').length") == 1, 20)
-    wait_for(lambda: browser.execute_script("return window.opened.streams") >= 1, 20)
-    # A start still under way would open its stream within a second of the first (its requests are loopback).
-    browser.execute_script("return new Promise((done) => setTimeout(done, 1000))")
-    assert browser.execute_script("return window.opened") == {"streams": 1, "pages": 1}
-
-
 @pytest.mark.django_db(transaction=True)
 def test_widget_in_german_pages_tabs_archive_and_a_counted_click(
     stream_server: Callable[..., StreamServer],  # noqa: F811 (the imported fixture)
