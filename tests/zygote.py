@@ -26,10 +26,12 @@ import json
 import os
 import runpy
 import select
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -244,9 +246,10 @@ class Zygote:
     def __init__(self, run_dir: Path, env: dict[str, str]) -> None:
         self._dir = run_dir
         self._dir.mkdir(parents=True, exist_ok=True)
-        self.socket_path = str(self._dir / "zygote.sock")
-        if os.path.exists(self.socket_path):
-            os.unlink(self.socket_path)
+        # Under the temporary directory, not the checkout: a Unix socket's path holds at most 107 bytes, and a CI
+        # checkout's var/ can be deeper than that leaves room for.
+        self._socket_dir = tempfile.mkdtemp(prefix="notifier-zygote-")
+        self.socket_path = os.path.join(self._socket_dir, "sock")
         self.log_path = self._dir / "zygote.log"
         self._log = self.log_path.open("w")
         self._starts = itertools.count(1)
@@ -285,6 +288,7 @@ class Zygote:
             self.proc.terminate()
             self.proc.wait(timeout=10)
         self._log.close()
+        shutil.rmtree(self._socket_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":
