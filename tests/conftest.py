@@ -154,10 +154,10 @@ def _clean_redis(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
 
 
-# The parallel phase's longest tests (12 s or more in two of three `make test` runs; `--durations` lists them).
-# Collected in file order, most of them would come last (tests/system, templates_app, workflows), and the phase
-# waits for the last one begun while the other workers have nothing left; they are started first instead. A name
-# that no longer exists costs nothing; parametrized tests are named without their parameters.
+# The parallel phase's longest tests (12 s or more in two of three `make test` runs; `--durations` lists them),
+# started first rather than last (in file order most sit in tests/system, templates_app and workflows). Measured,
+# the phase was no shorter: started together they slow each other (docs/development.md, "Where the suite's time
+# goes"). A name that no longer exists costs nothing; parametrized tests are named without their parameters.
 LONGEST_FIRST = frozenset({
     "tests/project/test_schemathesis.py::test_the_api_keeps_to_its_schema_under_generated_input",
     "tests/templates_app/test_template_isolation.py::test_the_hostile_corpus_against_a_real_api_process",
