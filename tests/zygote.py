@@ -21,6 +21,7 @@ its `status` file, which `ForkedProcess` reads.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import itertools
 import json
 import os
@@ -83,8 +84,6 @@ def _worker_module_names(settings_module: str) -> list[str]:
         code = 0
         try:
             os.environ["DJANGO_SETTINGS_MODULE"] = settings_module
-            import importlib
-
             import django
 
             django.setup()
@@ -105,8 +104,6 @@ def _worker_module_names(settings_module: str) -> list[str]:
 
 def _preload(names: list[str]) -> tuple[int, list[str]]:
     """Import the modules that import without Django settings; return how many did and which did not."""
-    import importlib
-
     loaded, refused = 0, []
     for name in names:
         if name in sys.modules:
