@@ -51,6 +51,8 @@
     },
   };
   const PAGE = 20;
+  // How long the first page waits for the stream to open (it loads anyway when the stream cannot).
+  const OPEN_WAIT_MS = 3000;
   const TABS = ["all", "unread", "archived"];
   // An inline bell: icon fonts and emoji are not installed everywhere (an emoji bell renders as an empty box).
   const BELL = `<svg class="icon" viewBox="0 0 24 24" width="20" height="20" aria-hidden="true" focusable="false">
@@ -109,6 +111,10 @@
       this.unread = 0;
       this.source = null;
       this.me = null;
+      this.runs = 0;        // starts so far: a start that finds a newer one running gives way to it
+      this.loads = 0;       // first-page loads so far: only the latest one's answer (and its pages) is shown
+      this.arrived = null;  // items the stream sent while a first page was loading
+      this.restarting = false;
       this.ticker = null;
       const root = this.attachShadow({ mode: "open" });
       root.innerHTML = `<style>${STYLE}</style>
@@ -141,16 +147,26 @@
     static get observedAttributes() { return ["token", "base-url", "locale"]; }
     attributeChangedCallback(name) {
       if (name === "locale") { this.labels(); this.render(); return; }
-      if (this.isConnected) this.start();
+      this.restart();
     }
     connectedCallback() {
-      this.start();
+      this.restart();
       // Relative times age: refresh them once a minute.
       this.ticker = setInterval(() => this.render(), 60000);
     }
     disconnectedCallback() {
       this.stop();
       clearInterval(this.ticker);
+    }
+    // Upgrading an element that already has its attributes calls attributeChangedCallback for each of them and
+    // then connectedCallback: they all make one start, after the current task.
+    restart() {
+      if (this.restarting) return;
+      this.restarting = true;
+      queueMicrotask(() => {
+        this.restarting = false;
+        if (this.isConnected) this.start();
+      });
     }
     stop() { if (this.source) this.source.close(); this.source = null; }
 
@@ -173,58 +189,87 @@
     }
 
     async start() {
-      if (!this.token) return;
       this.stop();
+      if (!this.token) return;
+      const run = ++this.runs;
+      // The stream opens first and the first page loads once it is open: an item stored meanwhile is then in
+      // the page or sent on the stream (or both: the list keeps one per id), never in neither.
+      const opened = this.connect();
       try {
         this.me = await this.api("/inbox/v1/me");
       } catch (err) { console.warn(err); }
+      if (run !== this.runs) return;
       this.labels();
+      await opened;
+      if (run !== this.runs) return;
       await this.load(false);
+    }
+
+    // Open the stream; resolve once it is open, or failed, or OPEN_WAIT_MS passed.
+    connect() {
       // EventSource cannot send headers: the token travels in the query. It reconnects by itself and sends
       // Last-Event-ID, so the server replays what was missed.
-      this.source = new EventSource(this.base + "/inbox/v1/stream?token=" + encodeURIComponent(this.token));
-      this.source.addEventListener("message", (e) => {
+      const source = new EventSource(this.base + "/inbox/v1/stream?token=" + encodeURIComponent(this.token));
+      this.source = source;
+      source.addEventListener("message", (e) => {
         const item = JSON.parse(e.data);
         const isNew = !this.items.has(item.id);
         // A new item belongs in "all" and "unread", never in "archived".
         if (this.tab !== "archived" && !item.archived_at) {
           this.items.set(item.id, item);
+          if (this.arrived) this.arrived.set(item.id, item);
           this.render();
         }
         if (isNew) this.$(".status").textContent = this.t.newItem(item.title);
         this.dispatchEvent(new CustomEvent("notifier-message", { detail: item }));
       });
-      this.source.addEventListener("unread", (e) => this.setUnread(JSON.parse(e.data).unread_count));
+      source.addEventListener("unread", (e) => this.setUnread(JSON.parse(e.data).unread_count));
       // A refused reconnect (expired token) closes the EventSource for good: tell the page, which can set a
       // fresh `token` attribute (that restarts the widget).
-      this.source.addEventListener("error", () => {
-        if (this.source && this.source.readyState === EventSource.CLOSED) {
+      source.addEventListener("error", () => {
+        if (this.source === source && source.readyState === EventSource.CLOSED) {
           this.dispatchEvent(new CustomEvent("notifier-disconnected", { bubbles: true }));
         }
+      });
+      return new Promise((resolve) => {
+        source.addEventListener("open", resolve, { once: true });
+        source.addEventListener("error", resolve, { once: true });
+        setTimeout(resolve, OPEN_WAIT_MS);
       });
     }
 
     // One page of the current tab: the first (replacing the list) or the next ("Load more").
     async load(more) {
+      if (more && !this.next) return;
       const query = new URLSearchParams({ limit: String(PAGE) });
       if (this.tab === "unread") query.set("unread", "true");
       if (this.tab === "archived") query.set("archived", "true");
-      if (more && this.next) query.set("cursor", this.next);
-      const tab = this.tab;
+      if (more) query.set("cursor", this.next);
+      // A first page replaces the list: a later first page (a tab switch, a restart) supersedes it and every
+      // page asked for before it, so an answer that arrives late never overwrites a newer list.
+      const load = more ? this.loads : ++this.loads;
+      if (!more) this.arrived = new Map();
       const before = more ? this.items.size : 0;
       try {
         const page = await this.api("/inbox/v1/messages?" + query);
-        if (tab !== this.tab) return;  // the user switched tabs meanwhile
-        if (!more) this.items = new Map();
-        (page.items || page.results || []).forEach((item) => this.items.set(item.id, item));
+        if (load !== this.loads) return;
+        if (!more) {
+          this.items = new Map();
+          (page.items || page.results || []).forEach((item) => this.items.set(item.id, item));
+          // What the stream sent while the page loaded may be newer than the page: keep it.
+          for (const [id, item] of this.arrived) this.items.set(id, item);
+          this.arrived = null;
+        } else {
+          (page.items || page.results || []).forEach((item) => this.items.set(item.id, item));
+        }
         this.next = page.next_cursor || null;
         this.setUnread(page.unread_count);
         this.render();
       } catch (err) {
         console.warn(err);
-        this.$(".status").textContent = this.t.failed;
+        if (load === this.loads) this.$(".status").textContent = this.t.failed;
       }
-      if (more) {
+      if (more && load === this.loads) {
         const items = this.shadowRoot.querySelectorAll("li[data-id]");
         // Keyboard users continue where the new page begins; the button may be gone.
         const first = items[Math.min(before, items.length - 1)];

@@ -6,6 +6,7 @@ strings and relative times, "Load more" through every page, tabs, archive and a 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from functools import partial
@@ -219,6 +220,31 @@ def test_widget_locale_attribute_wins_over_the_recipients(
     assert _shadow(browser, "return r.querySelector('.read-all').textContent") == "Mark all read"
     assert _shadow(browser, "return r.querySelector('li time').textContent") == "2 hours ago"
     assert _shadow(browser, "return r.querySelector('li .archive').textContent") == "Archive"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_widget_opens_one_stream_and_loads_its_list_once(
+    stream_server: Callable[..., StreamServer],  # noqa: F811 (the imported fixture)
+    browser: Any,
+) -> None:
+    from core.redis_guard import get_redis, rkey
+
+    server = stream_server({"INBOX_DEMO_ENABLED": "true"})
+    recipient = factories.make_recipient(user_id="w-one")
+    _item(recipient=recipient, title="only")
+    browser.get(f"{server.url}/inbox/demo/?user_id=w-one")
+    wait_for(lambda: _shadow(browser, "return r.querySelectorAll('li[data-id]').length") == 1, 20)
+    # The element is upgraded with its attributes set: each of them and the connection would each start it.
+    streams = rkey("inbox-streams", "recipient", recipient.pk)
+    wait_for(lambda: get_redis().zcard(streams) >= 1, 10)
+    # Three starts opened their streams a moment apart: give any second one the time to show up.
+    for _ in range(10):
+        assert get_redis().zcard(streams) == 1
+        time.sleep(0.1)
+    lists = browser.execute_script(
+        "return performance.getEntriesByType('resource').filter((e) => e.name.includes('/inbox/v1/messages')).length"
+    )
+    assert lists == 1
 
 
 # --- the stream server's batched reads (a topic's burst of changes), without a worker -------------------
