@@ -154,53 +154,6 @@ def _clean_redis(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
 
 
-# The parallel phase's longest tests (12 s or more in two of three `make test` runs; `--durations` lists them),
-# started first rather than last (in file order most sit in tests/system, templates_app and workflows). Measured,
-# the phase was no shorter: started together they slow each other (docs/development.md, "Where the suite's time
-# goes"). A name that no longer exists costs nothing; parametrized tests are named without their parameters.
-LONGEST_FIRST = frozenset({
-    "tests/project/test_schemathesis.py::test_the_api_keeps_to_its_schema_under_generated_input",
-    "tests/templates_app/test_template_isolation.py::test_the_hostile_corpus_against_a_real_api_process",
-    "tests/workflows/test_workflows_e2e.py::test_a_delay_survives_a_worker_sigkill_and_a_broker_restart",
-    "tests/system/test_rolling_restart.py::test_rolling_restart_of_api_and_workers_answers_every_request_and_sends_each_once",
-    "tests/preferences/test_import_recipients.py::test_a_hundred_thousand_rows_killed_midway_resume_without_duplicates",
-    "tests/channels_app/test_send_outages.py::test_a_database_cut_longer_than_the_old_retry_budget_ends_in_delivery",
-    "tests/system/test_faults.py::test_worker_killed_mid_send_loses_nothing_and_sends_nothing_twice",
-    "tests/channels_app/test_send_leases.py::test_a_batch_longer_than_the_shipped_lease_is_sent_once",
-    "tests/workflows/test_workflow_fair_shares.py::test_a_topic_workflow_holds_another_projects_singles_a_room_at_most",
-    "tests/projects/test_upgrade.py::test_an_installation_from_before_projects_moves_into_the_default_project",
-    "tests/dispatch/test_fanout.py::test_killed_fanout_worker_resumes_from_its_checkpoint",
-    "tests/ops/test_ops_explain.py::test_hot_lookups_use_indexes",
-    "tests/system/test_resilience_e2e.py::test_shared_limit_holds_across_two_workers_and_each_delivery_is_sent_once",
-    "tests/system/test_resilience_e2e.py::test_high_priority_is_never_rate_limited_by_a_low_priority_flood",
-    "tests/system/test_resilience_e2e.py::test_throttled_provider_defers_and_retries_then_everything_is_sent",
-    "tests/workflows/test_workflows_e2e.py::test_fifty_racing_triggers_of_one_digest_key_send_one_email_listing_fifty",
-    "tests/channels_app/test_send_leases.py::test_sigkill_mid_batch_repeats_at_most_the_calls_in_flight",
-    "tests/inbox/test_inbox_stream_limits.py::test_the_limit_is_shared_by_stream_processes_and_a_dead_processs_streams_expire",
-    "tests/system/test_previous_release.py::test_previous_release_workers_send_what_the_new_api_accepts_once_each",
-    "tests/inbox/test_inbox_fanout.py::test_a_topic_message_stored_at_fan_out_reaches_open_streams_once",
-    "tests/inbox/test_inbox_widget.py::test_a_burst_of_inbox_changes_reaches_every_stream_with_only_its_own_item",
-    "tests/inbox/test_inbox_unread.py::test_stream_counts_follow_new_items_reads_and_earlier_items",
-    "tests/system/test_faults.py::test_broker_down_during_accept_then_everything_delivered_once",
-    "tests/deliveries/test_fallback_e2e.py::test_restarting_every_worker_while_a_fallback_waits_changes_nothing",
-    "tests/ops/test_ops_metrics.py::test_multiprocess_mode_aggregates_every_process",
-    "tests/inbox/test_inbox_browser.py::test_stream_pushes_messages_and_counts_and_resumes_without_gaps",
-    "tests/campaigns/test_campaigns.py::test_two_real_beat_processes_send_a_clocked_campaign_once",
-    "tests/channels_app/test_chat_e2e.py::test_fallback_from_slack_to_email",
-})  # fmt: skip
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Put the longest tests first (LONGEST_FIRST), the rest in their collected order.
-
-    This runs before pytest-django's own ordering, whose stable sort then keeps it within each of its groups:
-    tests in a rolled-back transaction first, then transactional ones, then those without a database. A
-    transactional test empties the tables, rows of the data migrations included, so the first group must stay first.
-    """
-    items.sort(key=lambda item: item.nodeid.partition("[")[0] not in LONGEST_FIRST)
-
-
 @pytest.fixture(scope="session")
 def django_db_modify_db_settings_xdist_suffix() -> None:
     """Leave the test database's name alone under pytest-xdist: the worker's namespace already names it."""
