@@ -42,6 +42,13 @@ _EARLY_SECONDS = 1.0
 # How long a gather waits for the messages the broker said were ready, at most and after the last one arrived.
 _CONSUME_WAIT_SECONDS = 0.05
 _CONSUME_IDLE_SECONDS = 0.003
+# RabbitMQ counts a quorum queue's ready messages by asking the leader it has on record, and gives up after 250 ms:
+# while that leader hangs (until its peers drop it, net_ticktime later) every count costs that much, and the
+# gathers of a worker's threads, one at a time under the queue's lock, turned each OTP's batch into a wait of up
+# to a second. Gathering only saves work, so a queue whose count takes longer than this is not counted again for
+# a while: its batches go as they are.
+_SLOW_COUNT_SECONDS = 0.1
+_SLOW_COUNT_PAUSE_SECONDS = 5.0
 
 
 @dataclass
@@ -86,6 +93,7 @@ class _Broker:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
+        self.paused_until = 0.0  # time.monotonic() before which the queue is not counted (a slow count)
         self._pid = 0
         self._connection: Any = None
         self._channel: Any = None
@@ -157,8 +165,10 @@ def gather(queue: str, ids: Sequence[int]) -> Gathered:
         return gathered
     broker = _broker_for(queue)
     with broker.lock:
+        if time.monotonic() < broker.paused_until:
+            return gathered
         try:
-            for message in _waiting(broker.channel(), declared, limit - len(gathered.ids)):
+            for message in _waiting(broker, declared, limit - len(gathered.ids)):
                 _take(queue, message, gathered)
         except Exception as exc:  # the broker is away or the channel broke: send what is here
             logger.warning("gathering send messages from %s failed: %s", queue, type(exc).__name__)
@@ -170,13 +180,22 @@ def gather(queue: str, ids: Sequence[int]) -> Gathered:
     return gathered
 
 
-def _waiting(channel: Any, declared: Any, want: int) -> list[Any]:
+def _waiting(broker: _Broker, declared: Any, want: int) -> list[Any]:
     """Take up to `want` of the messages ready on a queue; none, at the cost of one round trip, if it holds none.
 
     Through a consumer of that many messages, registered and cancelled again: on a quorum queue each basic.get is
-    a command of its own in the queue's log, one consumer takes its whole window in one.
+    a command of its own in the queue's log, one consumer takes its whole window in one. A count slower than
+    _SLOW_COUNT_SECONDS pauses the queue's gathering (call with the broker's lock held).
     """
+    channel = broker.channel()
+    started = time.monotonic()
     _, ready, _ = declared.bind(channel).queue_declare(passive=True)
+    took = time.monotonic() - started
+    if took > _SLOW_COUNT_SECONDS:
+        broker.paused_until = time.monotonic() + _SLOW_COUNT_PAUSE_SECONDS
+        logger.warning(
+            "counting %s took %.2f s; not gathering from it for %.0f s", declared.name, took, _SLOW_COUNT_PAUSE_SECONDS
+        )
     want = min(want, int(ready or 0))
     if want <= 0:
         return []

@@ -123,6 +123,47 @@ def test_a_lone_single_gathers_nothing_and_the_limit_holds(empty_queues: None, s
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_slow_count_pauses_the_queues_gathering_and_its_batches_go_as_they_are(
+    empty_queues: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A broker slow to count a queue (a quorum queue whose leader hangs: 250 ms a count) delays one batch, not all."""
+    from kombu import Connection
+
+    webhook_template()
+    broker = Connection(celery_app.conf.broker_url)
+    relay = TcpRelay(broker.hostname or "127.0.0.1", broker.port or 5672).start()
+    # The gather connection, alone, goes through the relay; a fresh one (the process's may point elsewhere).
+    read_url = broker.clone(hostname="127.0.0.1", port=relay.port).as_uri(include_password=True)
+    monkeypatch.setattr(celery_app.conf, "broker_read_url", read_url)
+    monkeypatch.setattr(gather_module, "_brokers", {})
+    monkeypatch.setattr(gather_module, "_SLOW_COUNT_PAUSE_SECONDS", 1.0)
+    try:
+        own, *waiting = _singles(4)
+        _publish_each(waiting)
+        wait_for(lambda: queue_depth(QUEUE) == 3)
+        relay.delay = 2 * gather_module._SLOW_COUNT_SECONDS
+        slow = gather(QUEUE, [own])
+        assert sorted(slow.ids) == sorted([own, *waiting])  # slow, yet counted and taken
+        slow.requeue()
+        relay.delay = 0.0
+        wait_for(lambda: queue_depth(QUEUE) == 3)
+        # Paused: the next batch takes nothing, though three messages wait for it.
+        assert gather(QUEUE, [own]) == Gathered(ids=[own])
+        assert queue_depth(QUEUE) == 3
+        # Once the pause is over the queue is counted again, and a quick count leaves it unpaused.
+        wait_for(lambda: time.monotonic() > gather_module._broker_for(QUEUE).paused_until, timeout=5)
+        again = gather(QUEUE, [own])
+        assert sorted(again.ids) == sorted([own, *waiting])
+        again.requeue()
+        assert gather_module._broker_for(QUEUE).paused_until < time.monotonic()
+    finally:
+        for queue_broker in gather_module._brokers.values():
+            with queue_broker.lock:
+                queue_broker.drop()
+        relay.stop()
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_message_that_is_not_a_send_batch_is_left_to_the_consumer(empty_queues: None) -> None:
     celery_app.send_task("notifier.tasks.outbox_relay", queue=QUEUE)
     wait_for(lambda: queue_depth(QUEUE) == 1)

@@ -8,6 +8,8 @@ for targets that exist and for queues that core/queues.py declares.
 from __future__ import annotations
 
 import copy
+import re
+from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
@@ -16,6 +18,7 @@ from django.conf import settings
 from kubernetes_validate.utils import ValidationError
 
 from core.queues import WORKER_CLASSES, build_queues
+from tests.cluster.servers import ADVANCED_CONFIG
 from tests.manifests import base_resources, celery_worker_args, of_kind, pod_spec, render_overlay
 
 # The oldest Kubernetes the manifests support (preStop `sleep` is on by default from 1.30) and the newest the
@@ -289,3 +292,12 @@ def test_the_manifests_name_the_replicated_dependencies_as_the_cluster_tests_run
     listen = secret["INBOX_LISTEN_DATABASE_URL"]
     assert len(database_hosts(listen)) == 2
     assert parse_database_url(listen)["OPTIONS"]["target_session_attrs"] == "read-write"
+
+
+def test_the_docs_ask_for_the_broker_settings_the_cluster_tests_run() -> None:
+    """The broker's failure-detector poll interval the cluster suite's nodes run is what docs/kubernetes.md asks for."""
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "kubernetes.md").read_text()
+    poll = re.fullmatch(r"\[\{aten, \[\{poll_interval, (\d+)\}\]\}\]\.\n", ADVANCED_CONFIG)
+    assert poll, ADVANCED_CONFIG
+    assert f"`{ADVANCED_CONFIG.strip()}`" in docs
+    assert f"raft.adaptive_failure_detector.poll_interval = {poll[1]}" in docs

@@ -1,13 +1,15 @@
 """A TCP relay on 127.0.0.1 that a test can cut and restore: a network partition between workers and a server.
 
 Workers are given the relay's address (DATABASE_URL through it) instead of the server's; `cut()` drops every
-relayed connection and refuses new ones, `restore()` lets them through again. The server itself never stops.
+relayed connection and refuses new ones, `restore()` lets them through again; `delay` holds back what the
+server sends by that many seconds (a slow server or link). The server itself never stops.
 """
 
 from __future__ import annotations
 
 import socket
 import threading
+import time
 
 
 class TcpRelay:
@@ -22,6 +24,7 @@ class TcpRelay:
         self._cut = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._accept, name="tcp-relay", daemon=True)
+        self.delay = 0.0  # seconds each chunk from the server waits before it is passed on
 
     @property
     def port(self) -> int:
@@ -76,15 +79,17 @@ class TcpRelay:
             upstream.settimeout(None)
             with self._lock:
                 self._open.update((client, upstream))
-            for src, dst in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(src, dst), daemon=True).start()
+            for src, dst, answers in ((client, upstream, False), (upstream, client, True)):
+                threading.Thread(target=self._pipe, args=(src, dst, answers), daemon=True).start()
 
-    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
+    def _pipe(self, src: socket.socket, dst: socket.socket, answers: bool) -> None:
         try:
             while True:
                 data = src.recv(65536)
                 if not data:
                     break
+                if answers and self.delay:
+                    time.sleep(self.delay)
                 dst.sendall(data)
         except OSError:
             pass
