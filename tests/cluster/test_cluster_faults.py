@@ -132,10 +132,9 @@ def _service_env(rabbit: RabbitCluster, pg: PgPair, rs: RedisSentinelSet) -> dic
         # The receiver never fails: no breaker opens because a dependency of ours went away.
         "PROVIDER_CIRCUIT_BREAKERS": json.dumps({"webhook": {"min_calls": 100_000}}),
         "API_CLIENT_RATE_LIMIT": "10000/s",
-        "RETRY_BACKOFF_BASE_SECONDS": "1",
-        "RETRY_BACKOFF_MAX_SECONDS": "8",
-        # The recovery settings are the shipped defaults (lease 30 s renewed every 10 s, relay every 5 s, republish
-        # after 40 s, fan-out stall 30 s with a sweep every 10 s): production runs what this bounds at 60 s.
+        # The recovery and retry settings are the shipped defaults (lease 30 s renewed every 10 s, relay every 5 s,
+        # republish after 40 s, fan-out stall 30 s with a sweep every 10 s, retries from 2 s doubling up to 600 s):
+        # production runs what this bounds at 60 s.
         "DEVELOPMENT": "true",
         "WEB_WORKERS": "1",
         "WEB_THREADS": "8",
