@@ -36,17 +36,34 @@ def old_database() -> Iterator[str]:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
         conn.execute(f'CREATE DATABASE "{name}"')
     url = f"postgresql://{db['USER']}@{db['HOST']}:{db['PORT']}/{name}"
-    for target in BEFORE_PROJECTS:
-        _migrate(url, *target.split())
+    _migrate(url, *BEFORE_PROJECTS)
     yield url
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-def _migrate(url: str, *target: str) -> None:
-    env = {**os.environ, "DATABASE_URL": url.replace("postgresql://", "postgres://"), "DEVELOPMENT": "true"}
+# `migrate` to each target in turn ("app" or "app migration"; none given: every app to its head), as
+# `manage.py migrate <target>` would, in one process: seventeen of those paid Django's start-up and the migration
+# graph's loading seventeen times (the set-up took 77 s and the test 88 s of CPU; now 8 s and 21 s).
+_MIGRATE_EACH = """
+import sys
+import django
+django.setup()
+from django.core.management import call_command
+for target in sys.argv[1:] or [""]:
+    call_command("migrate", *target.split(), interactive=False, verbosity=0)
+"""
+
+
+def _migrate(url: str, *targets: str) -> None:
+    env = {
+        **os.environ,
+        "DATABASE_URL": url.replace("postgresql://", "postgres://"),
+        "DEVELOPMENT": "true",
+        "DJANGO_SETTINGS_MODULE": "config.settings",
+    }
     done = subprocess.run(
-        [sys.executable, "manage.py", "migrate", *target, "--noinput"],
+        [sys.executable, "-c", _MIGRATE_EACH, *targets],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
