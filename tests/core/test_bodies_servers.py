@@ -11,13 +11,13 @@ import select
 import socket
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Iterator
 from typing import Any
 
 import psutil
 import pytest
 
-from tests.conftest import free_port, wait_for
+from tests.conftest import ServerProcess, free_port, wait_for
 
 BODY_BYTES = 60 * 1024 * 1024
 PIECE = 256 * 1024
@@ -89,22 +89,29 @@ def _rss(pids: list[int]) -> int:
     return sum(psutil.Process(pid).memory_info().rss for pid in pids)
 
 
-@pytest.fixture
-def servers(start_process: Callable[..., Any]) -> dict[str, tuple[int, list[int]]]:
-    """gunicorn as the Procfile runs it (one worker) and uvicorn on config.asgi: {name: (port, pids to watch)}."""
+@pytest.fixture(scope="module")
+def servers(django_db_setup: None) -> Iterator[dict[str, tuple[int, list[int]]]]:
+    """gunicorn as the Procfile runs it (one worker) and uvicorn on config.asgi: {name: (port, pids to watch)}.
+
+    Shared by the module's tests (none changes what the servers hold): starting both took 13 s a test.
+    """
     api_port, stream_port = free_port(), free_port()
     env = {"LOG_LEVEL": "WARNING", "LOG_REQUESTS": "false", "WEB_WORKERS": "1", "WEB_THREADS": "2"}
-    gunicorn = start_process(
+    gunicorn = ServerProcess(
         "api", ["gunicorn", "-c", "gunicorn.conf.py", "-b", f"127.0.0.1:{api_port}", "config.wsgi"], env
     )
-    uvicorn = start_process(
+    uvicorn = ServerProcess(
         "stream", ["uvicorn", "config.asgi:application", "--host", "127.0.0.1", "--port", str(stream_port)], env
     )
-    for port in (api_port, stream_port):
-        wait_for(functools.partial(_up, port), timeout=90)
-    workers = [child.pid for child in psutil.Process(gunicorn.proc.pid).children()]
-    assert workers, "gunicorn has no worker"
-    return {"gunicorn": (api_port, workers), "uvicorn": (stream_port, [uvicorn.proc.pid])}
+    try:
+        for port in (api_port, stream_port):
+            wait_for(functools.partial(_up, port), timeout=90)
+        workers = [child.pid for child in psutil.Process(gunicorn.proc.pid).children()]
+        assert workers, "gunicorn has no worker"
+        yield {"gunicorn": (api_port, workers), "uvicorn": (stream_port, [uvicorn.proc.pid])}
+    finally:
+        gunicorn.stop()
+        uvicorn.stop()
 
 
 @pytest.mark.django_db(transaction=True)

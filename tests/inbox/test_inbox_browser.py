@@ -243,11 +243,16 @@ class StreamServer:
 
 @pytest.fixture
 def stream_server(start_process: Callable[..., Any]) -> Callable[..., StreamServer]:
-    """Start the inbox stream server (stopped with the test's other processes)."""
+    """Start the inbox stream server as the Procfile runs it (stopped with the test's other processes).
+
+    Its streams never end by themselves: without the Procfile's graceful-shutdown bound, a stop waited for every
+    stream a test left open until it was killed (16 s of teardown).
+    """
 
     def _start(env: dict[str, str] | None = None) -> StreamServer:
         port = free_port()
         args = ["uvicorn", "config.asgi:application", "--host", "127.0.0.1", "--port", str(port), "--no-access-log"]
+        args += ["--timeout-graceful-shutdown", "5"]
         return StreamServer(start_process("stream", args, env), port)
 
     return _start
