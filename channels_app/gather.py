@@ -44,9 +44,9 @@ _CONSUME_WAIT_SECONDS = 0.05
 _CONSUME_IDLE_SECONDS = 0.003
 # RabbitMQ counts a quorum queue's ready messages by asking the leader it has on record, and gives up after 250 ms:
 # while that leader hangs (until its peers drop it, net_ticktime later) every count costs that much, and the
-# gathers of a worker's threads, one at a time under the queue's lock, turned each OTP's batch into a wait of up
-# to a second. Gathering only saves work, so a queue whose count takes longer than this is not counted again for
-# a while: its batches go as they are.
+# gathers of a worker's threads, one at a time under the queue's lock, made each batch take 0.26 to 0.62 s: fewer
+# left than arrived, and OTPs fell seconds behind. Gathering only saves work, so a queue whose count takes longer
+# than this is not counted again for a while: its batches go as they are.
 _SLOW_COUNT_SECONDS = 0.1
 _SLOW_COUNT_PAUSE_SECONDS = 5.0
 
