@@ -193,6 +193,7 @@ def _waiting(broker: _Broker, declared: Any, want: int) -> list[Any]:
     took = time.monotonic() - started
     if took > _SLOW_COUNT_SECONDS:
         broker.paused_until = time.monotonic() + _SLOW_COUNT_PAUSE_SECONDS
+        metrics.count_gather_paused(declared.name)
         logger.warning(
             "counting %s took %.2f s; not gathering from it for %.0f s", declared.name, took, _SLOW_COUNT_PAUSE_SECONDS
         )

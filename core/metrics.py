@@ -61,6 +61,11 @@ SEND_GATHERED = Counter(
     "Send messages a worker took from their queue into the batch it was about to send (singles sent together).",
     ["queue"],
 )
+SEND_GATHER_PAUSED = Counter(
+    "notifier_send_gather_paused",
+    "Times a worker process stopped gathering from a queue for a while: the broker took too long to count it.",
+    ["queue"],
+)
 SEND_COMBINED = Counter(
     "notifier_send_combined_messages",
     "Send messages of a worker process sent in the batch of another of its threads (singles sent together).",
@@ -153,6 +158,11 @@ def observe_provider_call(provider: str, seconds: float, outcome: str) -> None:
 def count_gathered(queue: str, n: int) -> None:
     """Count send messages taken from `queue` into a running batch."""
     SEND_GATHERED.labels(_label(queue)).inc(n)
+
+
+def count_gather_paused(queue: str) -> None:
+    """Count a pause of gathering from `queue` (its ready messages were counted too slowly)."""
+    SEND_GATHER_PAUSED.labels(_label(queue)).inc()
 
 
 def count_combined(queue: str, n: int) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from django.conf import settings
+from prometheus_client import REGISTRY
 
 from channels_app import gather as gather_module
 from channels_app.gather import Gathered, gather
@@ -141,9 +142,12 @@ def test_a_slow_count_pauses_the_queues_gathering_and_its_batches_go_as_they_are
         own, *waiting = _singles(4)
         _publish_each(waiting)
         wait_for(lambda: queue_depth(QUEUE) == 3)
+        paused = partial(REGISTRY.get_sample_value, "notifier_send_gather_paused_total", {"queue": QUEUE})
+        paused_before = paused() or 0.0
         relay.delay = 2 * gather_module._SLOW_COUNT_SECONDS
         slow = gather(QUEUE, [own])
         assert sorted(slow.ids) == sorted([own, *waiting])  # slow, yet counted and taken
+        assert paused() == paused_before + 1  # operators see the pause
         slow.requeue()
         relay.delay = 0.0
         wait_for(lambda: queue_depth(QUEUE) == 3)
@@ -156,6 +160,7 @@ def test_a_slow_count_pauses_the_queues_gathering_and_its_batches_go_as_they_are
         assert sorted(again.ids) == sorted([own, *waiting])
         again.requeue()
         assert gather_module._broker_for(QUEUE).paused_until < time.monotonic()
+        assert paused() == paused_before + 1
     finally:
         for queue_broker in gather_module._brokers.values():
             with queue_broker.lock:
