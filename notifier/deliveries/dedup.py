@@ -62,6 +62,22 @@ def release(*, client_id: int, dedup_key: str, notification_id: str) -> None:
         pass
 
 
+def seen(*, client_id: int, dedup_keys: list[str]) -> list[str]:
+    """Return the keys among `dedup_keys` that Redis has a record of (all of them if Redis cannot say), one call.
+
+    A key Redis has no record of is new unless Redis lost it; the table's primary key still holds such a key
+    (`reserve`), so skipping the database's look up for it costs only a lost key's duplicate one more round.
+    """
+    if not dedup_keys:
+        return []
+    try:
+        found = get_redis().mget([_key(client_id, key) for key in dedup_keys])
+    except redis.RedisError as exc:
+        logger.warning("dedup fast path degraded, using the database only: %s", type(exc).__name__)
+        return list(dedup_keys)
+    return [key for key, value in zip(dedup_keys, found, strict=True) if value is not None]
+
+
 # One script call for a whole batch: a pipelined SET per key cost a batch item more than its validation.
 _REMEMBER = """
 for i, key in ipairs(KEYS) do redis.call('SET', key, ARGV[i + 1], 'NX', 'EX', ARGV[1]) end
@@ -72,7 +88,7 @@ return #KEYS
 def remember(entries: list[tuple[int, str, str, str]]) -> None:
     """Record (client_id, dedup_key, notification_id, request_hash) of committed notifications in one round trip.
 
-    The batch path writes through the database first; this only gives later single requests the fast path.
+    The accept writes through the database first; this only lets later requests skip the database's look up.
     """
     if not entries:
         return

@@ -26,6 +26,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from celery import current_app as celery_app
@@ -133,32 +134,50 @@ def plan_at_accept(notification: Notification, deliveries: Sequence[Delivery], n
             d.status, d.reason, d.not_before = change
 
 
-def after_accept(notification: Notification, deliveries: Sequence[Delivery], now: datetime) -> None:
-    """Record why the chain starts where it does, and ask for the first decision after commit."""
-    if not is_fallback(notification):
-        return
-    record_start_events(notification, [(d.pk, d.channel, d.status, d.reason, d.recipient_id) for d in deliveries], now)
-    timed = [(d.pk, d.not_before) for d in deliveries if d.status == "pending" and d.not_before is not None]
-    if timed:
-        delay = (min(at for _, at in timed) - now).total_seconds()
-        ids = [pk for pk, _ in timed]
-        transaction.on_commit(lambda: schedule(ids, delay))
+def after_accept(accepted: Sequence[tuple[Notification, Sequence[Delivery]]], now: datetime) -> None:
+    """Record why the new chains start where they do (one statement), and ask for their first decisions after commit.
+
+    `accepted` holds each new notification with its written deliveries; those of other strategies are skipped.
+    """
+    events: list[tuple[int, str, str]] = []
+    timers: dict[int, list[int]] = defaultdict(list)
+    for notification, deliveries in accepted:
+        if not is_fallback(notification):
+            continue
+        events.extend(
+            _chain_start_events(
+                notification, [(d.pk, d.channel, d.status, d.reason, d.recipient_id) for d in deliveries]
+            )
+        )
+        timed = [(d.pk, d.not_before) for d in deliveries if d.status == "pending" and d.not_before is not None]
+        if timed:
+            # Whole seconds, as the timer's countdown is: one message per distinct second.
+            timers[math.ceil((min(at for _, at in timed) - now).total_seconds())].extend(pk for pk, _ in timed)
+    if events:
+        record_events(events, at=now)
+    for delay, ids in timers.items():
+        transaction.on_commit(partial(schedule, ids, float(delay)))
 
 
 def record_start_events(notification: Notification, rows: Sequence[tuple[Any, ...]], now: datetime) -> None:
     """Record, per recipient, why a chain starts past its first channel: one statement for all of them.
 
-    `rows` are the new deliveries as (id, channel, status, reason, recipient_id): a single's, or the rows a fan-out
-    page inserted, so that a subscriber's chain gets the same events as the same recipient's single.
+    `rows` are the new deliveries as (id, channel, status, reason, recipient_id): the rows a fan-out page inserted,
+    so that a subscriber's chain gets the same events as the same recipient's single (`after_accept`).
     """
+    events = _chain_start_events(notification, rows)
+    if events:
+        record_events(events, at=now)
+
+
+def _chain_start_events(notification: Notification, rows: Sequence[tuple[Any, ...]]) -> list[tuple[int, str, str]]:
+    """Return the events that explain where each recipient's chain starts, for `rows` as record_start_events."""
     if not is_fallback(notification):
-        return
+        return []
     by_recipient: dict[Any, list[tuple[int, str, str, str]]] = defaultdict(list)
     for delivery_id, channel, status, reason, recipient_id in rows:
         by_recipient[recipient_id].append((delivery_id, channel, status, reason))
-    record_events(
-        [event for mine in by_recipient.values() for event in _start_events(notification.channels, mine)], at=now
-    )
+    return [event for mine in by_recipient.values() for event in _start_events(notification.channels, mine)]
 
 
 def _start_events(channels: Sequence[str], rows: Sequence[tuple[int, str, str, str]]) -> list[tuple[int, str, str]]:

@@ -163,10 +163,11 @@ def _lock_and_count(cap: Cap, category: str, recipient_id: int) -> int:
         return int(row[0])
 
 
-def admit_at_accept(*, category: str, recipient_id: int, notification_id: str) -> bool:
+def admit_at_accept(*, category: str, recipient_id: int, notification_id: str, earlier: int = 0) -> bool:
     """Return whether one more notification of `category` may go to the recipient now, and count it if so.
 
-    Must run inside the accept transaction: without Redis, the advisory lock it takes is held until commit.
+    Must run inside the accept transaction: without Redis, the advisory lock it takes is held until commit, and
+    `earlier` (what this accept admitted for the recipient before, not yet written) is added to the count.
     """
     cap = cap_of(category)
     if cap is None:
@@ -176,7 +177,7 @@ def admit_at_accept(*, category: str, recipient_id: int, notification_id: str) -
     except redis.RedisError as exc:
         logger.warning("frequency cap fast path degraded, counting in the database: %s", type(exc).__name__)
     assert connection.in_atomic_block, "the database count needs the accept transaction to hold its lock"
-    return _lock_and_count(cap, category, recipient_id) < cap.max
+    return _lock_and_count(cap, category, recipient_id) + earlier < cap.max
 
 
 def counted_at_accept(category: str, deliveries: Sequence[Delivery]) -> list[Delivery]:
@@ -196,12 +197,20 @@ def refuse(deliveries: Sequence[Delivery]) -> None:
         d.status, d.reason, d.not_before = "suppressed", REASON, None
 
 
-def apply_at_accept(notification: Notification, recipient: Recipient, deliveries: Sequence[Delivery]) -> None:
-    """Suppress a new notification's deliveries (reason frequency_cap) when the recipient's allowance is used up."""
+def apply_at_accept(
+    notification: Notification, recipient: Recipient, deliveries: Sequence[Delivery], *, earlier: int = 0
+) -> None:
+    """Suppress a new notification's deliveries (reason frequency_cap) when the recipient's allowance is used up.
+
+    `earlier`: notifications this accept admitted for the recipient before this one (`admit_at_accept`).
+    """
     live = counted_at_accept(notification.category, deliveries)
     if not live:
         return
-    if admit_at_accept(category=notification.category, recipient_id=recipient.pk, notification_id=str(notification.pk)):
+    if admit_at_accept(
+        category=notification.category, recipient_id=recipient.pk, notification_id=str(notification.pk),
+        earlier=earlier,
+    ):  # fmt: skip
         return
     refuse(live)
 

@@ -19,7 +19,8 @@ from django.utils import timezone
 
 from audit.services import audit_record
 from core.chat import CHAT_CHANNELS
-from notifier.accepting.services import CANCELLABLE, _plan_delivery
+from notifier.accepting.decide import delivery_new
+from notifier.accepting.services import CANCELLABLE
 from notifier.deliveries.models import Delivery, Notification
 from notifier.deliveries.outbox import publish_now
 from notifier.deliveries.planning import channel_addresses
@@ -70,7 +71,7 @@ def delivery_resend(*, delivery: Delivery, actor: Any) -> Delivery:
             locale=original.locale,
             trace_id=original.trace_id,
         )
-        new = _plan_delivery(notification, recipient, delivery.channel, address, now)
+        new = delivery_new(notification, recipient, delivery.channel, address, now)
         new.resent_from = delivery
         new.save(force_insert=True)
         record_events([(new.pk, new.status, new.reason or f"resent from #{delivery.pk}")], at=now)

@@ -39,13 +39,13 @@ from core.db import bound_cursor, insert_rows, json_rows
 from core.errors import ApiError
 from core.keys import require_key
 from core.queues import broker_recently_down, mark_broker_down, queue_name
+from notifier.accepting.decide import request_fingerprint
 from notifier.accepting.policy import send_policy
 from notifier.accepting.services import (
     AcceptResult,
     notification_accept,
     notification_accept_prepared,
     notification_cancel,
-    request_fingerprint,
     topic_notification_write,
 )
 from notifier.clients.models import ApiClient

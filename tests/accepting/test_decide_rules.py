@@ -1,7 +1,7 @@
 """What a recipient gets at accept, without services: channels, compliance, send time, frequency cap, fallback.
 
-`recipient_decide` is the accept's decision for one recipient (the single path; the batch path shares its
-`deliveries_plan`); it queries nothing for an uncapped category, so a query here fails the fast tier.
+`recipient_decide` is the accept's decision for one recipient, whatever the request (a single, a group, a batch
+item); it queries nothing for an uncapped category, so a query here fails the fast tier.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
 from core.errors import ApiError
+from notifier.accepting.decide import channels_decide, recipient_decide
 from notifier.accepting.policy import PRIORITY_RANK, category_max_priority, send_policy
-from notifier.accepting.services import _decided_per_recipient, channels_decide, deliveries_plan, recipient_decide
 from notifier.clients.models import ApiClient
 from notifier.deliveries import fallback, frequency
 from notifier.deliveries.fallback import WAITING
@@ -246,34 +246,6 @@ def test_a_recipient_gets_one_delivery_per_target_at_most_one_step_at_a_time(
         assert all(d.status != "pending" for d in deliveries)
     scheduled = notification.send_at is not None and notification.send_at > NOW
     assert (notification.status == Notification.Status.SCHEDULED) == scheduled
-
-
-@given(singles())
-def test_the_batch_paths_plan_is_the_single_paths_for_an_item_it_takes(
-    single: tuple[Notification, Recipient, list[tuple[str, str]], set[tuple[str, str]]],
-) -> None:
-    notification, recipient, targets, dead = single
-    batched = deliveries_plan(notification, recipient, targets, NOW, dead=dead)
-    item = {"recipient": {"user_id": "u-1"}, "strategy": notification.strategy}
-    decision: Any = type("Decision", (), {"category": notification.category})()
-    if not _decided_per_recipient(item, decision):
-        single_path = recipient_decide(notification, recipient, targets, NOW, dead=dead, capped=True)
-        assert [(d.status, d.reason, d.not_before) for d in single_path] == [
-            (d.status, d.reason, d.not_before) for d in batched
-        ]
-
-
-def test_items_with_per_recipient_rules_take_the_single_path(settings: Any) -> None:
-    decision: Any = type("Decision", (), {"category": "social"})()
-    plain = {"recipient": {"user_id": "u-1"}}
-    assert not _decided_per_recipient(plain, decision)
-    assert _decided_per_recipient({**plain, "strategy": "fallback"}, decision)
-    assert _decided_per_recipient({**plain, "send_at_local": "2026-12-01T09:00:00"}, decision)
-    settings.NOTIFIER_CATEGORIES = {
-        **settings.NOTIFIER_CATEGORIES,
-        "social": {**settings.NOTIFIER_CATEGORIES["social"], "frequency_cap": {"max": 3, "per_seconds": 86400}},
-    }
-    assert _decided_per_recipient(plain, decision)
 
 
 # --- frequency caps --------------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """The same send written four ways leaves the same rows: singles, a group commit, a batch, a topic's fan-out.
 
-Each path has a writer of its own (the single `_write_single`, the batch's and the group's `_write_rows`, the
-fan-out's `page_deliveries_insert`), sharing the planning. Per recipient the notification's fields, the deliveries
+A single, a group and a batch share one writer (notifier/accepting/write.py), the fan-out has its own
+(`page_deliveries_insert`), and all four share the planning. Per recipient the notification's fields, the deliveries
 (channel, address, status, reason, priority, not_before) and their events (status, detail) must be the same,
 for recipients that compliance treats every way there is. A fallback chain's deliveries and their events also read
 the same through GET /notifications/{id}, whichever path wrote them.
@@ -214,3 +214,33 @@ def test_a_fallback_chain_reads_the_same_through_the_api_from_a_single_a_batch_a
         ("topic", sent.json()["id"]),
     ):
         assert _read(api, notification_id) == expected, path
+
+
+def test_a_chat_address_and_topics_in_one_batch_are_written_as_each_alone(api: Any, audience: str) -> None:
+    template_put(
+        key="deploy", category="transactional", default_locale="en",
+        content={"en": {"chat": {"text": "Deploy {{ v }}"}, "email": {"subject": "Deploy", "text": "{{ v }}"}}},
+    )  # fmt: skip
+    items = [
+        {"recipient": {"chat": {"slack": "#ops"}}, "template": "deploy", "payload": {"v": "1"}},
+        {"topic": audience, "template": "sale", "channels": ["email"], "payload": {"pct": 5}},
+        {"topic": "no-such-topic", "template": "sale", "payload": {"pct": 5}},
+        {"recipient": {"user_id": "plain"}, "template": "deploy", "channels": ["email"], "payload": {"v": "1"}},
+    ]
+    alone = [api.post("/api/v1/notifications", item, format="json") for item in items]
+    assert [r.status_code for r in alone] == [202, 202, 400, 202], [r.content for r in alone]
+    batch = api.post("/api/v1/notifications/batch", {"notifications": items}, format="json")
+    assert batch.status_code == 200, batch.content
+    results = batch.json()["results"]
+    assert [r["status"] for r in results] == [202, 202, 400, 202], results
+    assert results[2]["error"] == alone[2].json()["error"]  # the unknown topic fails alone, with the same error
+
+    def written(notification_id: str) -> tuple[Any, ...]:
+        n = Notification.objects.get(pk=notification_id)
+        rows = sorted(Delivery.objects.filter(notification_id=n.pk).values_list("channel", "address", "status"))
+        return (n.status, n.topic_id, n.user_id, n.recipient.user_id if n.recipient else None, n.channels, rows)
+
+    for index in (0, 1, 3):
+        assert written(results[index]["id"]) == written(alone[index].json()["id"]), items[index]
+    assert written(results[0]["id"])[5] == [("slack", "#ops", "queued")]
+    assert written(results[1]["id"])[0] == Notification.Status.FANNING_OUT

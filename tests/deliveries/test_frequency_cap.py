@@ -167,3 +167,23 @@ def test_worker_recheck_without_redis_passes_the_first_max_by_creation(settings:
     assert report.sent == 4 and report.suppressed == 4
     sent = set(Delivery.objects.filter(status="sent").values_list("notification_id", flat=True))
     assert sent == first_two
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("templates")
+@pytest.mark.parametrize("redis", ["up", "down"])
+def test_a_batch_to_one_recipient_lets_max_through_counting_its_own_items(
+    settings: Any, api: Any, redis: str, request: Any
+) -> None:
+    """A batch's items are written in one statement, so the database's count cannot see them: the accept counts them."""
+    _categories(settings, social=CAP)
+    if redis == "down":
+        request.getfixturevalue("redis_down")
+    body = {"recipient": {"user_id": "fc-1"}, "template": "news", "category": "social", "channels": ["email"]}
+    answer = api.post("/api/v1/notifications/batch", {"notifications": [body] * 5}, format="json")
+    assert answer.status_code == 200, answer.content
+    results = answer.json()["results"]
+    assert [r["status"] for r in results] == [202] * 5
+    reasons = [r["deliveries"][0]["reason"] for r in results]
+    assert reasons == [""] * CAP["max"] + ["frequency_cap"] * (5 - CAP["max"])
+    assert Delivery.objects.filter(status="queued").count() == CAP["max"]

@@ -14,7 +14,7 @@ from django.conf import settings
 from hypothesis import given
 from hypothesis import strategies as st
 
-from notifier.accepting.services import recipient_decide
+from notifier.accepting.decide import recipient_decide
 from notifier.clients.models import ApiClient
 from notifier.deliveries import fallback
 from notifier.deliveries.models import Notification
