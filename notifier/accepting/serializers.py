@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, timedelta
-from typing import Any
+from typing import Any, cast
 
 from django.conf import settings
 from django.utils import timezone
@@ -163,9 +163,18 @@ class NotificationInput(StrictSerializer):
 
 
 # The common send, validated without DRF: a field's DRF validation cost more than the rest of a batch item's accept.
-_FAST_STRINGS = {"template": 140, "dedup_key": 255, "category": 64, "locale": 35}
+# Its limits are read from NotificationInput's own fields, so each is written once.
+def _max_length(serializer: type[serializers.Serializer], name: str) -> int:
+    """Return the max_length a serializer declares for one of its string fields."""
+    declared = serializer._declared_fields[name]
+    assert isinstance(declared, serializers.CharField) and declared.max_length is not None
+    return int(declared.max_length)
+
+
+_FAST_STRINGS = {name: _max_length(NotificationInput, name) for name in ("template", "dedup_key", "category", "locale")}
 _FAST_FIELDS = frozenset({"recipient", "channels", "payload", "priority", *_FAST_STRINGS})
-_PRIORITIES = frozenset(Notification.Priority.values)
+_PRIORITIES = frozenset(cast(serializers.ChoiceField, NotificationInput._declared_fields["priority"]).choices)
+_USER_ID_MAX = _max_length(NotificationRecipient, "user_id")
 
 
 def send_input_fast(data: Any) -> dict[str, Any] | None:
@@ -179,7 +188,11 @@ def send_input_fast(data: Any) -> dict[str, Any] | None:
     if type(data) is not dict or not data.keys() <= _FAST_FIELDS:
         return None
     recipient, template = data.get("recipient"), data.get("template")
-    if type(recipient) is not dict or recipient.keys() != {"user_id"} or not plain_text(recipient["user_id"], 255):
+    if (
+        type(recipient) is not dict
+        or recipient.keys() != {"user_id"}
+        or not plain_text(recipient["user_id"], _USER_ID_MAX)
+    ):
         return None
     if template is None:
         return None
