@@ -94,23 +94,35 @@ def _accept(
         decided.append(AcceptItem(index, item, decision, new_notification_id(), traces[index]))
 
     fresh, repeats = _first_of_each_key(decided, results)
-    for attempt in range(DEDUP_ATTEMPTS):
-        # The first look asks the database only about keys Redis has seen; after a lost race, about all.
-        fresh = _without_duplicates(client, fresh, results, hinted=attempt == 0)
-        if not fresh:
-            break
-        try:
-            # In the caller's transaction if it has one (group commit), else in one of the writer's own.
-            for index, result in notifications_write(client=client, items=fresh).items():
-                results[index] = result
-            fresh = []
-            break
-        except DedupRace:
-            logger.info("dedup: a concurrent request took a key of %d items; looking again", len(fresh))
-    for left in fresh:
-        results[left.index] = ApiError(
-            409, "idempotency_conflict", "Concurrent requests are using this dedup_key; retry the request."
-        )
+    keyed = [(item.decision.dedup_key, str(item.notification_id), item.decision.request_hash)
+             for item in fresh if item.decision.dedup_key]  # fmt: skip
+    held: set[str] | None = dedup.claim_many(client_id=client.pk, entries=keyed)
+    claimed = [(key, nid) for key, nid, _ in keyed if key not in (held or ())]  # set in Redis by this call
+    try:
+        for _ in range(DEDUP_ATTEMPTS):
+            # The first look asks the database only about keys Redis already held; after a lost race, about all.
+            fresh = _without_duplicates(client, fresh, results, held=held)
+            if not fresh:
+                break
+            try:
+                # In the caller's transaction if it has one (group commit), else in one of the writer's own.
+                for index, result in notifications_write(client=client, items=fresh).items():
+                    results[index] = result
+                fresh = []
+                break
+            except DedupRace:
+                logger.info("dedup: a concurrent request took a key of %d items; looking again", len(fresh))
+                held = None
+        for left in fresh:
+            results[left.index] = ApiError(
+                409, "idempotency_conflict", "Concurrent requests are using this dedup_key; retry the request."
+            )
+    except BaseException:
+        dedup.release_many(client_id=client.pk, entries=claimed)
+        raise
+    # A claim whose item was not written (a 409, a quota's 429, a lost race) is given back: a retry may write it.
+    written = {str(r.notification.pk) for r in results if isinstance(r, AcceptResult) and not r.duplicate}
+    dedup.release_many(client_id=client.pk, entries=[(key, nid) for key, nid in claimed if nid not in written])
     for index, earlier in repeats:
         first = results[earlier]
         results[index] = (
@@ -152,17 +164,21 @@ def _first_of_each_key(
 
 
 def _without_duplicates(
-    client: ApiClient, items: list[AcceptItem], results: list[AcceptResult | ApiError | None], *, hinted: bool
+    client: ApiClient,
+    items: list[AcceptItem],
+    results: list[AcceptResult | ApiError | None],
+    *,
+    held: set[str] | None,
 ) -> list[AcceptItem]:
     """Answer the items whose dedup_key an earlier request holds (its notification, or a 409); return the rest.
 
-    The database is the truth (notifier/deliveries/dedup.py). `hinted`: look up only the keys Redis has a record
-    of: a key it lost is still held by the table's primary key, where the writer's reservation finds it and the
-    next look up asks the database about every key.
+    The database is the truth (notifier/deliveries/dedup.py). `held`: look up only these keys (those Redis
+    already held): a key Redis lost is still held by the table's primary key, where the writer's reservation
+    finds it, and the next look up (`held` None) asks the database about every key.
     """
     keys = [item.decision.dedup_key for item in items if item.decision.dedup_key]
-    if hinted:
-        keys = dedup.seen(client_id=client.pk, dedup_keys=keys)
+    if held is not None:
+        keys = [key for key in keys if key in held]
     if not keys:
         return items
     entries = dedup.lookup(client_id=client.pk, dedup_keys=keys)

@@ -262,8 +262,6 @@ def _write_rows(
     accepted: Counter[str] = Counter(p.notification.category for p in planned)
     for category, count in accepted.items():  # a labelled counter's lookup per category, not per item
         metrics.count_accepted(category, client.name, client.mode, n=count)
-    dedup.remember([(client.pk, n.dedup_key, str(n.pk), n.request_hash) for n in (p.notification for p in planned)
-                    if n.dedup_key])  # fmt: skip
     return {p.item.index: AcceptResult(notification=p.notification, duplicate=False, deliveries=p.deliveries)
             for p in planned}  # fmt: skip
 

@@ -62,43 +62,56 @@ def release(*, client_id: int, dedup_key: str, notification_id: str) -> None:
         pass
 
 
-def seen(*, client_id: int, dedup_keys: list[str]) -> list[str]:
-    """Return the keys among `dedup_keys` that Redis has a record of (all of them if Redis cannot say), one call.
+# One script call for all of a call's keys: SET NX each, answer the positions of those already held.
+_CLAIM = """
+local held = {}
+for i, key in ipairs(KEYS) do
+  if not redis.call('SET', key, ARGV[i + 1], 'NX', 'EX', ARGV[1]) then held[#held + 1] = i end
+end
+return held
+"""
 
-    A key Redis has no record of is new unless Redis lost it; the table's primary key still holds such a key
-    (`reserve`), so skipping the database's look up for it costs only a lost key's duplicate one more round.
-    """
-    if not dedup_keys:
-        return []
-    try:
-        found = get_redis().mget([_key(client_id, key) for key in dedup_keys])
-    except redis.RedisError as exc:
-        logger.warning("dedup fast path degraded, using the database only: %s", type(exc).__name__)
-        return list(dedup_keys)
-    return [key for key, value in zip(dedup_keys, found, strict=True) if value is not None]
-
-
-# One script call for a whole batch: a pipelined SET per key cost a batch item more than its validation.
-_REMEMBER = """
-for i, key in ipairs(KEYS) do redis.call('SET', key, ARGV[i + 1], 'NX', 'EX', ARGV[1]) end
+# Drop the keys whose value is still one of ours ("<notification id>|..."), one script call.
+_RELEASE = """
+for i, key in ipairs(KEYS) do
+  local value = redis.call('GET', key)
+  if value and string.sub(value, 1, string.len(ARGV[i])) == ARGV[i] then redis.call('DEL', key) end
+end
 return #KEYS
 """
 
 
-def remember(entries: list[tuple[int, str, str, str]]) -> None:
-    """Record (client_id, dedup_key, notification_id, request_hash) of committed notifications in one round trip.
+def claim_many(*, client_id: int, entries: list[tuple[str, str, str]]) -> set[str]:
+    """Mark (dedup_key, notification_id, request_hash) entries as taken in Redis; return the keys already held.
 
-    The accept writes through the database first; this only lets later requests skip the database's look up.
+    One round trip for any number of keys. A held key may be a duplicate, for the database to say; a key Redis
+    did not hold is new unless Redis lost it, and the table's primary key still holds such a key (`reserve`).
+    Where Redis cannot answer, every key is returned: the database decides them all.
     """
+    if not entries:
+        return set()
+    try:
+        held = redis_script(_CLAIM)(
+            keys=[_key(client_id, key) for key, _, _ in entries],
+            args=[settings.DEDUP_TTL_SECONDS, *(f"{nid}|{request_hash}" for _, nid, request_hash in entries)],
+        )
+    except redis.RedisError as exc:
+        logger.warning("dedup fast path degraded, using the database only: %s", type(exc).__name__)
+        return {key for key, _, _ in entries}
+    return {entries[int(position) - 1][0] for position in held}
+
+
+def release_many(*, client_id: int, entries: list[tuple[str, str]]) -> None:
+    """Drop the (dedup_key, notification_id) claims whose notification was not written, so a retry can succeed."""
     if not entries:
         return
     try:
-        redis_script(_REMEMBER)(
-            keys=[_key(client_id, dedup_key) for client_id, dedup_key, _, _ in entries],
-            args=[settings.DEDUP_TTL_SECONDS, *(f"{nid}|{request_hash}" for _, _, nid, request_hash in entries)],
+        redis_script(_RELEASE)(
+            keys=[_key(client_id, key) for key, _ in entries], args=[f"{nid}|" for _, nid in entries]
         )
-    except redis.RedisError as exc:
-        logger.warning("dedup fast path not updated for a batch: %s", type(exc).__name__)
+    except redis.RedisError:
+        # The database is the truth; a stale claim only costs the next request a database look up.
+        pass
 
 
 # ---- the database's record of dedup keys (notifier_dedupkey), the truth across partitions ----------------

@@ -185,7 +185,7 @@ def test_built_instances_hold_what_model_init_would(model: type[Any]) -> None:
         assert getattr(InstanceBuilder(model).new(), json_field.attname) is not getattr(built, json_field.attname)
 
 
-def test_keys_written_by_a_batch_are_remembered_for_the_single_fast_path(api: Any) -> None:
+def test_keys_written_by_a_batch_are_claimed_for_later_requests(api: Any) -> None:
     template_put(key="hello", category="transactional", default_locale="en",
                  content={"en": {"email": {"subject": "Hi", "text": "Hello"}}})  # fmt: skip
     items = [{**PLAIN, "channels": ["email"], "dedup_key": f"k-{i}"} for i in range(3)]
@@ -198,8 +198,9 @@ def test_keys_written_by_a_batch_are_remembered_for_the_single_fast_path(api: An
         assert notification_id == result["id"]
         assert request_hash == Notification.objects.get(pk=result["id"]).request_hash
         assert 0 < int(redis.ttl(key)) <= settings.DEDUP_TTL_SECONDS
-    # An entry already there is kept (SET NX), as the single path's own claim would keep it.
-    dedup.remember([(client_id, "k-0", "other", "hash")])
+    # An entry already there is kept (SET NX) and answered as held; a claim released by another id stays too.
+    assert dedup.claim_many(client_id=client_id, entries=[("k-0", "other", "hash")]) == {"k-0"}
+    dedup.release_many(client_id=client_id, entries=[("k-0", "other")])
     assert str(redis.get(dedup._key(client_id, "k-0"))).startswith(results[0]["id"])
     again = api.post("/api/v1/notifications", items[1], format="json")
     assert again.status_code == 200 and again.json()["id"] == results[1]["id"]
