@@ -10,8 +10,9 @@ import functools
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 from urllib.parse import unquote, urlsplit
 
 import redis
@@ -116,6 +117,9 @@ def rkey(*parts: object) -> str:
 class RedisGuard:
     """Run Redis calls, switching to a fallback on errors; log once on degrading and once on recovery."""
 
+    # Every guard of the process (weakly): `redis_guards_retry` lets them all try Redis again at once.
+    _all: ClassVar[weakref.WeakSet[RedisGuard]] = weakref.WeakSet()
+
     def __init__(self, name: str, client: redis.Redis | Callable[[], redis.Redis] | None = None) -> None:
         self.name = name
         self._client = client
@@ -124,6 +128,7 @@ class RedisGuard:
         self.degraded = False
         self._lock = threading.Lock()
         self._scripts: dict[tuple[int, str], Any] = {}
+        RedisGuard._all.add(self)
 
     def client(self) -> redis.Redis:
         """Return the Redis client: the injected one, or the process-wide one."""
@@ -165,3 +170,12 @@ class RedisGuard:
                     self.degraded = False
                     logger.warning("%s: Redis reachable again; shared state restored", self.name)
         return result
+
+
+def redis_guards_retry() -> None:
+    """Have every degraded guard of this process try Redis at its next call instead of after its wait.
+
+    For a process that knows Redis is back (its Redis URL was changed): a guard still failing degrades again.
+    """
+    for guard in list(RedisGuard._all):
+        guard._down_until = 0.0

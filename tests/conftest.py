@@ -140,17 +140,21 @@ def _transactional_tests_flush_by_delete() -> Iterator[None]:
 
 @pytest.fixture(autouse=True)
 def _clean_redis(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Remove this namespace's Redis keys before each test (pure tests have none), and this process's cache.
+    """Clear this namespace's Redis keys (pure tests have none), the process's caches and its guards' outages.
 
     The configuration generation lives in Redis: with its key gone every test starts at generation 0, and an entry
     that a test before it cached at 0 (its template, its client) would look current to the next one.
     """
     from core.config_cache import forget_all
+    from core.redis_guard import redis_guards_retry
     from tests.redis_server import delete_namespace_keys
 
     if not request.node.get_closest_marker("pure"):
         delete_namespace_keys(settings.REDIS_URL, REDIS_PREFIX)
     forget_all()
+    # A test before this one may have pointed Redis at a dead port: the guards it degraded (the API's rate limit
+    # among them) would serve their per-process fallbacks for seconds into this test.
+    redis_guards_retry()
     yield
 
 
