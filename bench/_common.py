@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -482,15 +483,23 @@ def psql(database: str, sql: str) -> str:
     return found.stdout.strip()
 
 
-def add_recipients(database: str, prefix: str, n: int) -> None:
-    """Insert n recipients with an email, user ids prefix0 .. prefix(n-1)."""
+def add_recipients(database: str, prefix: str, n: int, *, environment_id: int = 1) -> None:
+    """Insert n recipients with an email, user ids prefix0 .. prefix(n-1), in an environment (the default's)."""
     psql(
         database,
-        "INSERT INTO preferences_recipient (user_id, email, phone, locale, timezone, webhook_url, opted_out, "
-        "channel_prefs, category_prefs, created_at, updated_at) "
-        f"SELECT '{prefix}' || g, '{prefix}' || g || '@example.com', '', '', '', '', false, '{{}}', '{{}}', now(), "
-        f"now() FROM generate_series(0, {n - 1}) g",
+        "INSERT INTO preferences_recipient (environment_id, user_id, email, phone, locale, timezone, webhook_url, "
+        "opted_out, channel_prefs, category_prefs, created_at, updated_at) "
+        f"SELECT {int(environment_id)}, '{prefix}' || g, '{prefix}' || g || '@example.com', '', '', '', '', false, "
+        f"'{{}}', '{{}}', now(), now() FROM generate_series(0, {n - 1}) g",
     )  # the prefix is ours, not a caller's text
+
+
+def key_environment(database: str, raw_key: str) -> int:
+    """Return the environment of the API key `raw_key` (its recipients must be there to be found)."""
+    prefix = raw_key.split("_")[1]  # "ntf_<prefix>_<secret>" (notifier/clients/auth.py)
+    if not re.fullmatch(r"[0-9a-f]{8}", prefix):
+        raise ValueError("not an API key")
+    return int(psql(database, f"SELECT environment_id FROM notifier_apiclient WHERE key_prefix = '{prefix}'"))
 
 
 def make_template(key: str, category: str) -> None:

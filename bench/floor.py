@@ -54,6 +54,7 @@ from bench._common import (
     cleanup,
     free_port,
     group_cpu,
+    key_environment,
     parser,
     prepare,
     print_cpu,
@@ -188,7 +189,7 @@ def run(args: Any, *, server: str, database: str, api_url: str, key: str, databa
         floor.stop()
         psql(database, "DROP TABLE IF EXISTS bench_floor")
     prefix = f"fl{uuid.uuid4().hex[:6]}-"
-    add_recipients(database, prefix, args.recipients)
+    add_recipients(database, prefix, args.recipients, environment_id=key_environment(database, key))
     if args.warmup:
         wrk(f"{api_url}/api/v1/notifications", **{**load, "seconds": 5}, prefix=prefix, key=key, priority=args.priority)
     started = psql(database, "SELECT now()")
@@ -226,7 +227,7 @@ def run_batch(args: Any, *, database: str, api_url: str, key: str, beside: str =
     `beside` says what else ran on the box; the prefix of the notifications written is returned.
     """
     prefix = f"fb{uuid.uuid4().hex[:6]}-"
-    add_recipients(database, prefix, args.recipients)
+    add_recipients(database, prefix, args.recipients, environment_id=key_environment(database, key))
     load = {"connections": args.batch_connections, "recipients": args.recipients, "batch": args.batch_size}
     started = psql(database, "SELECT now()")
     checkpoints0 = checkpoints(database)
