@@ -36,7 +36,17 @@ from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import ROOT, add_recipients, group_cpu, in_parallel, log, percentile, print_cpu, psql
+from bench._common import (
+    ROOT,
+    add_recipients,
+    group_cpu,
+    in_parallel,
+    key_environment,
+    log,
+    percentile,
+    print_cpu,
+    psql,
+)
 
 # The database `make run` serves from.
 DATABASE = "notifier"
@@ -48,6 +58,7 @@ class Api:
     def __init__(self, url: str, key: str) -> None:
         parts = urlsplit(url)
         self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 80
+        self.key = key
         self.headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
 
     def in_parallel(self, clients: int, n: int, call: Callable[[http.client.HTTPConnection, int], Any]) -> list[Any]:
@@ -215,13 +226,16 @@ def topic(api: Api, args: argparse.Namespace) -> None:
     """Send one notification to a topic of --topic subscribers (OTPs beside it); print deliveries/s to `sent`."""
     n, key = args.topic, f"mrt{int(time.time())}"
     log(f"creating the topic {key} of {n} subscribers")
-    add_recipients(DATABASE, f"{key}-", n)
+    # In the demo key's environment: the API finds only its own topics and recipients.
+    environment = key_environment(DATABASE, api.key)
+    add_recipients(DATABASE, f"{key}-", n, environment_id=environment)
     psql(
         DATABASE,
-        f"INSERT INTO preferences_topic (key, name, created_at) VALUES ('{key}', '{key}', now());"
+        "INSERT INTO preferences_topic (environment_id, key, name, created_at)"
+        f" VALUES ({environment}, '{key}', '{key}', now());"
         "INSERT INTO preferences_subscription (topic_id, recipient_id, created_at) "
         f"SELECT t.id, r.id, now() FROM preferences_topic t, preferences_recipient r WHERE t.key = '{key}' "
-        f"AND r.user_id LIKE '{key}-%' ORDER BY r.id;"
+        f"AND t.environment_id = {environment} AND r.user_id LIKE '{key}-%' ORDER BY r.id;"
         "ANALYZE preferences_recipient; ANALYZE preferences_subscription",
     )  # the key is ours, no caller's text
     body = {"topic": key, "template": "bench_news", "channels": ["email"], "payload": {"n": 1}}
