@@ -181,16 +181,20 @@ def _without_duplicates(
         keys = [key for key in keys if key in held]
     if not keys:
         return items
-    entries = dedup.lookup(client_id=client.pk, dedup_keys=keys)
-    if not entries:
-        return items
-    existing = {
-        n.dedup_key: n
-        for n in Notification.objects.filter(pk__in=[e[0] for e in entries.values()], **_days_of(entries)).order_by()
-    }
-    if not existing:
-        return items
-    known = _deliveries_of(list(existing.values()))
+    # In a transaction, as the writer's reads (notifier/accepting/write.py says why).
+    with transaction.atomic(savepoint=False):
+        entries = dedup.lookup(client_id=client.pk, dedup_keys=keys)
+        if not entries:
+            return items
+        existing = {
+            n.dedup_key: n
+            for n in Notification.objects.filter(
+                pk__in=[e[0] for e in entries.values()], **_days_of(entries)
+            ).order_by()
+        }
+        if not existing:
+            return items
+        known = _deliveries_of(list(existing.values()))
     kept = []
     for item in items:
         found = existing.get(item.decision.dedup_key or "")

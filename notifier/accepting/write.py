@@ -102,7 +102,8 @@ def _topics_of(items: list[AcceptItem], results: dict[int, AcceptResult | ApiErr
     keys = {item.data["topic"] for item in items if item.data.get("topic")}
     if not keys:
         return {}
-    found = {topic.key: topic for topic in Topic.objects.filter(key__in=keys)}
+    with transaction.atomic(savepoint=False):  # as _write_rows says: a failed read drops its connection
+        found = {topic.key: topic for topic in Topic.objects.filter(key__in=keys)}
     topics = {}
     for item in items:
         key = item.data.get("topic")
@@ -237,12 +238,14 @@ def _write_rows(
 ) -> dict[int, AcceptResult | ApiError]:
     """Reserve the items' dedup keys, decide their deliveries and write everything: one statement per table."""
     now = timezone.now()
-    planned = _plan(client, items, topics)
     # No savepoint inside a caller's transaction (group commit): the keys of a lost race are given back by hand
     # and the error raised once the block has ended cleanly, so the caller's transaction stays usable for the
-    # next attempt. Two statements fewer (SAVEPOINT, RELEASE), each a round trip.
+    # next attempt. Two statements fewer (SAVEPOINT, RELEASE), each a round trip. The reads are inside too: a
+    # statement that fails in a transaction has its connection dropped when the rollback fails (a silent
+    # database host), where one that fails in autocommit leaves it to the next request, to hang on again.
     lost = False
     with transaction.atomic(savepoint=False):
+        planned = _plan(client, items, topics)
         # In key order: two writers reserving overlapping keys then wait for each other, never deadlock.
         keyed = sorted((p.notification.dedup_key, str(p.notification.pk), p.notification.request_hash)
                        for p in planned if p.notification.dedup_key)  # fmt: skip
