@@ -89,23 +89,22 @@ TEST_WORKERS ?= 3
 PYTEST_ARGS ?=
 TEST_STARTED := $(shell date +%s)
 
-## Run the test suite against the real PostgreSQL, RabbitMQ and Redis, after the lint, the import contract and the
-## OpenAPI schema, which must generate without a single warning (docs/api.md, "The schema and how views are written").
-## The TypeScript client's tests compile it themselves with its pinned toolchain, installed first from its lock file.
-## The last line is the wall time of the whole target.
+## Run the test suite against the real PostgreSQL, RabbitMQ and Redis, and beside its parallel phase the lint, the
+## import contract, the types and the OpenAPI schema, which must generate without a single warning (docs/api.md, "The
+## schema and how views are written"); their output follows the phase's. The TypeScript client's tests compile it
+## themselves with its pinned toolchain, installed first from its lock file. The last line is the wall time of the
+## whole target.
 test: services $(TS_TOOLCHAIN)
-	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/lint-imports
-	$(PY) scripts/import_graph.py
-	DEVELOPMENT=true $(VENV)/bin/mypy .
-	DEVELOPMENT=true DEBUG=true $(PY) manage.py spectacular --validate --fail-on-warn --file var/openapi.yml
-	@checks=$$(( $$(date +%s) - $(TEST_STARTED) )); \
+	@mkdir -p var; \
+	( set -e; $(MAKE) --no-print-directory lint typecheck; \
+	  DEVELOPMENT=true DEBUG=true $(PY) manage.py spectacular --validate --fail-on-warn --file var/openapi.yml \
+	) > var/test-checks.log 2>&1 & checking=$$!; \
 	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadgroup -m "not serial" --durations=40 $(PYTEST_ARGS); parallel=$$?; \
+	wait $$checking; checks=$$?; cat var/test-checks.log; \
 	$(VENV)/bin/pytest -m serial --durations=10 $(PYTEST_ARGS); serial=$$?; \
 	[ $$serial -eq 5 ] && serial=0; \
-	echo "make test: $$(( $$(date +%s) - $(TEST_STARTED) )) s wall time ($$checks s lint, types and schema; pytest on $(TEST_WORKERS) workers, then the serial tests; exit codes $$parallel and $$serial)"; \
-	[ $$parallel -eq 0 ] && [ $$serial -eq 0 ]
+	echo "make test: $$(( $$(date +%s) - $(TEST_STARTED) )) s wall time (pytest on $(TEST_WORKERS) workers with the lint, types and schema beside it, then the serial tests; exit codes $$parallel, $$checks and $$serial)"; \
+	[ $$parallel -eq 0 ] && [ $$checks -eq 0 ] && [ $$serial -eq 0 ]
 
 ## The pure tests alone (marker `pure`: no PostgreSQL, RabbitMQ or Redis), in seconds. They run with all three
 ## pointed at a closed port, so a test that reaches one fails here instead of passing by luck.
