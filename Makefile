@@ -22,6 +22,10 @@ DEV := DEVELOPMENT=true DEBUG=$(DEBUG)
 FLOWER ?=
 CELERY_TASK_LOGS ?= false
 DELIVERY_SENT_LOGS ?= false
+# Python caches each module's bytecode in __pycache__ (ignored by git) on first import. An environment that turns that
+# off (PYTHONDONTWRITEBYTECODE=1) made every process `make run` and `make test` start compile Django, Celery and the
+# project from source each time: 4.7 to 6.7 s of CPU to import the API and a worker, against 1.4 s from the cache.
+unexport PYTHONDONTWRITEBYTECODE
 RUN_PROCESSES := web worker_high worker_low worker_fanout worker_maintenance worker_events stream beat $(if $(FLOWER),flower)
 
 # Lock files: requirements.txt (runtime, what the image installs), requirements-dev.txt (everything for
