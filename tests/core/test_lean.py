@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
 import pytest
@@ -10,6 +9,7 @@ from rest_framework import serializers
 
 from core.lean import lean_validator, refuses_unknown_keys
 from core.serializers import JsonObjectField
+from tests.bodies import mixed_bodies
 
 pytestmark = pytest.mark.pure
 
@@ -91,17 +91,9 @@ def _drf(cls: type[serializers.Serializer], data: Any) -> dict[str, Any] | None:
 
 
 def test_the_lean_answer_is_drfs_or_none_and_the_common_bodies_are_lean() -> None:
-    rng = random.Random(7)
     taken = 0
-    for _ in range(4000):
-        # Half the time a field's first (valid) value, else any: most bodies mix valid and invalid fields.
-        body = {
-            name: values[0] if rng.random() < 0.6 else rng.choice(values)
-            for name, values in VALUES.items()
-            if rng.random() < (0.1 if name in ("when", "unknown") else 0.4)
-        }
-        if rng.random() < 0.8:
-            body.setdefault("name", "ann")
+    rare = frozenset({"when", "unknown"})
+    for body in mixed_bodies(7, VALUES, 4000, valid=0.6, present=0.4, required={"name": "ann"}, rare=rare):
         for cls, lean in ((Every, lean_every), (Strict, lean_strict)):
             found, expected = lean(body), _drf(cls, body)
             if found is None:
