@@ -61,25 +61,6 @@ REDIS_PREFIX = f"notifier-test:{NS}:"
 T = TypeVar("T")
 
 
-def _slowest_first() -> dict[str, int]:
-    """Return the rank of each test listed in tests/slowest.txt (scripts/slowest_tests.py), longest first."""
-    listed = (ROOT / "tests" / "slowest.txt").read_text().splitlines()
-    nodeids = [line.split("#", 1)[0].strip() for line in listed if line.strip() and not line.startswith("#")]
-    return {nodeid: rank for rank, nodeid in enumerate(nodeids)}
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Run the longest tests first, so that none starts near the end of the parallel phase while others idle.
-
-    pytest-xdist hands tests out in collection order as workers free up; a two-minute test handed out last kept
-    one worker busy for two minutes after the rest had finished. Every worker sorts the same way, as xdist
-    requires; a test not listed keeps its place after the listed ones.
-    """
-    rank = _slowest_first()
-    last = len(rank)
-    items.sort(key=lambda item: rank.get(item.nodeid, last))
-
-
 def rabbitmqctl(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[bytes]:
     """Run rabbitmqctl against the test broker's node."""
     node = ["-n", RABBITMQ_NODE] if RABBITMQ_NODE else []
