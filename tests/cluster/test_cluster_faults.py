@@ -406,6 +406,7 @@ class Fault:
     otp_p50: float
     otp_count: int
     otp_slow: int
+    otp_slowest: list[str]
     last_after_back: float
     readyz: list[str]
     accounting: Accounting
@@ -418,6 +419,7 @@ class Fault:
             f"(in flight at the fault {self.in_flight}), API calls {self.api_calls}, errors {errors} "
             f"{dict(self.api_errors)} (worst {self.worst_errors_per_second}/s), longest gap {self.longest_gap:.1f}s, "
             f"OTP p99 {self.otp_p99:.2f}s (p50 {self.otp_p50:.2f}s, {self.otp_slow} of {self.otp_count} over 5 s), "
+            f"slowest OTPs (after the fault: accepted, published, claimed, at the receiver) {self.otp_slowest}; "
             f"last delivery {self.last_after_back:.1f}s after the return; "
             f"readyz {Counter(self.readyz)}; {self.accounting.report()}"
         )
@@ -541,8 +543,9 @@ def run_fault(
     probe.stop()
 
     rows = stack.sql(
-        "SELECT d.id, d.status, r.user_id, extract(epoch FROM d.created_at) FROM notifier_delivery d "
-        "JOIN preferences_recipient r ON r.id = d.recipient_id WHERE d.created_at >= %s",
+        "SELECT d.id, d.status, r.user_id, extract(epoch FROM d.created_at), extract(epoch FROM d.published_at),"
+        " extract(epoch FROM d.claimed_at) FROM notifier_delivery d"
+        " JOIN preferences_recipient r ON r.id = d.recipient_id WHERE d.created_at >= %s",
         [phase_started],
     )
     ids = {row[0] for row in rows}
@@ -558,6 +561,13 @@ def run_fault(
         for row in rows
         if row[2] == "otp" and t_fault <= float(row[3]) <= t_back + 5 and row[0] in first_hit
     ]
+    # Where the slowest OTPs waited: for the publish (an election, a reconnect) or for a consumer.
+    slowest = sorted(
+        (row for row in rows if row[2] == "otp" and t_fault <= float(row[3]) <= t_back + 5 and row[0] in first_hit),
+        key=lambda row: first_hit[row[0]] - float(row[3]),
+    )[-3:]
+    since_fault = lambda at: "-" if at is None else f"{float(at) - t_fault:.2f}"  # noqa: E731
+    otp_slowest = ["/".join(since_fault(at) for at in (row[3], row[4], row[5], first_hit[row[0]])) for row in slowest]
     calls = [c for c in load.calls if c.kind != "topic"]
     errors = Counter(c.status for c in calls if c.status not in (200, 202))
     per_second = Counter(int(c.started) for c in calls if c.status not in (200, 202))
@@ -577,6 +587,7 @@ def run_fault(
         otp_p50=sorted(otp_latency)[len(otp_latency) // 2] if otp_latency else float("nan"),
         otp_count=len(otp_latency),
         otp_slow=sum(1 for latency in otp_latency if latency > 5),
+        otp_slowest=otp_slowest,
         last_after_back=max(first_hit.values(), default=t_back) - t_back,
         readyz=probe.flagged(dependency, t_fault, t_back),
         accounting=_account(stack, load.calls, phase_started, ok, in_flight, ids),

@@ -8,16 +8,20 @@ from __future__ import annotations
 
 import re
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from celery import Celery
 from django.test import Client
 
 from config.celery import app as celery_app
 from core import redis_guard, task_names
+from core.broker_consumer import FailoverDelayedDelivery
 from core.database_url import configured_hosts, parse_database_url
 from core.queues import broker_recently_down
 from notifier.deliveries import outbox
@@ -128,6 +132,34 @@ def test_a_worker_whose_first_broker_node_is_dead_sets_up_delayed_delivery_witho
     wait_for(lambda: re.search(rf"{re.escape(task_names.NOOP)}\[[0-9a-f-]+\] succeeded", worker.log()), timeout=30)
     assert "Retrying delayed delivery setup" not in worker.log()
     assert "delayed delivery set-up failed" not in worker.log()
+
+
+def _consumer_of(app: Celery) -> Any:
+    """Return what the step reads of a Celery consumer: its app."""
+    return SimpleNamespace(app=app)
+
+
+def test_a_consumer_restart_declares_delayed_delivery_beside_consuming_not_before(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The first start declares and waits; a restart (a reconnect) returns at once and declares on a thread.
+
+    The restart's broker is a server of the test's own that accepts the connection and never answers: the step
+    returns while its declaration still waits on it, then that declaration fails alone, with a warning.
+    """
+    step = FailoverDelayedDelivery(SimpleNamespace())
+    step.start(_consumer_of(celery_app))  # the first start of this process: declared before returning
+    assert "delayed delivery set-up failed" not in caplog.text
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        silent = Celery(broker=f"amqp://guest:guest@127.0.0.1:{server.getsockname()[1]}//", set_as_current=False)
+        silent.conf.broker_connection_timeout = 1
+        step.start(_consumer_of(silent))
+        setup = next(t for t in threading.enumerate() if t.name == "delayed-delivery-setup")
+        accepted, _ = server.accept()  # the declaration is waiting on the silent server, the step has returned
+        with accepted:
+            setup.join(timeout=30)
+    assert not setup.is_alive()
+    assert "delayed delivery set-up failed, consuming anyway" in caplog.text
 
 
 @pytest.mark.django_db
