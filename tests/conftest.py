@@ -31,6 +31,7 @@ from django.conf import settings
 
 from config.celery import app as celery_app
 from core.queues import CHANNELS, purge_queues
+from tests.testdb import use_migrated_template
 from tests.zygote import ForkedProcess, Zygote, changes_import_time_env
 
 if TYPE_CHECKING:
@@ -161,6 +162,13 @@ def _clean_redis(request: pytest.FixtureRequest) -> Iterator[None]:
 @pytest.fixture(scope="session")
 def django_db_modify_db_settings_xdist_suffix() -> None:
     """Leave the test database's name alone under pytest-xdist: the worker's namespace already names it."""
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix: None, django_db_blocker: Any) -> None:
+    """Create the test database as a copy of the migrated template, built once (tests/testdb.py)."""
+    with django_db_blocker.unblock():
+        use_migrated_template()
 
 
 _ZYGOTE: list[Zygote | None] = []
