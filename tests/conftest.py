@@ -201,6 +201,10 @@ def _stop_the_zygote() -> Iterator[None]:
         _ZYGOTE[0].stop()
 
 
+# The servers started from the zygote (tests/zygote.py) when their environment allows it; anything else cold.
+ZYGOTE_MODULES = ("celery", "gunicorn", "uvicorn")
+
+
 class ServerProcess:
     """A real process of this project (Celery worker or beat, gunicorn, uvicorn) started by a test.
 
@@ -222,7 +226,8 @@ class ServerProcess:
             **(env or {}),
         }
         self._log = self.log_path.open("w")
-        zygote = _zygote() if args[0] == "celery" and cwd == ROOT and not changes_import_time_env(env or {}) else None
+        warm = args[0] in ZYGOTE_MODULES and cwd == ROOT and not changes_import_time_env(env or {})
+        zygote = _zygote() if warm else None
         forked = None
         if zygote is not None:
             with contextlib.suppress(OSError):  # the zygote is gone: a cold start costs a second of CPU, no more

@@ -39,8 +39,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-# What a Celery worker or beat imports besides its settings; the throwaway child imports these after
-# django.setup().
+# What a Celery worker, beat, gunicorn or uvicorn imports besides its settings; the throwaway child imports these
+# after django.setup().
 WORKER_IMPORTS = (
     "config.celery",
     "celery.bin.celery",
@@ -50,6 +50,13 @@ WORKER_IMPORTS = (
     "celery.worker.consumer.consumer",
     "celery.concurrency.prefork",
     "kombu.transport.pyamqp",
+    # The API's and the stream's servers: their own modules and what the views import (first-party ones are
+    # only discovered through, never preloaded).
+    "gunicorn.app.wsgiapp",
+    "gunicorn.workers.gthread",
+    "uvicorn.main",
+    "config.urls",
+    "config.asgi",
 )
 # Environment variables some third-party module reads when it is imported (prometheus_client's multiprocess
 # mode, OpenTelemetry's context, the interpreter's own): a start that changes one is started cold.

@@ -235,7 +235,8 @@ def test_the_hostile_corpus_against_a_real_api_process(start_process: Any) -> No
     # Warm up: a bounded and an isolated template, so the render children exist before memory is measured.
     assert _call(base, "PUT", "/api/v1/templates/warm", key, _body("{% macro f() %}w{% endmacro %}{{ f() }}"))[0] == 201
     assert _call(base, "POST", "/api/v1/templates/warm/preview", key, {"payload": {}, "locale": "en"})[0] == 200
-    worker = next(p for p in psutil.Process(server.proc.pid).children() if "gunicorn" in " ".join(p.cmdline()))
+    # WEB_WORKERS=1: the master's one child is the worker (named as the zygote it was forked from, tests/zygote.py).
+    (worker,) = psutil.Process(server.proc.pid).children()
     rss_before = worker.memory_info().rss
 
     healthz: list[float] = []
