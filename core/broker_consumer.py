@@ -1,5 +1,7 @@
 """The workers' Celery consumer: Celery's own, with its delayed-delivery set-up made through the failover list.
 
+One more step wakes the event loop every second (ShutdownTick): see its docstring.
+
 Celery's DelayedDelivery bootstep declares native delayed delivery's exchanges and queues, and binds the work
 queues to them, on every URL of the broker failover list in turn, and retries a URL that refuses three times
 (sleeping 1, 3 and 5 s, each try also spending kombu's connect timeout). It runs at every consumer restart,
@@ -27,6 +29,7 @@ import os
 import threading
 from typing import Any
 
+from celery import bootsteps
 from celery.worker.consumer import Consumer as CeleryConsumer
 from celery.worker.consumer.delayed_delivery import DelayedDelivery
 
@@ -69,14 +72,54 @@ def _declare(app: Any) -> None:
         _declaring.release()
 
 
+# How often the event loop wakes with nothing to do: the longest a SIGTERM waits before the warm shutdown begins.
+SHUTDOWN_TICK_SECONDS = 1.0
+
+
+def _tick() -> None:
+    """Do nothing: a timer entry exists so that the event loop's poll returns."""
+
+
+class ShutdownTick(bootsteps.StartStopStep):
+    """Wake the event loop every SHUTDOWN_TICK_SECONDS, so that a warm shutdown starts within that.
+
+    Celery's signal handler only sets a flag, which the event loop reads between polls, and the poll waits for the
+    next timer entry, up to 10 s: a SIGTERM (a deploy, a rolling restart, a test's teardown) left an idle worker
+    running 9 s more before it began to stop. One timer entry a second costs nothing measurable.
+    """
+
+    requires = ("celery.worker.consumer.tasks:Tasks",)
+
+    def __init__(self, parent: CeleryConsumer, **kwargs: Any) -> None:
+        super().__init__(parent, **kwargs)
+        self._entry: Any = None
+
+    def start(self, parent: CeleryConsumer) -> None:
+        """Start the timer entry on the worker's event loop (none without one: nothing then waits on a poll)."""
+        hub = getattr(parent, "hub", None)  # set by the worker; celery-types does not declare it
+        if hub is not None and self._entry is None:
+            self._entry = hub.call_repeatedly(SHUTDOWN_TICK_SECONDS, _tick)
+
+    def stop(self, parent: CeleryConsumer) -> None:
+        """Cancel the timer entry (a consumer restart starts a new one)."""
+        if self._entry is not None:
+            self._entry.cancel()
+            self._entry = None
+
+    shutdown = stop
+
+
 class Consumer(CeleryConsumer):
-    """Celery's consumer with FailoverDelayedDelivery in place of Celery's DelayedDelivery step."""
+    """Celery's consumer with FailoverDelayedDelivery in place of Celery's DelayedDelivery step, and ShutdownTick."""
 
     # celery-types declares Blueprint as an attribute, not a class; Celery subclasses it like this itself.
     class Blueprint(CeleryConsumer.Blueprint):  # type: ignore[misc,valid-type]
-        """Celery's consumer steps, the delayed-delivery one replaced."""
+        """Celery's consumer steps, the delayed-delivery one replaced, and the shutdown tick."""
 
         default_steps = [
-            f"{__name__}:FailoverDelayedDelivery" if step == _CELERY_STEP else step
-            for step in CeleryConsumer.Blueprint.default_steps
+            *(
+                f"{__name__}:FailoverDelayedDelivery" if step == _CELERY_STEP else step
+                for step in CeleryConsumer.Blueprint.default_steps
+            ),
+            f"{__name__}:ShutdownTick",
         ]
