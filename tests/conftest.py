@@ -226,6 +226,7 @@ class ServerProcess:
             **(env or {}),
         }
         self._log = self.log_path.open("w")
+        self._terminated = False
         warm = args[0] in ZYGOTE_MODULES and cwd == ROOT and not changes_import_time_env(env or {})
         zygote = _zygote() if warm else None
         forked = None
@@ -253,10 +254,16 @@ class ServerProcess:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, sig)
 
+    def terminate(self) -> None:
+        """Begin a warm stop (SIGTERM, once) without waiting for it: `stop` waits."""
+        if self.proc.poll() is None and not self._terminated:
+            self._terminated = True
+            self.kill(signal.SIGTERM)
+
     def stop(self) -> None:
         """Stop the process warmly, then coldly if it does not exit."""
         if self.proc.poll() is None:
-            self.kill(signal.SIGTERM)
+            self.terminate()
             try:
                 self.proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
@@ -286,6 +293,9 @@ def start_process() -> Iterator[Callable[..., ServerProcess]]:
         return process
 
     yield _start
+    # Every process begins its warm stop at once: a test's workers and servers stop side by side, not in turn.
+    for process in started:
+        process.terminate()
     for process in started:
         process.stop()
 
