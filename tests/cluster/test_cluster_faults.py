@@ -680,7 +680,7 @@ def _assert_the_cluster_rode_it_out(stack: Stack, fault: Fault) -> None:
 
 @pytest.mark.timeout(420)
 def test_quorum_queues_have_three_members_and_a_killed_leader_node_loses_and_doubles_nothing(stack: Stack) -> None:
-    """SIGKILL the node leading the fan-out's queue (and usually the clients') mid fan-out; restart it 20 s later."""
+    """SIGKILL the node leading the fan-out's queue (and usually the clients') mid fan-out; restart it 10 s later."""
     first = stack.rabbit.nodes[0]
     members = stack.rabbit.queue_members()
     assert members and all(len(m) == 3 for _, m in members.values()), members  # replicated on every node
@@ -691,7 +691,7 @@ def test_quorum_queues_have_three_members_and_a_killed_leader_node_loses_and_dou
     victim = stack.rabbit.by_name(leader_of_busiest)
     print(f"killing {victim.node}: leads webhook.low, holds {clients[victim.node]} client connections")
 
-    fault = run_fault(stack, "rabbitmq-node-killed", "broker", victim.kill, _node_back(victim, 20, victim.start))
+    fault = run_fault(stack, "rabbitmq-node-killed", "broker", victim.kill, _node_back(victim, 10, victim.start))
 
     _assert_the_cluster_rode_it_out(stack, fault)
     # The node led webhook.high too: OTPs wait for its new leader (elected 0.1-0.6 s after the peers see the
