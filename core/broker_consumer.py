@@ -59,6 +59,7 @@ class FailoverDelayedDelivery(DelayedDelivery):
 
 
 def _declare(app: Any) -> None:
+    """Declare the topology through the first node that answers; one declaration at a time, a failure logged."""
     global _declared_in
     if not _declaring.acquire(blocking=False):
         return  # a restart's declaration is still running: it declares the same things
