@@ -16,6 +16,7 @@ under another name, never a template that looks finished.
 from __future__ import annotations
 
 import hashlib
+import os
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -32,9 +33,7 @@ _LOCK_KEY = 0x6E6F746966696572  # "notifier": one template build at a time on th
 def template_name(today: datetime | None = None, root: Path = ROOT) -> str:
     """Return the name of the template for the checkout's migrations and today's partitions."""
     digest = hashlib.sha256()
-    for path in sorted(root.glob("**/migrations/0*.py")):
-        if ".venv" in path.relative_to(root).parts:
-            continue
+    for path in _migration_files(root):
         digest.update(str(path.relative_to(root)).encode())
         digest.update(path.read_bytes())
     digest.update((root / "requirements.txt").read_bytes())
@@ -42,6 +41,20 @@ def template_name(today: datetime | None = None, root: Path = ROOT) -> str:
         digest.update(f"{name}={getattr(settings, name, '')}".encode())
     day = (today or datetime.now(UTC)).strftime("%Y%m%d")
     return f"{PREFIX}{day}_{digest.hexdigest()[:12]}"
+
+
+def _migration_files(root: Path) -> list[Path]:
+    """Return the checkout's own migration files, sorted; installed packages are the lock file's business.
+
+    Walks the tree without entering hidden directories (the virtualenv, caches) or node_modules: a glob over all of
+    it took 0.9 s a process.
+    """
+    found: list[Path] = []
+    for directory, subdirectories, files in os.walk(root):
+        subdirectories[:] = [d for d in subdirectories if not d.startswith(".") and d != "node_modules"]
+        if Path(directory).name == "migrations":
+            found.extend(Path(directory) / f for f in files if f.startswith("0") and f.endswith(".py"))
+    return sorted(found)
 
 
 def _maintenance(db: dict[str, Any]) -> psycopg.Connection[Any]:
