@@ -556,16 +556,13 @@ def run_fault(
     for hit in hits:
         first_hit.setdefault(hit.delivery_id, hit.at)
     twice = {i for i, n in ok.items() if n > 1}
-    otp_latency = [
-        first_hit[row[0]] - float(row[3])
-        for row in rows
-        if row[2] == "otp" and t_fault <= float(row[3]) <= t_back + 5 and row[0] in first_hit
-    ]
-    # Where the slowest OTPs waited: for the publish (an election, a reconnect) or for a consumer.
-    slowest = sorted(
+    otp_rows = sorted(
         (row for row in rows if row[2] == "otp" and t_fault <= float(row[3]) <= t_back + 5 and row[0] in first_hit),
         key=lambda row: first_hit[row[0]] - float(row[3]),
-    )[-3:]
+    )
+    otp_latency = [first_hit[row[0]] - float(row[3]) for row in otp_rows]
+    # Where the slowest OTPs waited: for the publish (an election, a reconnect) or for a consumer.
+    slowest = otp_rows[-3:]
     since_fault = lambda at: "-" if at is None else f"{float(at) - t_fault:.2f}"  # noqa: E731
     otp_slowest = ["/".join(since_fault(at) for at in (row[3], row[4], row[5], first_hit[row[0]])) for row in slowest]
     calls = [c for c in load.calls if c.kind != "topic"]
