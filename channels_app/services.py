@@ -12,7 +12,7 @@ import logging
 import os
 import threading
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
@@ -20,7 +20,7 @@ from typing import Any
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection
 
-from channels_app import guards
+from channels_app import guards, renderings
 from channels_app.outcomes import BatchReport, DbClock, Outcomes, backoff_seconds, describe_exception
 from channels_app.providers import registry
 from channels_app.providers.base import ConfigurationError, OutboundMessage, Outcome, RetriableError
@@ -32,6 +32,7 @@ from notifier.deliveries import frequency
 from notifier.deliveries.models import Delivery, Notification
 from notifier.deliveries.queries import deliveries_load_for_send, notifications_load_for_send
 from notifier.deliveries.status import Claim, deliveries_claim, deliveries_renew_leases
+from notifier.dispatch import shares
 from notifier.dispatch.digest import is_digest
 from notifier.statusevents.selectors import has_event_endpoint
 from notifier.tracking.services import decorate as tracking_decorate
@@ -179,10 +180,10 @@ def _deliver_claimed(claimed: Claim, out: Outcomes) -> None:
             live.append(delivery)
     try:
         sendable = _recheck_compliance(live, out)
-        _prerender(sendable)
+        rendered_for = _prerender(sendable)
         by_channel: dict[str, list[tuple[Delivery, OutboundMessage]]] = defaultdict(list)
         for delivery in sendable:
-            message = _build_message(delivery, out)
+            message = _build_message(delivery, out, rendered_for)
             if message is not None:
                 by_channel[delivery.channel].append((delivery, message))
         for channel, items in by_channel.items():
@@ -252,27 +253,35 @@ def _recheck_compliance(deliveries: list[Delivery], out: Outcomes) -> list[Deliv
     return frequency.recheck_on_worker(sendable, out.suppressed)
 
 
-_render_cache: dict[tuple[Any, ...], Any] = {}
+# What a batch's deliveries render to, by (notification id, channel, locale): a rendering, its RenderError, or
+# absent (not rendered in advance: _build_message renders it).
+Rendered = dict[tuple[Any, ...], Any]
 
 
-def _prerender(deliveries: list[Delivery]) -> None:
+def _prerender(deliveries: list[Delivery]) -> Rendered:
     """Render each (notification, channel, locale) of a batch once, all in one call, before building messages.
 
-    Templates outside the bounded subset render in a render child (templates_app.isolation): asking for a
-    batch's renderings together costs one round trip, not one per notification. A rendering that fails is kept
-    as its error, so every delivery of that notification fails with it at once instead of rendering again
-    (a template over its time budget would otherwise hold the worker for each of them). Should this batch-wide
-    step fail in a way no rendering explains, each delivery renders on its own in _build_message, so one bad
-    delivery still costs only itself.
+    Renderings are kept by the process across batches under what they depend on (channels_app/renderings.py),
+    so deliveries of different notifications with the same template, payload and locale (a topic workflow's
+    runs) render once. Templates outside the bounded subset render in a render child (templates_app.isolation):
+    asking for a batch's renderings together costs one round trip, not one per notification. A rendering that
+    fails is kept as its error, so every delivery that shares it fails with it at once instead of rendering
+    again (a template over its time budget would otherwise hold the worker for each of them). Should this
+    batch-wide step fail in a way no rendering explains, each delivery renders on its own in _build_message, so
+    one bad delivery still costs only itself.
     """
     try:
-        _prerender_batch(deliveries)
+        return _prerender_batch(deliveries)
     except Exception:
         logger.exception("rendering a batch at once failed; rendering per delivery")
+        return {}
 
 
-def _prerender_batch(deliveries: list[Delivery]) -> None:
-    wanted: dict[tuple[Any, ...], RenderRequest] = {}
+def _prerender_batch(deliveries: list[Delivery]) -> Rendered:
+    batch: Rendered = {}
+    kept_as: dict[tuple[Any, ...], tuple[Any, ...]] = {}  # (notification, channel, locale) -> the process's key
+    wanted: dict[tuple[Any, ...], RenderRequest] = {}  # the process's key -> what to render
+    shared = renderings.shared()
     for delivery in deliveries:
         n = delivery.notification
         try:
@@ -281,38 +290,76 @@ def _prerender_batch(deliveries: list[Delivery]) -> None:
             continue  # _build_message fails the delivery with the reason
         locale = n.locale or delivery.recipient.locale or version.template.default_locale
         key = (n.pk, delivery.channel, locale)
-        if key not in _render_cache and key not in wanted:
-            wanted[key] = (version, delivery.channel, locale, n.payload)
+        if key in batch or key in kept_as:
+            continue
+        process_key = renderings.key(
+            notification_id=n.pk,
+            version_id=version.pk,
+            channel=delivery.channel,
+            locale=locale,
+            payload=n.payload,
+            shared=shared,
+        )
+        kept = renderings.get(process_key)
+        if kept is not None:
+            batch[key] = kept
+            continue
+        kept_as[key] = process_key
+        wanted.setdefault(process_key, (version, delivery.channel, locale, n.payload))
     if not wanted:
-        return
-    if len(_render_cache) + len(wanted) > 10_000:
-        _render_cache.clear()
-    for key, outcome in zip(wanted, render_many(list(wanted.values())), strict=True):
+        return batch
+    started = time.monotonic()
+    for process_key, outcome in zip(wanted, render_many(list(wanted.values())), strict=True):
         if outcome.rendered is not None:
-            version, channel, _, payload = wanted[key]
+            version, channel, _, payload = wanted[process_key]
             try:
                 # The email's layout is looked up by its key: the template's environment's (see _build_message).
                 with owner_scope(owner_id(version.template)):
                     rendered = layouts.apply(version, outcome.rendered, channel=channel, payload=payload)
             except RenderError as exc:
-                _render_cache[key] = exc
+                renderings.put(process_key, exc)
                 continue
-            _render_cache[key] = (rendered, uses_preferences_url(rendered.parts, rendered.link_marker))
+            renderings.put(process_key, (rendered, uses_preferences_url(rendered.parts, rendered.link_marker)))
         elif outcome.error is not None and outcome.error.code != "renderer_busy":  # busy: tried again later
-            _render_cache[key] = outcome.error
+            renderings.put(process_key, outcome.error)
+    for key, process_key in kept_as.items():
+        kept = renderings.get(process_key)
+        if kept is not None:
+            batch[key] = kept
+    _record_render_cost(deliveries, wanted, time.monotonic() - started)
+    return batch
 
 
-def _build_message(delivery: Delivery, out: Outcomes) -> OutboundMessage | None:
+def _record_render_cost(deliveries: list[Delivery], wanted: dict[tuple[Any, ...], RenderRequest], spent: float) -> None:
+    """Tell fair shares what a delivery of each template rendered in this batch cost: its renderings' time over
+    the batch's deliveries of it (a rendering shared by many deliveries costs each of them a sliver).
+
+    A flow's sends are charged for it (notifier/dispatch/shares.py, `units_per_delivery`), so a project whose
+    templates render slowly takes its share of the send workers' time, not only of the provider's rate.
+    """
+    each = spent / len(wanted)
+    seconds: defaultdict[tuple[int, str], float] = defaultdict(float)
+    for version, _, _, _ in wanted.values():
+        seconds[(owner_id(version.template), version.template.key)] += each
+    if max(seconds.values()) < shares.RENDER_COST_FLOOR_SECONDS and not shares.render_costs_written():
+        return  # fast templates, none of them slow before: nothing to tell
+    used = Counter((owner_id(d.notification), d.notification.template_key) for d in deliveries)
+    shares.render_cost_record({name: total / max(1, used[name]) for name, total in seconds.items()})
+
+
+def _build_message(delivery: Delivery, out: Outcomes, rendered_for: Rendered) -> OutboundMessage | None:
     """Render the delivery's template (once per notification, channel and locale in a batch) and build its message.
 
-    Anything raised here fails this delivery alone: a render error as `render_error`, anything else as poison.
+    `rendered_for` holds the batch's renderings made in advance (_prerender); what it lacks is rendered here
+    and added. Anything raised here fails this delivery alone: a render error as `render_error`, anything else
+    as poison.
     """
     n = delivery.notification
     try:
         version = _template_version(n)
         locale = n.locale or delivery.recipient.locale or version.template.default_locale
         cache_key = (n.pk, delivery.channel, locale)
-        cached = _render_cache.get(cache_key)
+        cached = rendered_for.get(cache_key)
         if isinstance(cached, RenderError):  # a fresh exception per delivery: re-raising one grows its traceback
             raise RenderError(cached.message, variable=cached.variable, path=cached.path, code=cached.code)
         if cached is None:
@@ -322,9 +369,7 @@ def _build_message(delivery: Delivery, out: Outcomes) -> OutboundMessage | None:
                 rendered = layouts.render(version, channel=delivery.channel, locale=locale, payload=n.payload)
             # Checked once per render, not per delivery: most templates never use {{ preferences_url }}.
             cached = (rendered, uses_preferences_url(rendered.parts, rendered.link_marker))
-            if len(_render_cache) > 10_000:
-                _render_cache.clear()
-            _render_cache[cache_key] = cached
+            rendered_for[cache_key] = cached
         rendered, personal = cached
         meta: dict[str, Any] = {
             "attempt": delivery.attempts,

@@ -79,22 +79,32 @@ def _generation() -> str | None:
     return value
 
 
-def cached(kind: str, key: str, load: Callable[[], T | None]) -> T | None:
-    """Return the cached value of (kind, key), loading it with `load()` when absent, stale or invalidated.
+def current_generation() -> str | None:
+    """Return the generation (None: Redis cannot say, cache nothing), first dropping entries of an older one.
 
-    A None from `load` (not found) is not cached: a request with an unknown key must not fill the cache.
+    Other per-process caches (see `forget_all_also`) call this before reusing an entry across requests or
+    batches: when it moved, their entries are already gone.
     """
     generation = _generation()
-    if generation is None:
-        return load()
-    now = time.monotonic()
-    if _seen_generation[0] != generation:
+    if generation is not None and _seen_generation[0] != generation:
         with _lock:
             if _seen_generation[0] != generation:
                 _entries.clear()
                 _seen_generation[0] = generation
                 for clear in _companions:
                     clear()
+    return generation
+
+
+def cached(kind: str, key: str, load: Callable[[], T | None]) -> T | None:
+    """Return the cached value of (kind, key), loading it with `load()` when absent, stale or invalidated.
+
+    A None from `load` (not found) is not cached: a request with an unknown key must not fill the cache.
+    """
+    generation = current_generation()
+    if generation is None:
+        return load()
+    now = time.monotonic()
     # The lookup itself takes no lock (a request makes several): a dict read is atomic, and an entry read just
     # before another thread clears the dict is one this lookup could as well have read before the clear.
     hit = _entries.get((kind, key))

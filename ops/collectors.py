@@ -19,7 +19,7 @@ from core.queues import build_queues
 from notifier.deadletters.models import DeadLetter
 from notifier.deliveries.selectors import outbox_state
 from notifier.dispatch import shares
-from projects.models import Project
+from projects.models import Environment, Project
 
 logger = logging.getLogger(__name__)
 
@@ -131,6 +131,25 @@ def fair_share_families(states: list[shares.ProjectShare]) -> Iterator[Metric]:
     yield from (backlog, wait, share, fed)
 
 
+def render_cost_family() -> Metric:
+    """Return the seconds a delivery of each slow template cost the send workers to render, by project."""
+    family = GaugeMetricFamily(
+        "notifier_render_cost_seconds",
+        "Rendering time a delivery of a template last cost the send workers (only templates over a millisecond).",
+        labels=["project", "environment", "template"],
+    )
+    costs = shares.render_costs()
+    if costs:
+        environments = Environment.objects.filter(pk__in={e for e, _ in costs}).values_list(
+            "pk", "project__slug", "name"
+        )
+        names = {pk: (slug, name) for pk, slug, name in environments}
+        for (environment_id, template), seconds in sorted(costs.items()):
+            slug, name = names.get(environment_id, (str(environment_id), ""))
+            family.add_metric([slug, name, template], seconds)
+    return family
+
+
 class OpsCollector(Collector):
     """Read broker and database state at scrape time (only in the API's /metrics, never per worker)."""
 
@@ -172,6 +191,7 @@ class OpsCollector(Collector):
         if states is not None:
             # Exported with no series while no broadcast asks: the alert's expression names them.
             yield from fair_share_families(states)
+            yield render_cost_family()
         pending = collect_pending_dead_letters()
         if pending is not None:
             family = GaugeMetricFamily(

@@ -15,6 +15,8 @@ class TemplatesAppConfig(AppConfig):
     def ready(self) -> None:
         # Imported here: models need the app registry ready.
         from core.config_cache import invalidate_on_change
-        from templates_app.models import Template, TemplateVersion
+        from templates_app.models import Layout, LayoutVersion, Template, TemplateVersion
 
-        invalidate_on_change(Template, TemplateVersion)
+        # Layouts too: a send worker keeps renderings laid out with the layout's newest version
+        # (channels_app/renderings.py) until the generation moves.
+        invalidate_on_change(Template, TemplateVersion, Layout, LayoutVersion)

@@ -33,6 +33,7 @@ The hash also keeps, for /metrics, each project's deliveries fed, its broadcasts
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -366,8 +367,99 @@ def leave(queue: str, *, project: int, flow: str) -> None:
     )
 
 
+# --- render cost: what a delivery of a template costs the send workers beyond its provider slot ---------------
+
+# A template rendering faster than this a delivery costs its flow nothing extra (and writes nothing to Redis).
+RENDER_COST_FLOOR_SECONDS = 0.001
+RENDER_COST_TTL_SECONDS = 600
+# A process tells a template's cost again only when it moved by a quarter or is older than this.
+RENDER_COST_REFRESH_SECONDS = 10.0
+# What this process last told, by field: (seconds, when).
+_cost_written: dict[str, tuple[float, float]] = {}
+
+
+def render_cost_key() -> str:
+    """Return the Redis key of the templates' render cost per delivery (a hash by environment and template key)."""
+    return rkey("fair", "render-cost")
+
+
+def render_cost_record(costs: dict[tuple[int, str], float]) -> None:
+    """Keep the seconds of rendering a delivery of each (environment, template key) cost a send worker just now.
+
+    Measured per batch: the rendering's time over the batch's deliveries that used it, so a rendering shared by
+    a broadcast's deliveries costs each of them next to nothing, and one per recipient (a digest) all of it.
+    Only costs above RENDER_COST_FLOOR_SECONDS are written, and the fall of one this process wrote before; a
+    cost within a quarter of what this process last wrote is written again only every
+    RENDER_COST_REFRESH_SECONDS (a batch of singles of an email with a layout can cost a millisecond: not a Redis
+    call each).
+    """
+    fields: dict[str, float] = {}
+    now = time.monotonic()
+    for (environment_id, template_key), seconds in costs.items():
+        name = f"{environment_id}:{template_key}"
+        last, when = _cost_written.get(name, (0.0, 0.0))
+        if seconds < RENDER_COST_FLOOR_SECONDS and last < RENDER_COST_FLOOR_SECONDS:
+            continue
+        if abs(seconds - last) <= last / 4 and now - when < RENDER_COST_REFRESH_SECONDS:
+            continue
+        fields[name] = round(seconds, 6)
+        _cost_written[name] = (seconds, now)
+    if not fields:
+        return
+
+    def call(client: Any) -> None:
+        pipe = client.pipeline(transaction=False)
+        pipe.hset(render_cost_key(), mapping=fields)
+        pipe.expire(render_cost_key(), RENDER_COST_TTL_SECONDS)
+        pipe.execute()
+
+    _guard.run(call, lambda: None)
+
+
+def render_costs_written() -> bool:
+    """Return whether this process has told a cost above the floor (whose fall it must tell too)."""
+    return any(seconds >= RENDER_COST_FLOOR_SECONDS for seconds, _ in _cost_written.values())
+
+
+def render_cost(environment_id: int, template_key: str) -> float:
+    """Return the seconds a delivery of this template last cost the send workers to render (0: below the floor)."""
+
+    def call(client: Any) -> float:
+        value = client.hget(render_cost_key(), f"{environment_id}:{template_key}")
+        return float(value) if value is not None else 0.0
+
+    cost: float = _guard.run(call, lambda: 0.0)
+    return cost if cost >= RENDER_COST_FLOOR_SECONDS else 0.0
+
+
+def render_costs() -> dict[tuple[int, str], float]:
+    """Return every (environment, template key) whose deliveries cost the send workers more than the floor."""
+
+    def call(client: Any) -> dict[tuple[int, str], float]:
+        out: dict[tuple[int, str], float] = {}
+        for name, value in client.hgetall(render_cost_key()).items():
+            environment, _, key = (name.decode() if isinstance(name, bytes) else name).partition(":")
+            if float(value) >= RENDER_COST_FLOOR_SECONDS:
+                out[(int(environment), key)] = float(value)
+        return out
+
+    costs: dict[tuple[int, str], float] = _guard.run(call, dict)
+    return costs
+
+
+def units_per_delivery(cost: float, rate: float) -> int:
+    """Return how many of a queue's provider slots one delivery takes: its render time at the provider's rate.
+
+    The send workers render a queue's deliveries one after another as far as a queue's room is concerned (its
+    bound assumes one worker thread's pace): a delivery whose rendering takes as long as five provider slots
+    counts as five, so the room holds the horizon's worth of the workers' time, not of the provider's.
+    """
+    return max(1, math.ceil(cost * rate - 1e-9))
+
+
 def reset(queues: list[str]) -> None:
     """Forget the shares of these queues (tests and benchmarks start from an idle queue)."""
     with _rates_lock:
         _rates.clear()
-    _guard.run(lambda client: client.delete(*[queue_key(q) for q in queues]), lambda: None)
+    _cost_written.clear()
+    _guard.run(lambda client: client.delete(*[queue_key(q) for q in queues], render_cost_key()), lambda: None)

@@ -67,7 +67,7 @@ from notifier.workflows.selectors import (
 from preferences.models import Recipient
 from preferences.services import recipient_ensure
 from projects.promotion import InUse, direct_change_check, promote
-from projects.scoping import as_client_owner
+from projects.scoping import as_client_owner, owner_id
 from projects.selectors import environment_project_weight
 from templates_app.selectors import TemplateNotFound, template_version_resolve
 from templates_app.services import layout_promote, template_promote
@@ -446,6 +446,7 @@ class _Grant:
     held: int = 0  # runs held back again (they were held before)
     newly_held: int = 0  # runs held back for the first time: they join the flow's backlog
     released: int = 0  # runs held before that went on: they leave it
+    units: int = 1  # provider slots a send takes in the queue's room (its rendering's time: shares.units_per_delivery)
 
     def settle(self, failed: bool = False) -> None:
         """Give back what the message did not feed (all of it when its transaction did not commit).
@@ -453,7 +454,7 @@ class _Grant:
         The flow's backlog in the queue's hash counts its runs held back, for /metrics and for where a run newly
         held joins the line (see `_room`).
         """
-        delta = -self.share.granted if failed else self.fed - self.share.granted
+        delta = -self.share.granted if failed else self.fed * self.units - self.share.granted
         backlog = 0 if failed else self.newly_held - self.released
         shares.settle(
             self.queue, rate=self.rate, project=self.project, weight=self.weight, flow=self.flow, delta=delta,
@@ -715,11 +716,15 @@ def _room(run: WorkflowRun, step: dict[str, Any], context: _Context, was_held: b
         queue = queue_name(channel, run.priority)
         grant = context.grants.get((queue, run.notification_id))
         if grant is None:
-            project, weight = environment_project_weight(run.version.workflow.environment_id)
+            environment_id = owner_id(run.version.workflow)
+            project, weight = environment_project_weight(environment_id)
             flow = f"wf:{run.notification_id}"
-            want = max(1, context.remaining[run.notification_id])
+            # A send whose rendering takes the workers longer than a provider slot counts as several (a digest
+            # renders per run): the room then holds the horizon's worth of the workers' time.
+            units = shares.units_per_delivery(shares.render_cost(environment_id, step["template"]), rate)
+            want = max(1, context.remaining[run.notification_id]) * units
             share = shares.ask(queue, rate=rate, project=project, weight=weight, flow=flow, want=want)
-            grant = _Grant(queue, rate, project, weight, flow, share, left=share.granted)
+            grant = _Grant(queue, rate, project, weight, flow, share, left=share.granted // units, units=units)
             context.grants[(queue, run.notification_id)] = grant
         grants.append(grant)
     short = next((grant for grant in grants if grant.left <= 0), None)
@@ -736,7 +741,7 @@ def _room(run: WorkflowRun, step: dict[str, Any], context: _Context, was_held: b
     else:
         short.newly_held += 1
         place = max(0, short.share.backlog) + short.newly_held
-    wait = max(HOLD_FLOOR_SECONDS, short.share.wait) + place / short.rate
+    wait = max(HOLD_FLOOR_SECONDS, short.share.wait) + place * short.units / short.rate
     why = "no room in the queue" if short.share.reason != "turn" else "other broadcasts' turn"
     wake_at = context.now + timedelta(seconds=wait)
     return Outcome(

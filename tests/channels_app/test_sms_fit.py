@@ -9,7 +9,7 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
-from channels_app import services
+from channels_app import renderings
 from channels_app.models import SandboxMessage
 from channels_app.services import deliver
 from core import metrics
@@ -73,7 +73,7 @@ def test_sent_segments_are_counted_by_encoding(api: Any, settings: Any) -> None:
     settings.SMS_MAX_SEGMENTS = 6
     # The in-process pipeline caches template versions by key: ids from an earlier test's rows are stale.
     template_selectors._exact_versions.clear()
-    services._render_cache.clear()
+    renderings.forget()
     template_put(key="say", category="transactional", default_locale="en", content=CONTENT)
     recipient_upsert(user_id="sms-1", phone="+15005550006")
     before = {enc: _segments_total(enc) for enc in ("gsm7", "ucs2")}

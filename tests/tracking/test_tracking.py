@@ -10,7 +10,7 @@ import pytest
 from django.core import signing
 from django.test import Client
 
-from channels_app import services
+from channels_app import renderings
 from channels_app.models import SandboxMessage
 from channels_app.services import deliver
 from notifier.callbacks.services import ses_event_apply
@@ -38,7 +38,7 @@ def tracked(settings: Any) -> None:
     settings.PUBLIC_BASE_URL = "https://notify.example.com"
     # The in-process pipeline caches template versions by key: ids from an earlier test's rows are stale.
     template_selectors._exact_versions.clear()
-    services._render_cache.clear()
+    renderings.forget()
     template_put(key="news", category="marketing", default_locale="en", content=CONTENT)
     template_put(key="note", category="social", default_locale="en", content=CONTENT)
     template_put(key="receipt", category="transactional", default_locale="en", content=CONTENT)

@@ -16,12 +16,16 @@ import pytest
 from django.utils import timezone
 
 from channels_app.models import SandboxMessage
+from channels_app.services import deliver
 from notifier.accepting.services import notification_accept
 from notifier.deliveries.models import Delivery
 from notifier.dispatch import fanout, shares
 from notifier.workflows.models import WorkflowRun, WorkflowStep
 from notifier.workflows.services import runs_advance, runs_wake, workflow_put, workflow_trigger
-from projects.scoping import owner_scope
+from preferences.services import recipient_upsert
+from projects.models import Project
+from projects.scoping import owner_id, owner_scope
+from templates_app.services import template_put
 from tests import factories
 from tests.campaigns.test_campaigns import BEAT
 from tests.conftest import purge_all_queues, wait_for
@@ -200,3 +204,60 @@ def test_a_topic_workflows_runs_hold_another_projects_steps_a_page_at_most(start
     assert a_runs.count() == total
     # B waited behind A's first page (and what the worker had prefetched of the second), not the topic.
     assert a_ahead <= 2 * page, (a_ahead, total)
+
+
+# A template whose rendering takes the send workers milliseconds: three thousand loop turns of arithmetic.
+SLOW = {
+    "en": {"email": {"subject": "News {{ pct }}", "text": "{% for i in range(3000) %}{{ (i * pct) % 7 }}{% endfor %}"}}
+}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_send_rendered_per_run_takes_as_many_slots_as_its_rendering_takes_the_workers(
+    throttled: None, settings: Any
+) -> None:
+    rate = 1000  # a provider slot of a millisecond: a rendering of several takes several
+    settings.PROVIDER_RATE_LIMITS = {"sandbox": {"rate": rate, "burst": rate}}
+    a = project_client("proj-a")
+    with owner_scope(a.environment_id):
+        template_put(key="news", category="social", default_locale="en", content=SLOW)
+    with owner_scope(a.environment_id):
+        recipient_upsert(user_id="reader", email="reader@example.com")
+
+    def send(payloads: list[dict[str, Any]]) -> None:
+        ids = []
+        for payload in payloads:
+            data = {
+                "recipient": {"user_id": "reader"},
+                "template": "news",
+                "channels": ["email"],
+                "payload": payload,
+            }
+            ids += [d.pk for d in notification_accept(client=a, data=data).deliveries]
+        assert deliver(ids).sent == len(ids)
+
+    # Ten renderings for ten deliveries (a digest's way): each delivery cost its whole rendering.
+    send([{"pct": i} for i in range(1, 11)])
+    per_run = shares.render_cost(owner_id(a), "news")
+    units = shares.units_per_delivery(per_run, rate)
+    assert units > 1, per_run
+    # One rendering shared by forty deliveries (a broadcast's way) costs each of them a fortieth.
+    send([{"pct": 99}] * 40)
+    shared = shares.render_cost(owner_id(a), "news")
+    assert shared < per_run / 5, (shared, per_run)
+
+    # A topic workflow's runs are charged what the workers last measured: with the per-run cost again, a room of
+    # `rate` slots lets `rate / units` runs send, not `rate`.
+    send([{"pct": i} for i in range(11, 21)])
+    units = shares.units_per_delivery(shares.render_cost(owner_id(a), "news"), rate)
+    assert units > 1
+    project_topic(a, "everyone", 1500)
+    trigger = blast(a, "everyone")
+    fanout.fanout_run(notification_id=trigger.pk, enqueue_next=False)
+    ids = sorted(WorkflowRun.objects.filter(notification_id=trigger.pk).values_list("pk", flat=True))
+    counts = runs_advance(run_ids=ids[:900])
+    assert 0 < counts["done"] <= rate // units + 1 and counts["held"] == 900 - counts["done"], (counts, units)
+    # The queue's level holds the runs sent at their cost in slots.
+    [state] = [s for s in shares.state(["email.low"]) if s.project == Project.objects.get(slug="proj-a").pk]
+    assert state.fed == counts["done"] * units, (state, counts, units)
+    purge_all_queues()
