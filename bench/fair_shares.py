@@ -1,7 +1,7 @@
 """Fair shares: one project's broadcast against another project's singles, and three broadcasts at once.
 
     BENCH_NS=me .venv/bin/python bench/fair_shares.py [--recipients 100000] [--singles 60] [--three 20000]
-        [--rate 1000] [--skip alone,contended,broadcast,three]
+        [--workflow 20000] [--rate 1000] [--skip alone,contended,broadcast,three,workflow]
 
 The worker classes as the Procfile runs them (the low worker prefork 2, the fan-out worker prefork 2) and the API
 under gunicorn, on their own database and vhost, with the in-app provider limited to --rate deliveries a second
@@ -15,6 +15,9 @@ provider's limit. All traffic is category `social` (normal priority, the low que
 3. **broadcast**: A's broadcast alone: its drain time and deliveries a second, accept -> last sent.
 4. **three**: projects A, B and C (weight 1 each) each send to a topic of --three at once: what each had sent
    when the first finished, as a share of the total (about a third each when shared), and each one's drain time.
+5. **workflow**: A triggers a one-step workflow (an in-app send of a template that takes the workers about
+   10 ms to render) for a topic of --workflow; while its runs send, B sends its singles as in 1: their p50/p99,
+   and how long A's runs took (the wake relay called here every second, as beat would).
 
 Run it on main too for the before figures (the script uses nothing the fair shares added).
 """
@@ -36,6 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._common import ApiServer, Worker, cleanup, log, parser, percentile, prepare, wait_until, workers
 
 CONTENT = {"en": {"inapp": {"title": "News {{ n }}", "body": "Hello {{ n }}"}}}
+# Three thousand loop turns of arithmetic: a rendering of about 10 ms on this box.
+SLOW = {"en": {"inapp": {"title": "News {{ n }}", "body": "{% for i in range(3000) %}{{ (i * n) % 7 }}{% endfor %}"}}}
 
 
 class Project:
@@ -53,9 +58,11 @@ class Project:
         client, self.key = api_client_create(name=f"bench-{slug}", scopes=list(SCOPES), project=slug)
         client.rate_limit = "1000000/s"
         client.save(update_fields=["rate_limit"])
+        self.client = client
         self.environment_id = client.environment_id
         with owner_scope(self.environment_id):
             template_put(key="news", category="social", default_locale="en", content=CONTENT)
+            template_put(key="slow_news", category="social", default_locale="en", content=SLOW)
 
     def topic(self, key: str, n: int) -> None:
         """Create topic `key` of n subscribers in this project's environment (set-based SQL)."""
@@ -127,6 +134,30 @@ def wait_drained(nid: str, total: int, started: float) -> float:
     return time.monotonic() - started
 
 
+def workflow_drain(project: Project, topic: str, total: int, stop: threading.Event) -> tuple[int, float]:
+    """Trigger a one-send workflow for `topic`; relay held runs each second until all are done; (done, seconds)."""
+    from notifier.workflows.models import WorkflowRun
+    from notifier.workflows.services import runs_wake, workflow_put, workflow_trigger
+    from projects.scoping import owner_scope
+
+    with owner_scope(project.environment_id):
+        workflow_put(
+            key="bench_fair", category="social",
+            steps=[{"id": "note", "type": "send", "channel": "inapp", "template": "slow_news"}],
+        )  # fmt: skip
+    started = time.monotonic()
+    data = {"topic": topic, "workflow": "bench_fair", "payload": {"n": 3}}
+    trigger = workflow_trigger(client=project.client, data=data).notification
+    runs = WorkflowRun.objects.filter(notification_id=trigger.pk)
+    while time.monotonic() - started < 3600:
+        runs_wake()  # what beat does every WORKFLOW_WAKE_INTERVAL_SECONDS
+        if runs.filter(status="done").count() >= total:
+            break
+        time.sleep(1)
+    stop.set()
+    return runs.filter(status="done").count(), time.monotonic() - started
+
+
 def line(name: str, values: list[float]) -> str:
     p50, p99, top = percentile(values, 50), percentile(values, 99), max(values, default=0)
     return f"{name}: n {len(values)}, p50 {p50:.0f} ms, p99 {p99:.0f} ms, max {top:.0f} ms"
@@ -149,6 +180,8 @@ def run(args: argparse.Namespace) -> None:
     a.topic("a-broadcast", args.recipients)
     for p in (a, b, c):
         p.topic(f"{p.slug}-three", args.three)
+    if "workflow" not in skip:
+        a.topic("a-workflow", args.workflow)
     server = ApiServer()
     low = Worker("fair-low", ["push.low", "email.low", "sms.low", "inapp.low", "webhook.low"], concurrency=2)
     fan = Worker("fair-fanout", ["fanout"], concurrency=2)
@@ -188,6 +221,22 @@ def run(args: argparse.Namespace) -> None:
                 out.append(f"three at once, when the first finished: {shares}")
                 times = [wait_drained(i, args.three, started) for i, started in sent]
                 out.append("three at once, drain times     " + ", ".join(f"{t:.1f} s" for t in times))
+            if "workflow" not in skip:
+                log("A's topic workflow (a slow template) with B's singles")
+                stop = threading.Event()
+                result: list[tuple[int, float]] = []
+                drain = threading.Thread(
+                    target=lambda: result.append(workflow_drain(a, "a-workflow", args.workflow, stop)), daemon=True
+                )
+                drain.start()
+                time.sleep(3)  # the runs are written and sending
+                during = []
+                while not stop.is_set() and len(during) < args.singles:
+                    during += singles(b, server.url, 1, stop)
+                drain.join()
+                done, seconds = result[0] if result else (0, 0.0)
+                out.append(line("B's singles while A's workflow runs", during))
+                out.append(rate_line("A's workflow runs done (with B)  ", done, seconds))
     finally:
         server.stop()
     print("\n=== bench/fair_shares.py ===")
@@ -201,8 +250,9 @@ def main() -> None:
     p.add_argument("--recipients", type=int, default=100_000)
     p.add_argument("--three", type=int, default=20_000)
     p.add_argument("--singles", type=int, default=60)
+    p.add_argument("--workflow", type=int, default=20_000)
     p.add_argument("--rate", type=int, default=1000)
-    p.add_argument("--skip", default="", help="phases to leave out: alone,contended,broadcast,three")
+    p.add_argument("--skip", default="", help="phases to leave out: alone,contended,broadcast,three,workflow")
     args = p.parse_args()
     # Every process (API, workers) reads the provider's limit from the environment.
     os.environ["PROVIDER_RATE_LIMITS"] = json.dumps({"inapp": {"rate": args.rate, "burst": args.rate}})
