@@ -141,6 +141,11 @@ def test_dashboard_parses_and_shows_every_topic() -> None:
         "notifier_ratelimit_tokens_total",
         "notifier_dead_letters_pending",
         'notifier_delivery_latency_seconds_bucket{priority="high", channel="sms"}',  # OTP latency
+        "notifier_fair_backlog",  # fair shares per project
+        "notifier_fair_wait_seconds",
+        "notifier_fair_share",
+        "notifier_fair_fed_total",
+        "notifier_render_cost_seconds",
     ):
         assert needed in exprs, needed
 
@@ -165,6 +170,8 @@ def _exported() -> dict[str, set[str]]:
         if not family.samples:
             # A family read at scrape time with no series yet (no dead letters): its name is still exported.
             exported.setdefault(family.name, set())
+            if family.type == "counter":  # its samples would be named `<name>_total`
+                exported.setdefault(f"{family.name}_total", set())
         for sample in family.samples:
             exported.setdefault(sample.name, set()).update(sample.labels)
     return exported
