@@ -1,4 +1,4 @@
-"""The operators' admin page: recent outcomes per channel, queue depths, dead letters and breaker states.
+"""The operators' admin page: recent outcomes per channel, queue depths, fair shares, dead letters and breakers.
 
 Deliveries and provider errors are charted from the event history; queue depths, dead letters and breaker
 states from the samples beat takes every minute (ops/series.py), all over the last 24 hours.
@@ -6,7 +6,9 @@ states from the samples beat takes every minute (ops/series.py), all over the la
 A superuser sees the installation. A staff member sees the counts of their projects only (those where they may
 see the dashboard): deliveries, provider errors and pending dead letters of those projects' environments. The
 broker's queue depths, its dead-letter queues and the sampled history of both count every project's messages,
-so they are left out for members; the breakers' states are shown (a provider's health, not anyone's counts).
+so they are left out for members; the breakers' states are shown (a provider's health, not anyone's counts). The
+fair shares of the throttled low queues (each project's broadcast backlog, wait for room, entitled share and what
+it fed) and the templates' render cost are shown per project: a member sees their projects' rows.
 
 Mounted by config/urls.py before admin.site.urls, wrapped in admin.site.admin_view (staff only):
     path("admin/notifier/dashboard/", admin.site.admin_view(dashboard_view), name="notifier-dashboard"),
@@ -28,8 +30,9 @@ from django.utils import timezone
 from core.charts import COLOURS, bar_chart, line_chart, state_strip
 from notifier.deliveries.models import DeliveryEvent
 from notifier.deliveries.selectors import event_counts_by_bucket
+from notifier.dispatch import shares
 from notifier.staff.roles import DASHBOARD_PERMISSION, may_see_dashboard
-from ops.collectors import collect_pending_dead_letters, collect_queue_depths
+from ops.collectors import collect_fair_shares, collect_pending_dead_letters, collect_queue_depths
 from ops.series import breaker_series, breaker_states, number_series, ops_samples, total_series
 from projects.admin import member_project_ids
 from projects.models import Environment, Project
@@ -199,6 +202,46 @@ def dashboard_charts(context: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def fair_share_rows(environments: list[int] | None) -> dict[str, Any]:
+    """Return the throttled queues' shares per project and the templates' render costs (of `environments` only)."""
+    states = collect_fair_shares()
+    costs = shares.render_costs()
+    scope = None if environments is None else set(environments)
+    environment_rows = Environment.objects.filter(pk__in={e for e, _ in costs}).values_list(
+        "pk", "project_id", "project__slug", "name"
+    )
+    env_names = {pk: (slug, name) for pk, _, slug, name in environment_rows}
+    projects = None
+    if scope is not None:
+        projects = set(Environment.objects.filter(pk__in=scope).values_list("project_id", flat=True))
+    visible = [s for s in states or [] if projects is None or s.project in projects]
+    slugs = dict(Project.objects.filter(pk__in={s.project for s in visible}).values_list("pk", "slug"))
+    return {
+        "fair_up": states is not None,
+        "fair_shares": [
+            {
+                "queue": s.queue,
+                "project": slugs.get(s.project, str(s.project)),
+                "backlog": s.backlog,
+                "waiting": round(s.waiting_seconds, 1),
+                "share": round(s.share * 100),
+                "fed": s.fed,
+            }
+            for s in sorted(visible, key=lambda s: (s.queue, slugs.get(s.project, "")))
+        ],
+        "render_costs": [
+            {
+                "project": env_names.get(environment_id, (str(environment_id), ""))[0],
+                "environment": env_names.get(environment_id, ("", ""))[1],
+                "template": template,
+                "milliseconds": round(seconds * 1000, 1),
+            }
+            for (environment_id, template), seconds in sorted(costs.items(), key=lambda item: -item[1])
+            if scope is None or environment_id in scope
+        ],
+    }
+
+
 def dashboard_context(environments: list[int] | None = None) -> dict[str, Any]:
     """Gather everything the dashboard shows: the installation's, or only `environments`' counts (a member's)."""
     since = timezone.now() - WINDOW
@@ -221,6 +264,7 @@ def dashboard_context(environments: list[int] | None = None) -> dict[str, Any]:
         "dead_letters_pending": sorted((pending or {}).items()),
         "dead_letters_total": sum((pending or {}).values()),
         "breakers": breaker_states(),
+        **fair_share_rows(environments),
     }
 
 

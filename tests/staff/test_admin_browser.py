@@ -358,7 +358,7 @@ def test_the_wizard_schedules_a_campaign_at_each_recipients_local_time(
     assert entry.changes["send_at_local"] == [None, "2031-06-01T08:00:00"]
 
 
-def test_operations_charts(live_server: Any, browser: WebDriver) -> None:
+def test_operations_charts(live_server: Any, browser: WebDriver, settings: Any) -> None:
     from datetime import timedelta
 
     from django.utils import timezone
@@ -404,6 +404,15 @@ def test_operations_charts(live_server: Any, browser: WebDriver) -> None:
             assert ops_sample(now=now - timedelta(minutes=minutes_ago)) is not None
     finally:
         purge_all_queues()
+    # A broadcast asking a throttled queue for room, and a template that renders slowly.
+    from notifier.dispatch import shares
+    from projects.models import DEFAULT_LIVE_ENVIRONMENT_ID, Environment
+
+    settings.PROVIDER_RATE_LIMITS = {"sandbox": {"rate": 1000, "burst": 1000}}
+    shares.reset(["email.low"])
+    project = Environment.objects.get(pk=DEFAULT_LIVE_ENVIRONMENT_ID).project
+    shares.ask("email.low", rate=1000, project=project.pk, weight=1, flow="charts", want=250, backlog=4000)
+    shares.render_cost_record({(DEFAULT_LIVE_ENVIRONMENT_ID, "weekly_digest"): 0.0345})
     # The shared helper waits for the logged-in page: a get() right after the click could overtake the POST.
     login(browser, live_server.url, "ops")
     browser.get(f"{live_server.url}/admin/notifier/dashboard/")
@@ -425,6 +434,11 @@ def test_operations_charts(live_server: Any, browser: WebDriver) -> None:
         for e in browser.find_elements(By.CSS_SELECTOR, "#chart-breaker-history rect.slot")
     ]
     assert "closed" in states and "open" in states
+    fair = browser.find_element(By.ID, "ops-fair-shares")
+    cells = [[td.text for td in row.find_elements(By.TAG_NAME, "td")] for row in fair.find_elements(By.TAG_NAME, "tr")]
+    assert ["email.low", project.slug, "3750", "0 s", "100 %", "250"] in cells, cells
+    assert [project.slug, "live", "weekly_digest", "34.5 ms"] in cells, cells
+    shares.reset(["email.low"])
     screenshot(browser, "operations-charts")
 
 

@@ -23,6 +23,7 @@ from notifier.clients.models import ApiClient
 from notifier.clients.services import api_client_create
 from notifier.deadletters.models import DeadLetter
 from notifier.deliveries.models import Delivery, Notification
+from notifier.dispatch import shares
 from notifier.staff.services import staff_roles_sync
 from preferences.models import Topic
 from projects.models import Environment, Membership, Project
@@ -335,6 +336,43 @@ def test_the_dashboard_counts_only_the_members_projects(world: dict[str, Any]) -
     assert email["failed"] == 2 and dict(everything.context["dead_letters_pending"]) == {"email": 2}
     assert "chart-queue-history" in everything.content.decode()
     assert world["bob"].get(reverse("notifier-dashboard")).status_code == 403
+
+
+def test_the_dashboards_fair_shares_show_each_member_their_projects_rows(world: dict[str, Any], settings: Any) -> None:
+    # Both projects' broadcasts ask a throttled email queue; each has a template that renders slowly.
+    settings.PROVIDER_RATE_LIMITS = {"sandbox": {"rate": 1000, "burst": 1000}}
+    shares.reset(["email.low"])
+    shop, blog = world["shop"], world["blog"]
+    for side, backlog in ((shop, 700), (blog, 300)):
+        granted = shares.ask(
+            "email.low", rate=1000, project=side.project.pk, weight=1, flow=f"b-{side.project.slug}", want=100,
+            backlog=backlog,
+        )  # fmt: skip
+        assert granted.granted == 100, granted
+    shares.render_cost_record({(shop.live.pk, "order_shipped"): 0.0123, (blog.live.pk, "promo"): 0.0456})
+
+    def fair(client: Client) -> tuple[list[tuple[str, int]], list[tuple[str, str, float]], str]:
+        response = client.get(reverse("notifier-dashboard"))
+        assert response.status_code == 200
+        html = response.content.decode()
+        table = re.search(r'id="ops-fair-shares".*?</div>', html, re.S)
+        assert table is not None
+        return (
+            [(row["project"], row["backlog"]) for row in response.context["fair_shares"]],
+            [(row["project"], row["template"], row["milliseconds"]) for row in response.context["render_costs"]],
+            table.group(0),
+        )
+
+    shares_seen, costs, html = fair(world["root"])
+    assert shares_seen == [("blog", 200), ("shop", 600)], shares_seen
+    assert costs == [("blog", "promo", 45.6), ("shop", "order_shipped", 12.3)]
+    assert "blog" in html and "45.6 ms" in html and "12.3 ms" in html
+    # ann (Support in shop) sees shop's rows only.
+    shares_seen, costs, html = fair(world["ann"])
+    assert [project for project, _ in shares_seen] == ["shop"]
+    assert costs == [("shop", "order_shipped", 12.3)]
+    assert "blog" not in html and "45.6 ms" not in html and "12.3 ms" in html
+    shares.reset(["email.low"])
 
 
 def test_a_new_api_keys_environment_is_chosen_and_gives_its_mode(world: dict[str, Any]) -> None:
