@@ -14,7 +14,8 @@ provider's limit. All traffic is category `social` (normal priority, the low que
    singles as in 1: their p50/p99 (the target: p99 < 1 s), and how long A's broadcast took.
 3. **broadcast**: A's broadcast alone: its drain time and deliveries a second, accept -> last sent.
 4. **three**: projects A, B and C (weight 1 each) each send to a topic of --three at once: what each had sent
-   when the first finished, as a share of the total (about a third each when shared), and each one's drain time.
+   when the first finished, as a share of the total (about a third each when shared), each one's drain time, and
+   B's singles sent meanwhile as in 1 (behind none of the three, its own included).
 5. **workflow**: A triggers a one-step workflow (an in-app send of a template that takes the workers about
    10 ms to render) for a topic of --workflow; while its runs send, B sends its singles as in 1: their p50/p99,
    and how long A's runs took (the wake relay called here every second, as beat would).
@@ -212,6 +213,10 @@ def run(args: argparse.Namespace) -> None:
                 log("three broadcasts at once")
                 sent = [broadcast(p, server.url, f"{p.slug}-three", args.three) for p in (a, b, c)]
                 ids = [nid for nid, _ in sent]
+                time.sleep(2)  # the fan-outs are under way
+                during = []
+                while max(drained(i) for i in ids) < args.three * 0.9 and len(during) < args.singles:
+                    during += singles(b, server.url, 1)
                 wait_until(
                     lambda: max(drained(i) for i in ids) >= args.three, timeout=3600, interval=0.2, what="one drained"
                 )
@@ -221,6 +226,7 @@ def run(args: argparse.Namespace) -> None:
                 out.append(f"three at once, when the first finished: {shares}")
                 times = [wait_drained(i, args.three, started) for i, started in sent]
                 out.append("three at once, drain times     " + ", ".join(f"{t:.1f} s" for t in times))
+                out.append(line("B's singles while all three drain", during))
             if "workflow" not in skip:
                 log("A's topic workflow (a slow template) with B's singles")
                 stop = threading.Event()
