@@ -719,9 +719,11 @@ def _room(run: WorkflowRun, step: dict[str, Any], context: _Context, was_held: b
             environment_id = owner_id(run.version.workflow)
             project, weight = environment_project_weight(environment_id)
             flow = f"wf:{run.notification_id}"
-            # A send whose rendering takes the workers longer than a provider slot counts as several (a digest
-            # renders per run): the room then holds the horizon's worth of the workers' time.
-            units = shares.units_per_delivery(shares.render_cost(environment_id, step["template"]), rate)
+            # The runs of a trigger carry its payload, and the send workers render that once per process
+            # (channels_app/renderings.py); a run with a digest renders its own, and one whose rendering takes the
+            # workers longer than a provider slot counts as several: the room holds the horizon's worth of their time.
+            cost = shares.render_cost(environment_id, step["template"]) if run.digest else 0.0
+            units = shares.units_per_delivery(cost, rate)
             want = max(1, context.remaining[run.notification_id]) * units
             share = shares.ask(queue, rate=rate, project=project, weight=weight, flow=flow, want=want)
             grant = _Grant(queue, rate, project, weight, flow, share, left=share.granted // units, units=units)

@@ -246,18 +246,29 @@ def test_a_send_rendered_per_run_takes_as_many_slots_as_its_rendering_takes_the_
     shared = shares.render_cost(owner_id(a), "news")
     assert shared < per_run / 5, (shared, per_run)
 
-    # A topic workflow's runs are charged what the workers last measured: with the per-run cost again, a room of
-    # `rate` slots lets `rate / units` runs send, not `rate`.
+    # Runs that carry the trigger's payload share one rendering: one slot each, whatever the template costs.
+    project_topic(a, "everyone", 1000)
+    trigger = blast(a, "everyone")
+    fanout.fanout_run(notification_id=trigger.pk, enqueue_next=False)
+    runs = WorkflowRun.objects.filter(notification_id=trigger.pk)
+    ids = sorted(runs.values_list("pk", flat=True))
+    counts = runs_advance(run_ids=ids[:300])
+    assert counts == {"done": 300}, counts
+    project = Project.objects.get(slug="proj-a").pk
+    [state] = [s for s in shares.state(["email.low"]) if s.project == project]
+    assert state.fed == 300, state
+
+    # Runs with a digest (each its own payload, as the digest step leaves them) are charged what the workers last
+    # measured: with the per-run cost again, a room of `rate` slots lets `rate / units` of them send, not `rate`.
+    shares.reset(["email.low"])
     send([{"pct": i} for i in range(11, 21)])
     units = shares.units_per_delivery(shares.render_cost(owner_id(a), "news"), rate)
     assert units > 1
-    project_topic(a, "everyone", 1500)
-    trigger = blast(a, "everyone")
-    fanout.fanout_run(notification_id=trigger.pk, enqueue_next=False)
-    ids = sorted(WorkflowRun.objects.filter(notification_id=trigger.pk).values_list("pk", flat=True))
-    counts = runs_advance(run_ids=ids[:900])
-    assert 0 < counts["done"] <= rate // units + 1 and counts["held"] == 900 - counts["done"], (counts, units)
+    digests = ids[300:]
+    runs.filter(pk__in=digests).update(digest={"key": "", "count": 1, "events": [{"pct": 5}]})
+    counts = runs_advance(run_ids=digests)
+    assert 0 < counts["done"] <= rate // units + 1 and counts["held"] == len(digests) - counts["done"], (counts, units)
     # The queue's level holds the runs sent at their cost in slots.
-    [state] = [s for s in shares.state(["email.low"]) if s.project == Project.objects.get(slug="proj-a").pk]
+    [state] = [s for s in shares.state(["email.low"]) if s.project == project]
     assert state.fed == counts["done"] * units, (state, counts, units)
     purge_all_queues()
