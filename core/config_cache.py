@@ -86,14 +86,39 @@ def current_generation() -> str | None:
     batches: when it moved, their entries are already gone.
     """
     generation = _generation()
-    if generation is not None and _seen_generation[0] != generation:
-        with _lock:
-            if _seen_generation[0] != generation:
-                _entries.clear()
-                _seen_generation[0] = generation
-                for clear in _companions:
-                    clear()
+    _observe(generation)
     return generation
+
+
+def generation_key() -> str:
+    """Return the Redis key of the generation, for a caller that reads it in a round trip it makes anyway."""
+    return rkey(*_GENERATION)
+
+
+def adopt_generation(value: str | None) -> bool:
+    """Take `value`, read from Redis by the caller (None: Redis did not answer), as the current generation.
+
+    Inside one_generation() it becomes the block's read, so its lookups make none of their own. Returns whether
+    it moved since this process last looked (its entries are then already dropped).
+    """
+    pinned = _pinned.get()
+    if pinned is not None and not pinned:
+        pinned.append(value)
+    return _observe(value)
+
+
+def _observe(generation: str | None) -> bool:
+    """Drop this process's entries (and its companions') when `generation` is not the one they were loaded under."""
+    if generation is None or _seen_generation[0] == generation:
+        return False
+    with _lock:
+        if _seen_generation[0] == generation:
+            return False
+        _entries.clear()
+        _seen_generation[0] = generation
+        for clear in _companions:
+            clear()
+    return True
 
 
 def cached(kind: str, key: str, load: Callable[[], T | None]) -> T | None:

@@ -144,6 +144,8 @@ class Grant:
     granted: int
     wait: float
     degraded: bool = False
+    # The value of the key `acquire_buckets` was asked to read along (None: absent, or Redis did not answer).
+    value: str | None = None
 
 
 def configured_limits() -> dict[str, dict[str, Any]]:
@@ -195,20 +197,23 @@ def bucket_key(provider: str, account: str | None = None) -> str:
     return rkey("rl", "{%s}" % provider, *(("acct", account) if account is not None else ()))  # noqa: UP031
 
 
-# KEYS: bucket keys (provider, then the account's if any). ARGV: n, is_high (1/0), ttl, then per key
-# rate, capacity, reserve. Tokens and the refill clock live in one hash per key: tok, ts, and the AIMD state
+# KEYS: bucket keys (provider, then the account's if any), and after them optionally one plain key whose value is
+# read along (the API's configuration generation: one round trip for both). ARGV: n, is_high (1/0), ttl, then per
+# bucket rate, capacity, reserve. Tokens and the refill clock live in one hash per key: tok, ts, and the AIMD state
 # rate (absent = configured) and cut (time of the last cut). A `ts` in the future is a pause (Retry-After):
-# nothing refills before it. Returns {granted, wait as a string} (Lua numbers would be truncated to integers).
-# Times are written with string.format('%.6f'): tostring keeps 14 digits, too few for epoch microseconds.
+# nothing refills before it. Returns {granted, wait as a string (Lua numbers would be truncated to integers), the
+# value read or false}. Times are written with string.format('%.6f'): tostring keeps 14 digits, too few for epoch
+# microseconds.
 ACQUIRE_LUA = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local n = tonumber(ARGV[1])
 local high = ARGV[2] == '1'
 local ttl = tonumber(ARGV[3])
+local nb = (#ARGV - 3) / 3
 local granted = n
 local st = {}
-for i = 1, #KEYS do
+for i = 1, nb do
   local base = 3 + (i - 1) * 3
   local maxrate = tonumber(ARGV[base + 1])
   local cap = tonumber(ARGV[base + 2])
@@ -230,7 +235,7 @@ for i = 1, #KEYS do
   st[i] = {tok = tok, ts = ts, rate = rate, reserve = reserve}
 end
 local wait = 0
-for i = 1, #KEYS do
+for i = 1, nb do
   local s = st[i]
   local tok = s.tok - granted
   redis.call('HSET', KEYS[i], 'tok', string.format('%.6f', tok), 'ts', string.format('%.6f', s.ts))
@@ -242,7 +247,9 @@ for i = 1, #KEYS do
   if s.ts > now then w = w + (s.ts - now) end
   if w > wait then wait = w end
 end
-return {granted, tostring(wait)}
+local value = false
+if #KEYS > nb then value = redis.call('GET', KEYS[nb + 1]) end
+return {granted, tostring(wait), value}
 """
 
 # KEYS[1]: one bucket. ARGV: configured rate, min rate, retry_after (seconds, 0 if none), cut window, ttl.
@@ -316,18 +323,25 @@ class RateLimiter:
             buckets.append((bucket_key(provider, account), account_limit))
         return self.acquire_buckets(buckets, n, high=priority == PRIORITY_HIGH)
 
-    def acquire_buckets(self, buckets: list[tuple[str, Limit]], n: int = 1, *, high: bool = True) -> Grant:
-        """Take up to `n` tokens from every bucket at once (keys and limits given; the API client limit uses it)."""
+    def acquire_buckets(
+        self, buckets: list[tuple[str, Limit]], n: int = 1, *, high: bool = True, read_along: str | None = None
+    ) -> Grant:
+        """Take up to `n` tokens from every bucket at once (keys and limits given; the API client limit uses it).
+
+        `read_along` names a plain key whose value comes back in the grant (`value`), read in the same round trip.
+        """
         buckets = [(key, limit) for key, limit in buckets if limit.rate is not None]
-        if not buckets or n == 0:
+        if (not buckets and read_along is None) or n == 0:
             return Grant(granted=n, wait=0.0)
 
         def shared(client: redis.Redis) -> Grant:
             args: list[Any] = [n, 1 if high else 0, KEY_TTL_SECONDS]
             for _, limit in buckets:
                 args += [limit.rate, limit.capacity, limit.reserve_tokens]
-            granted, wait = self._script(client, ACQUIRE_LUA)(keys=[k for k, _ in buckets], args=args)
-            return Grant(granted=int(granted), wait=float(wait))
+            keys = [k for k, _ in buckets] + ([read_along] if read_along is not None else [])
+            granted, wait, value = self._script(client, ACQUIRE_LUA)(keys=keys, args=args)
+            text = value.decode() if isinstance(value, bytes) else (None if value in (None, False, 0) else str(value))
+            return Grant(granted=int(granted), wait=float(wait), value=text)
 
         # RedisGuard.run returns what either callable returns; both give a Grant.
         grant: Grant = self.guard.run(shared, lambda: self._local_acquire(buckets, n, high))

@@ -21,6 +21,14 @@ def api_client(key_hash: str) -> Any:
     return copy.copy(found) if found is not None else None
 
 
+def api_client_cached(key_hash: str) -> Any:
+    """Return this process's cached client of this key hash, unchecked against the generation (None if none).
+
+    Only to prepare work that `api_client` then confirms: a revoked key's copy may still be here.
+    """
+    return config_cache.peek("client", key_hash)
+
+
 def touched(key_hash: str, at: Any) -> None:
     """Record in the cached client that its `last_used_at` was written (so it is written once a minute)."""
     hit = config_cache.peek("client", key_hash)

@@ -23,6 +23,7 @@ from django.conf import settings
 from rest_framework.request import Request
 from rest_framework.throttling import BaseThrottle
 
+from core import config_cache
 from core.ratelimit import Grant, Limit, RateLimiter, parse_rate
 from core.redis_guard import rkey
 from notifier.clients.auth import request_client
@@ -53,12 +54,11 @@ def client_limit(client: ApiClient) -> Limit:
     return rate_limit(getattr(client, "rate_limit", "") or settings.API_CLIENT_RATE_LIMIT)
 
 
-def project_bucket(environment_id: int) -> tuple[str, Limit] | None:
-    """Return the key and limit of the bucket of the project an environment belongs to, None if it has no limit.
+def _project_bucket_of(found: Any) -> tuple[str, Limit] | None:
+    """Return the key and limit of the bucket of the project whose settings `found` are, None if it has no limit.
 
-    Read from the per-process cache of the environment's settings (projects.selectors): no query per request.
+    The settings come from the per-process cache of the environment's (projects.selectors): no query per request.
     """
-    found = environment_settings(environment_id)
     if found is None or not found.rate_limit:
         return None
     try:
@@ -78,6 +78,37 @@ def rate_take(key: str, limit: Limit) -> Grant:
 def rate_take_all(buckets: list[tuple[str, Limit]]) -> Grant:
     """Take one token from each bucket at once (one script call), or none unless every bucket has one."""
     return _limiter.acquire_buckets(buckets, 1, high=True)
+
+
+# Where `take_before_authentication` leaves its grant on the request, with the buckets it took from.
+_TAKEN = "_notifier_rate_taken"
+
+
+def take_before_authentication(request: Request, client: ApiClient) -> None:
+    """Take `request`'s token for this process's cached copy of its client, reading the generation in the same call.
+
+    Authentication must check its cached client against the configuration generation (a Redis read), and the
+    throttle takes a token (a Redis script): one round trip does both. The client is this process's copy,
+    not yet checked: authentication adopts the generation read here, reloads the client if it moved, and
+    `ApiClientRateThrottle` uses this grant only if the client's buckets are still the ones taken from (else it
+    takes again). Nothing is taken when the client's project settings are not cached here either (their read
+    would need the generation first).
+    """
+    project = config_cache.peek("environment-settings", str(owner_id(client)))
+    if project is None:
+        return
+    buckets = _client_buckets(client, project)
+    grant = _limiter.acquire_buckets(buckets, 1, high=True, read_along=config_cache.generation_key())
+    # Redis not answering (the limiter's local fallback): no generation, so nothing is served from the caches.
+    config_cache.adopt_generation(None if grant.degraded else grant.value or "0")
+    setattr(request, _TAKEN, (buckets, grant))
+
+
+def _client_buckets(client: ApiClient, project: Any) -> list[tuple[str, Limit]]:
+    """Return the client's bucket and, if its project (`project`: its environment settings) has a limit, that one."""
+    own = (rkey("api-rl", str(client.pk)), client_limit(client))
+    bucket = _project_bucket_of(project)
+    return [own] if bucket is None else [own, bucket]
 
 
 class RateThrottle(BaseThrottle):
@@ -103,7 +134,9 @@ class RateThrottle(BaseThrottle):
         buckets = self.buckets(request)
         if not buckets:
             return True
-        grant = rate_take_all(buckets)
+        taken = getattr(request, _TAKEN, None)
+        # Taken with authentication (one round trip) from the same buckets, or taken now.
+        grant = taken[1] if taken is not None and taken[0] == buckets else rate_take_all(buckets)
         self._wait = grant.wait
         return grant.granted >= 1
 
@@ -121,8 +154,7 @@ class ApiClientRateThrottle(RateThrottle):
         return rkey("api-rl", str(client.pk)), client_limit(client)
 
     def buckets(self, request: Request) -> list[tuple[str, Limit]]:
-        own = self.bucket(request)
-        if own is None:
+        client = request_client(request)
+        if client is None or not getattr(client, "pk", None):
             return []
-        project = project_bucket(owner_id(request_client(request)))
-        return [own] if project is None else [own, project]
+        return _client_buckets(client, environment_settings(owner_id(client)))

@@ -113,8 +113,17 @@ def test_a_template_resolution_is_cached(api: Any) -> None:
 
 def _generation_reads(fn: Any) -> int:
     """Run fn() and return how many times Redis was asked for the configuration generation meanwhile (MONITOR)."""
-    generation, stop = rkey("config", "generation"), rkey("test", "monitor-stop")
-    reads: list[str] = []
+    generation = rkey("config", "generation")
+    return sum(1 for words in _commands_naming(generation, fn) if words[:2] == ["GET", generation])
+
+
+def _commands_naming(key: str, fn: Any) -> list[list[str]]:
+    """Run fn() and return the words of each command sent to Redis meanwhile that names `key` (MONITOR).
+
+    The commands a script runs inside Redis are not counted: they cost no round trip.
+    """
+    stop = rkey("test", "monitor-stop")
+    reads: list[list[str]] = []
     watching = threading.Event()
 
     def watch() -> None:
@@ -124,8 +133,8 @@ def _generation_reads(fn: Any) -> int:
                 words = str(command["command"]).split()
                 if stop in words:
                     return
-                if words[:2] == ["GET", generation]:
-                    reads.append(command["command"])
+                if key in words and command.get("client_address") != "lua":
+                    reads.append(words)
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
@@ -134,7 +143,27 @@ def _generation_reads(fn: Any) -> int:
     get_redis().get(stop)
     watcher.join(10)
     assert not watcher.is_alive()
-    return len(reads)
+    return reads
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_known_key_is_checked_and_rate_limited_in_one_redis_call(api_client_factory: Any) -> None:
+    """The generation is read in the rate limit's script, not by a GET of its own, once this process knows the key."""
+    template_put(key="welcome", category="transactional", default_locale="en", content=CONTENT)
+    client, http = api_client_factory()
+    assert http.post("/api/v1/notifications", body(), format="json").status_code == 202  # the key is now cached
+    generation, bucket = rkey("config", "generation"), rkey("api-rl", str(client.pk))
+    answers: list[Any] = []
+    commands = _commands_naming(
+        generation, lambda: answers.append(http.post("/api/v1/notifications", body(), format="json"))
+    )
+    assert answers[0].status_code == 202, answers[0].content
+    # One command named the generation: the script that took the client's token.
+    assert len(commands) == 1 and commands[0][0] == "EVALSHA" and bucket in commands[0], commands
+    # A key revoked by another process: the generation moves, the one call sees it and the key is refused.
+    ApiClient.objects.filter(pk=client.pk).update(is_active=False)
+    get_redis().incr(generation)
+    assert http.post("/api/v1/notifications", body(), format="json").status_code == 401
 
 
 @pytest.mark.django_db(transaction=True)
