@@ -606,7 +606,9 @@ class RedisSentinelSet:
         self.replica.start()
         for sentinel in self.sentinels:
             sentinel.start()
-        _wait(lambda: self.known_replicas() >= 1, "the Sentinels seeing the replica", timeout=30)
+        # A Sentinel learns of replicas from the master's INFO, every 10 s, and the replica must have synced first;
+        # on a loaded box three rounds were once not enough (a set-up wait, not a bound any scenario asserts).
+        _wait(lambda: self.known_replicas() >= 1, "the Sentinels seeing the replica", timeout=60)
         return self
 
     def master_port(self) -> int | None:
