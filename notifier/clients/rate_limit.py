@@ -146,15 +146,9 @@ class RateThrottle(BaseThrottle):
 class ApiClientRateThrottle(RateThrottle):
     """Allow a request while its API client's shared bucket, and its project's if it has one, have a token."""
 
-    def bucket(self, request: Request) -> tuple[str, Limit] | None:
-        # On /api/v1 the user is the ApiClient authentication returned (notifier.clients.auth, which imports this
-        # module); an anonymous user has no pk (next line).
-        client = cast("ApiClient", request.user)
-        if client is None or not getattr(client, "pk", None):
-            return None  # unauthenticated requests are answered 401 before this
-        return rkey("api-rl", str(client.pk)), client_limit(client)
-
     def buckets(self, request: Request) -> list[tuple[str, Limit]]:
+        # On /api/v1 the user is the ApiClient authentication returned (notifier.clients.auth, which imports this
+        # module); an anonymous user has no pk (unauthenticated requests are answered 401 before this).
         client = cast("ApiClient", request.user)
         if client is None or not getattr(client, "pk", None):
             return []
