@@ -449,92 +449,52 @@ def _lane(n: Notification, lane: int) -> FanoutLane | None:
     return FanoutLane.objects.filter(notification_id=n.pk, lane=0).first()
 
 
+# What a page reads of its notification (with the client and the campaign), and nothing more.
+_PAGE_FIELDS = (
+    "id", "created_at", "status", "topic_id", "category", "channels", "priority", "send_at", "send_at_local",
+    "strategy", "fallback_until", "fallback_after_seconds", "fanout_processed", "locale", "template_key",
+    "template_version", "payload", "trace_id", "environment", "client__webhook_url", "client__mode",
+    "campaign__id", "campaign__rate_per_second", "campaign__timezone",
+)  # fmt: skip
+
+
 def fanout_page(
     *, notification_id: uuid.UUID | str, lane: int = 0, later: list[Callable[[], None]] | None = None
 ) -> PageResult:
     """Process the next page of a lane of a topic notification: insert, publish, checkpoint (the module doc).
 
-    With `later`, the bookkeeping after the page's commit that nothing else waits for (the stored in-app
-    items' metrics and audit lines) is appended to it for the caller to run, instead of run here.
+    The steps: read the notification and stop if it was cancelled or paused; find the lane; size the page (the
+    campaign's rate, the high queues' pace, a page of workflow runs); wait for room in a throttled queue (fair
+    shares); write, publish and checkpoint the page. With `later`, the bookkeeping after the page's commit that
+    nothing else waits for (the stored in-app items' metrics and audit lines) is appended to it for the caller to
+    run, instead of run here.
     """
-    n = (
-        Notification.objects.filter(pk=notification_id)
-        .select_related("client", "campaign")
-        .only(
-            "id",
-            "created_at",
-            "status",
-            "topic_id",
-            "category",
-            "channels",
-            "priority",
-            "send_at",
-            "send_at_local",
-            "strategy",
-            "fallback_until",
-            "fallback_after_seconds",
-            "fanout_processed",
-            "locale",
-            "template_key",
-            "template_version",
-            "payload",
-            "trace_id",
-            "environment",
-            "client__webhook_url",
-            "client__mode",
-            "campaign__id",
-            "campaign__rate_per_second",
-            "campaign__timezone",
-        )
-        .first()
-    )
+    n = Notification.objects.filter(pk=notification_id).select_related("client", "campaign").only(*_PAGE_FIELDS).first()
     if n is None:
         return PageResult(stopped="missing")
-    campaign_id = n.campaign_id
-    stop = _stop_reason(n.pk, campaign_id, lock=False)
+    stop = _stop_reason(n.pk, n.campaign_id, lock=False)
     if stop:
         return PageResult(stopped=stop)
-    rate = n.campaign.rate_per_second if n.campaign is not None and n.campaign.rate_per_second else None
-    # A subscriber without a time zone gets a local-time campaign at its named zone's time (others: UTC).
-    fallback_zone = n.campaign.timezone if n.campaign is not None else ""
-    size = page_size()
-    if rate:
-        per_subscriber = max(len(n.channels), 1)
-        size = max(1, min(size, int(rate * pace_window_seconds() / per_subscriber)))
     current = _lane(n, lane)
     if current is None:
         return PageResult(stopped="missing")
     if current.done:
         return PageResult(stopped="lane done")
-    # A high-priority fan-out fills the high queues no faster than their pace (notifier/dispatch/pace.py): while the
-    # reservations of every fan-out reach further ahead than a pace window, come back later instead of writing
-    # deliveries that could not be sent yet; otherwise take a page of at most one window's worth.
-    # In-app items the fan-out stores itself (notifier/inbox/fanout.py) never enter a queue: no pace for them.
+    # In-app items the fan-out stores itself (notifier/inbox/fanout.py) never enter a queue.
     direct = _stored_channel(n)
     channels = [c for c in n.channels if not (direct is not None and c == direct.CHANNEL)]
-    paced = pace.paced_channels(channels) if n.priority == "high" else []
-    if paced:
-        window = pace_window_seconds()
-        ahead = pace.seconds_ahead(paced)
-        if ahead > window:
-            return PageResult(pace_seconds=ahead - window)
-        size = max(1, min(size, int(min(pace.pace_for(c) for c in paced) * window)))
-    # A broadcast at normal or low priority feeds a throttled queue only as far as there is room in it and it is
-    # its project's (and its own) turn (notifier/dispatch/shares.py): the rest of the topic waits in PostgreSQL,
-    # as subscribers not yet paged, and a single published meanwhile waits behind seconds of work at most.
-    # A page of workflow runs is written ~10 times faster than its runs advance, and their advance messages go on
-    # the fan-out queue every project's fan-outs and workflow steps share: a lane writes one page of at most
-    # FANOUT_RUNS_PAGE_SIZE runs per task run and re-enqueues itself behind that page's advance messages, so
-    # another project's page or step waits behind about one page of runs per active lane, not the whole topic.
+    rate = n.campaign.rate_per_second if n.campaign is not None and n.campaign.rate_per_second else None
+    size = _page_size(n, channels, rate)
+    if isinstance(size, PageResult):
+        return size
     writes_runs = n.strategy in _page_writers
-    if writes_runs:
-        size = min(size, runs_page_size())
-    gated = n.priority != "high" and not writes_runs and shares.enabled()
-    gate = _gate_open(n, channels, size) if gated else None
+    gate = _gate_open(n, channels, size) if n.priority != "high" and not writes_runs and shares.enabled() else None
     if gate is not None:
         if gate.hold is not None:
             return PageResult(hold=gate.hold)
         size = gate.size
+    # A subscriber without a time zone gets a local-time campaign at its named zone's time (others: UTC).
+    fallback_zone = n.campaign.timezone if n.campaign is not None else ""
     fed: dict[str, int] = defaultdict(int)
     try:
         result = _page(n, lane, current, size, rate, fallback_zone, direct, later, fed)
@@ -543,6 +503,34 @@ def fanout_page(
     finally:
         if gate is not None:
             gate.settle(fed)
+
+
+def _page_size(n: Notification, channels: list[str], rate: int | None) -> int | PageResult:
+    """Return how many subscribers the next page takes, or the wait when a high-priority fan-out is ahead of its pace.
+
+    A campaign's rate: a pace window's worth of its subscribers. A high-priority fan-out fills the high queues no
+    faster than their pace (notifier/dispatch/pace.py): while the reservations of every fan-out reach further
+    ahead than a pace window, it comes back later instead of writing deliveries that could not be sent yet;
+    otherwise it takes a page of at most one window's worth. A page of workflow runs is written ~10 times faster
+    than its runs advance, and their advance messages go on the fan-out queue every project's fan-outs and
+    workflow steps share: a lane writes one page of at most FANOUT_RUNS_PAGE_SIZE runs per task run and
+    re-enqueues itself behind that page's advance messages, so another project's page or step waits behind about
+    one page of runs per active lane, not the whole topic. (A broadcast at normal or low priority is sized again
+    by the room in its throttled queues: `_gate_open`.)
+    """
+    size = page_size()
+    if rate:
+        size = max(1, min(size, int(rate * pace_window_seconds() / max(len(n.channels), 1))))
+    paced = pace.paced_channels(channels) if n.priority == "high" else []
+    if paced:
+        window = pace_window_seconds()
+        ahead = pace.seconds_ahead(paced)
+        if ahead > window:
+            return PageResult(pace_seconds=ahead - window)
+        size = max(1, min(size, int(min(pace.pace_for(c) for c in paced) * window)))
+    if n.strategy in _page_writers:
+        size = min(size, runs_page_size())
+    return size
 
 
 def _page(
