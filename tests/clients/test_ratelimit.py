@@ -223,3 +223,26 @@ def test_degraded_then_recovers_to_shared_state(settings: Any) -> None:
     back = limiter.acquire("p", 10)
     assert not back.degraded and back.granted == 4
     assert not limiter.guard.degraded
+
+
+def test_a_success_at_the_configured_rate_costs_no_round_trip_and_a_cut_elsewhere_still_grows_back(
+    settings: Any,
+) -> None:
+    """A send batch at the configured rate asks Redis once (its acquire); a cut seen at an acquire is grown back."""
+    from tests.clients.test_config_cache import _commands_naming
+
+    _limits(settings, p={"rate": 100, "burst": 10, "high_reserve": 0, "min_rate": 20, "increase": 1})
+    worker, other = _fresh_limiter(), _fresh_limiter()
+    commands = _commands_naming(bucket_key("p"), lambda: (worker.acquire("p", 2), worker.on_success("p", 2)))
+    assert [words[0] for words in commands] == ["EVALSHA"], commands  # the acquire; the success wrote nothing
+    other.on_throttled("p")  # another process's provider answered 429: the shared rate is halved
+    assert worker.snapshot("p")["rate"] == pytest.approx(50)
+    worker.on_success("p", 5)  # this process has not seen the cut yet: its success is not reported
+    assert worker.snapshot("p")["rate"] == pytest.approx(50)
+    worker.acquire("p", 1)  # the next batch's acquire sees it
+    worker.on_success("p", 5)
+    assert worker.snapshot("p")["rate"] == pytest.approx(55)
+    worker.on_success("p", 100)
+    assert worker.snapshot("p")["rate"] == pytest.approx(100)
+    commands = _commands_naming(bucket_key("p"), lambda: worker.on_success("p", 1))
+    assert commands == []  # back at the configured rate: nothing to write, nothing sent
