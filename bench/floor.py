@@ -1,7 +1,7 @@
 """The floor and the send endpoint, one after the other in one run, under the same server and the same load.
 
     BENCH_NS=me .venv/bin/python bench/floor.py [--seconds 20] [--connections 16] [--recipients 1000]
-        [--servers gunicorn,granian] [--batch-seconds 20] [--priority normal]
+        [--servers gunicorn,granian] [--batch-seconds 20] [--priority normal] [--profile-worker]
     API_CLIENT_RATE_LIMIT=100000/s make run   # then, in another shell, the stack as `make run` ships it:
     .venv/bin/python bench/floor.py --url http://127.0.0.1:8000
 
@@ -20,6 +20,11 @@ it is not a dependency of the project, docs/decisions/0071-gunicorn-stays.md say
 --batch-seconds: notifications accepted per second (0 skips it), first beside the send worker on the same
 cores, then (without --url) with no send worker running, as where the workers run on other machines, followed
 by one send worker draining what was accepted.
+
+--profile-worker samples the send worker with py-spy while the singles load runs (only the thread holding the
+GIL) and prints the share of each stage of its work: Celery's per-message work, the database, Redis, the
+pipeline's own Python, gather, rendering, the provider call (bench/_profile.py). py-spy slows what it samples:
+read those as shares, and take CPU figures from a run without it.
 
 Without --url the benchmark starts its own API and send worker (threads pool, HIGH_CONCURRENCY threads as the
 Procfile's high worker, 8 by default) with production settings (DEBUG off, WARNING
@@ -62,6 +67,7 @@ from bench._common import (
     wait_until,
     workers,
 )
+from bench._profile import SEND_WORKER_STAGES, GilProfile, print_shares
 
 # The send worker's threads, as the Procfile's high worker takes them.
 HIGH_CONCURRENCY = int(os.environ.get("HIGH_CONCURRENCY", "8"))
@@ -194,6 +200,7 @@ def run(args: Any, *, server: str, database: str, api_url: str, key: str, databa
         wrk(f"{api_url}/api/v1/notifications", **{**load, "seconds": 5}, prefix=prefix, key=key, priority=args.priority)
     started = psql(database, "SELECT now()")
     checkpoints0 = checkpoints(database)
+    profile = GilProfile(send_worker_pid(), args.seconds - 2) if args.profile_worker else None
     cpu0 = group_cpu()
     api = wrk(f"{api_url}/api/v1/notifications", **load, prefix=prefix, key=key, priority=args.priority)
     cpu1 = group_cpu()
@@ -218,7 +225,23 @@ def run(args: Any, *, server: str, database: str, api_url: str, key: str, databa
     print(f"CPU while the send endpoint was loaded ({api['requests']} requests; every process on the box):")
     print_cpu(cpu0, cpu1, int(api["requests"]))
     report_checkpoints(checkpoints0, checkpoints1)
+    if profile is not None:
+        print_shares("Where the send worker's time went (py-spy --gil; its CPU figure above is inflated by it)",
+                     *profile.shares(SEND_WORKER_STAGES))  # fmt: skip
     return {"floor": floor_figures["rps"], "send": api["rps"], "send_p99": api["p99"], "sent": rate}
+
+
+def send_worker_pid() -> int:
+    """Return the pid of the send worker the singles go to (the bench's own, or `make run`'s high worker)."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        names = [command[i + 1] for i, word in enumerate(command[:-1]) if word == b"-n"]
+        if b"worker" in command and names and names[0].split(b"@")[0].startswith((b"high", b"bench-floor-high")):
+            return int(pid)
+    raise SystemExit("--profile-worker: no send worker found (started by this bench, or `make run`'s high worker)")
 
 
 def run_batch(args: Any, *, database: str, api_url: str, key: str, beside: str = "the send worker") -> str:
@@ -279,6 +302,8 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=1000)
     p.add_argument("--batch-connections", type=int, default=4)
     p.add_argument("--no-warmup", dest="warmup", action="store_false", help="skip the 5 s warm-up loads")
+    p.add_argument("--profile-worker", action="store_true",
+                   help="sample the send worker (py-spy) during the singles; print where its time went")  # fmt: skip
     p.add_argument("--priority", choices=["", "high", "normal", "low"], default="",
                    help="the singles' priority (default: their category's, high); normal and low wait up to "
                    "PUBLISH_LINGER_MS in the API for company")  # fmt: skip
