@@ -233,7 +233,12 @@ def test_a_success_at_the_configured_rate_costs_no_round_trip_and_a_cut_elsewher
 
     _limits(settings, p={"rate": 100, "burst": 10, "high_reserve": 0, "min_rate": 20, "increase": 1})
     worker, other = _fresh_limiter(), _fresh_limiter()
-    commands = _commands_naming(bucket_key("p"), lambda: (worker.acquire("p", 2), worker.on_success("p", 2)))
+
+    def send_batch() -> None:
+        worker.acquire("p", 2)
+        worker.on_success("p", 2)
+
+    commands = _commands_naming(bucket_key("p"), send_batch)
     assert [words[0] for words in commands] == ["EVALSHA"], commands  # the acquire; the success wrote nothing
     other.on_throttled("p")  # another process's provider answered 429: the shared rate is halved
     assert worker.snapshot("p")["rate"] == pytest.approx(50)
