@@ -36,6 +36,25 @@ SEND_WORKER_STAGES: Sequence[tuple[str, Sequence[str]]] = (
 )
 
 
+# The API's stages, innermost first. The floor (bench/floor_app.py) pays gunicorn, Django's handler and a statement
+# too; everything else is what the send endpoint adds to it.
+API_STAGES: Sequence[tuple[str, Sequence[str]]] = (
+    ("publisher thread (outbox)", ("notifier/deliveries/outbox.py",)),
+    ("redis (rate limit, dedup claims)", ("redis/",)),
+    ("database driver (group statements, publisher's mark)", ("psycopg", "django/db/")),
+    ("group commit and write", ("core/group_commit.py", "notifier/accepting/write.py", "notifier/deliveries/")),
+    ("body validation", ("core/lean.py", "notifier/accepting/serializers.py")),
+    ("authentication and rate limit", ("notifier/clients/", "core/ratelimit.py", "core/config_cache.py")),
+    ("accept: decide and plan", ("notifier/", "preferences/", "templates_app/", "projects/", "core/")),
+    ("logs, metrics, tracing", LOGS_METRICS_TRACING + OTHER_OBSERVERS),
+    ("DRF", ("rest_framework/",)),
+    ("Django middleware", ("django/middleware/", "django/contrib/", "whitenoise/", "django/utils/deprecation.py")),
+    ("Django handler, URLs, request and response", ("django/",)),
+    ("JSON", ("json/", "orjson")),
+    ("gunicorn", ("gunicorn/",)),
+)
+
+
 class GilProfile:
     """Record a process's GIL-holding samples for a while with py-spy; `shares` buckets them by stage."""
 
@@ -47,6 +66,19 @@ class GilProfile:
             "--duration", str(max(1, int(seconds))), "--pid", str(pid), "--output", str(self._out),
         ]  # fmt: skip
         self._proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    @staticmethod
+    def of_many(pids: Sequence[int], seconds: float) -> list[GilProfile]:
+        """Start one recording per process (an API's gunicorn workers)."""
+        return [GilProfile(pid, seconds) for pid in pids]
+
+    @staticmethod
+    def merged(profiles: Sequence[GilProfile], stages: Sequence[tuple[str, Sequence[str]]]) -> tuple[Counter[str], int]:
+        """Return the samples per stage of several recordings together, and their total."""
+        totals: Counter[str] = Counter()
+        for profile in profiles:
+            totals.update(profile.shares(stages)[0])
+        return totals, sum(totals.values())
 
     def shares(self, stages: Sequence[tuple[str, Sequence[str]]]) -> tuple[Counter[str], int]:
         """Wait for the recording; return the samples per stage ("other" for the rest) and their total."""

@@ -1,7 +1,7 @@
 """The floor and the send endpoint, one after the other in one run, under the same server and the same load.
 
     BENCH_NS=me .venv/bin/python bench/floor.py [--seconds 20] [--connections 16] [--recipients 1000]
-        [--servers gunicorn,granian] [--batch-seconds 20] [--priority normal] [--profile-worker]
+        [--servers gunicorn,granian] [--batch-seconds 20] [--priority normal] [--profile-worker] [--profile-api]
     API_CLIENT_RATE_LIMIT=100000/s make run   # then, in another shell, the stack as `make run` ships it:
     .venv/bin/python bench/floor.py --url http://127.0.0.1:8000
 
@@ -23,8 +23,9 @@ by one send worker draining what was accepted.
 
 --profile-worker samples the send worker with py-spy while the singles load runs (only the thread holding the
 GIL) and prints the share of each stage of its work: Celery's per-message work, the database, Redis, the
-pipeline's own Python, gather, rendering, the provider call (bench/_profile.py). py-spy slows what it samples:
-read those as shares, and take CPU figures from a run without it.
+pipeline's own Python, gather, rendering, the provider call (bench/_profile.py). --profile-api does the same for
+the API's gunicorn workers: gunicorn, Django, DRF, authentication, validation, the accept, the group commit, the
+publisher. py-spy slows what it samples: read those as shares, and take CPU figures from a run without it.
 
 Without --url the benchmark starts its own API and send worker (threads pool, HIGH_CONCURRENCY threads as the
 Procfile's high worker, 8 by default) with production settings (DEBUG off, WARNING
@@ -67,7 +68,7 @@ from bench._common import (
     wait_until,
     workers,
 )
-from bench._profile import SEND_WORKER_STAGES, GilProfile, print_shares
+from bench._profile import API_STAGES, SEND_WORKER_STAGES, GilProfile, print_shares
 
 # The send worker's threads, as the Procfile's high worker takes them.
 HIGH_CONCURRENCY = int(os.environ.get("HIGH_CONCURRENCY", "8"))
@@ -201,6 +202,7 @@ def run(args: Any, *, server: str, database: str, api_url: str, key: str, databa
     started = psql(database, "SELECT now()")
     checkpoints0 = checkpoints(database)
     profile = GilProfile(send_worker_pid(), args.seconds - 2) if args.profile_worker else None
+    api_profiles = GilProfile.of_many(api_worker_pids(), args.seconds - 2) if args.profile_api else []
     cpu0 = group_cpu()
     api = wrk(f"{api_url}/api/v1/notifications", **load, prefix=prefix, key=key, priority=args.priority)
     cpu1 = group_cpu()
@@ -228,7 +230,27 @@ def run(args: Any, *, server: str, database: str, api_url: str, key: str, databa
     if profile is not None:
         print_shares("Where the send worker's time went (py-spy --gil; its CPU figure above is inflated by it)",
                      *profile.shares(SEND_WORKER_STAGES))  # fmt: skip
+    if api_profiles:
+        print_shares("Where the API's time went (py-spy --gil on each worker; its CPU figure above is inflated by it)",
+                     *GilProfile.merged(api_profiles, API_STAGES))  # fmt: skip
     return {"floor": floor_figures["rps"], "send": api["rps"], "send_p99": api["p99"], "sent": rate}
+
+
+def api_worker_pids() -> list[int]:
+    """Return the pids of the API's gunicorn workers (children of a gunicorn serving config.wsgi)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+            parent = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
+            parent_command = Path(f"/proc/{parent}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"gunicorn" in command and b"config.wsgi" in command and b"gunicorn" in parent_command:
+            found.append(int(pid))
+    if not found:
+        raise SystemExit("--profile-api: no gunicorn worker of config.wsgi found")
+    return found
 
 
 def send_worker_pid() -> int:
@@ -302,6 +324,8 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=1000)
     p.add_argument("--batch-connections", type=int, default=4)
     p.add_argument("--no-warmup", dest="warmup", action="store_false", help="skip the 5 s warm-up loads")
+    p.add_argument("--profile-api", action="store_true",
+                   help="sample the API's workers (py-spy) during the singles; print where it went")  # fmt: skip
     p.add_argument("--profile-worker", action="store_true",
                    help="sample the send worker (py-spy) during the singles; print where its time went")  # fmt: skip
     p.add_argument("--priority", choices=["", "high", "normal", "low"], default="",
