@@ -44,6 +44,10 @@ API_STAGES: Sequence[tuple[str, Sequence[str]]] = (
     ("database driver (group statements, publisher's mark)", ("psycopg", "django/db/")),
     ("group commit and write", ("core/group_commit.py", "notifier/accepting/write.py", "notifier/deliveries/")),
     ("body validation", ("core/lean.py", "notifier/accepting/serializers.py")),
+    (
+        "our middleware (request context, body limit, CORS)",
+        ("notifier/clients/middleware.py", "core/bodies.py", "notifier/inbox/cors.py"),
+    ),
     ("authentication and rate limit", ("notifier/clients/", "core/ratelimit.py", "core/config_cache.py")),
     ("accept: decide and plan", ("notifier/", "preferences/", "templates_app/", "projects/", "core/")),
     ("logs, metrics, tracing", LOGS_METRICS_TRACING + OTHER_OBSERVERS),
