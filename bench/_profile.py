@@ -11,6 +11,7 @@ shares, never as CPU per single.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import tempfile
@@ -63,6 +64,7 @@ class GilProfile:
     """Record a process's GIL-holding samples for a while with py-spy; `shares` buckets them by stage."""
 
     def __init__(self, pid: int, seconds: float, rate: int = 200) -> None:
+        self._pid = pid
         self._out = Path(tempfile.mkdtemp(prefix="notifier-gil-")) / "samples.txt"
         command = [
             shutil.which("py-spy") or str(Path(__file__).resolve().parent.parent / ".venv" / "bin" / "py-spy"),
@@ -93,6 +95,10 @@ class GilProfile:
         for line in self._out.read_text().splitlines():
             stack, _, count = line.rpartition(" ")
             totals[stage_of(stack.split(";"), stages)] += int(count)
+        keep = os.environ.get("BENCH_PROFILE_KEEP")
+        if keep:  # the raw stacks, for a look below the stages (`py-spy record --format raw`)
+            Path(keep).mkdir(parents=True, exist_ok=True)
+            shutil.copy(self._out, Path(keep) / f"{self._pid}.txt")
         shutil.rmtree(self._out.parent, ignore_errors=True)
         return totals, sum(totals.values())
 
