@@ -1,6 +1,9 @@
 """CPU of one single accept in-process: POST /api/v1/notifications through Django's test client, no HTTP server.
 
-    BENCH_NS=me .venv/bin/python bench/accept_cpu.py [--accepts 1000] [--quota]
+    BENCH_NS=me .venv/bin/python bench/accept_cpu.py [--accepts 1000] [--quota] [--wsgi]
+
+`--wsgi` calls the WSGI application gunicorn serves (config/wsgi.py: the API's own middleware chain) instead of
+the test client (which runs every middleware on every path).
 
 Measures the request thread's own CPU (`time.thread_time`, so the background publisher's thread is not
 counted), the statements each accept runs and their wall time, against a database of its own. No broker is
@@ -38,6 +41,11 @@ def main() -> None:
     p.add_argument("--profile-out", default="", help="also save the cProfile stats to this file (pstats format)")
     p.add_argument("--dedup", action="store_true", help="every item its own dedup_key (as bench/floor.py sends)")
     p.add_argument("--quota", action="store_true", help="a daily email quota on the key's environment (never reached)")
+    p.add_argument(
+        "--wsgi",
+        action="store_true",
+        help="call config.wsgi's application as gunicorn does (its middleware chains), not the test client",
+    )
     args = p.parse_args()
     prepare(broker=False)
     try:
@@ -66,7 +74,7 @@ def run(args: Any) -> None:
     Recipient.objects.bulk_create(
         [Recipient(user_id=f"a-{i}", email=f"a-{i}@example.com") for i in range(pool)], batch_size=5000
     )
-    client = Client(HTTP_AUTHORIZATION=f"Bearer {key}")
+    client = WsgiClient(key) if args.wsgi else Client(HTTP_AUTHORIZATION=f"Bearer {key}")
 
     def item(i: int) -> dict[str, Any]:
         body = {
@@ -117,7 +125,8 @@ def run(args: Any) -> None:
             stats.dump_stats(args.profile_out)
         print(out.getvalue())
     quota = ", with a daily email quota" if args.quota else ""
-    print(f"\n=== bench/accept_cpu.py: {n} single accepts in-process (Django test client){quota} ===")
+    through = "config.wsgi's application" if args.wsgi else "Django test client"
+    print(f"\n=== bench/accept_cpu.py: {n} single accepts in-process ({through}){quota} ===")
     print(f"request thread CPU per accept   mean {statistics.fmean(cpu):.2f} ms, p50 {percentile(cpu, 50):.2f} ms,")
     print(f"                                p99 {percentile(cpu, 99):.2f} ms")
     print(f"wall per accept (one at a time) {wall / n * 1000:.2f} ms")
@@ -128,6 +137,38 @@ def run(args: Any) -> None:
     print("statements per accept, wall ms per accept:")
     statements.report(per=n, ms_scale=1 / n)
     log("done")
+
+
+class WsgiClient:
+    """Post to the WSGI application gunicorn serves (config/wsgi.py), in this thread."""
+
+    def __init__(self, key: str) -> None:
+        from django.test import RequestFactory
+
+        from config.wsgi import application
+
+        self.app: Any = application  # a WSGI callable; answered by the local start_response below
+        self.factory = RequestFactory(HTTP_AUTHORIZATION=f"Bearer {key}")
+
+    def post(self, path: str, data: str, content_type: str) -> Any:
+        """Return the answer with `status_code` and `json()`, as the test client's."""
+        environ = self.factory.post(path, data, content_type=content_type).environ
+        answer: dict[str, Any] = {}
+
+        def start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> None:
+            answer["status"] = int(status.split()[0])
+
+        body = b"".join(self.app(environ, start_response))
+        return _Answer(answer["status"], body)
+
+
+class _Answer:
+    def __init__(self, status_code: int, body: bytes) -> None:
+        self.status_code = status_code
+        self.body = body
+
+    def json(self) -> Any:
+        return json.loads(self.body)
 
 
 if __name__ == "__main__":
