@@ -18,10 +18,13 @@ DEBUG ?= false
 DEV := DEVELOPMENT=true DEBUG=$(DEBUG)
 # `make run FLOWER=1` adds Flower (and with it the task events every worker then sends, a price per task);
 # `make run CELERY_TASK_LOGS=true` the two INFO lines per task of Celery's workers; `make run DELIVERY_SENT_LOGS=true`
-# the send workers' audit line per delivery sent (other outcomes are logged either way).
+# the send workers' audit line per delivery sent (other outcomes are logged either way); the API's access lines of
+# requests answered below 400 at most one a second (`make run REQUEST_SUCCESS_LOG_SECONDS=0` for each; 4xx and 5xx
+# are logged each either way).
 FLOWER ?=
 CELERY_TASK_LOGS ?= false
 DELIVERY_SENT_LOGS ?= false
+REQUEST_SUCCESS_LOG_SECONDS ?= 1
 # Python caches each module's bytecode in __pycache__ (ignored by git) on first import. An environment that turns that
 # off (PYTHONDONTWRITEBYTECODE=1) made every process `make run` and `make test` start compile Django, Celery and the
 # project from source each time: 4.7 to 6.7 s of CPU to import the API and a worker, against 1.4 s from the cache.
@@ -81,8 +84,8 @@ demo: migrate
 ## rest keeps running.
 run: demo
 	@echo "Development mode ($(DEV)): built-in SECRET_KEY, plain-HTTP cookies, the inbox demo page. Not for production (docs/operations.md)."
-	@echo "Fast by default: DEBUG=$(DEBUG) (make run DEBUG=true for tracebacks and the query log), Celery task log lines $(if $(filter true,$(CELERY_TASK_LOGS)),on,off) (CELERY_TASK_LOGS=true), a line per delivery sent $(if $(filter true,$(DELIVERY_SENT_LOGS)),on,off) (DELIVERY_SENT_LOGS=true), Flower and task events $(if $(FLOWER),on,off) (FLOWER=1)."
-	$(DEV) INBOX_DEMO_ENABLED=true CELERY_TASK_LOGS=$(CELERY_TASK_LOGS) DELIVERY_SENT_LOGS=$(DELIVERY_SENT_LOGS) PORT=$(PORT) FLOWER_PORT=$(FLOWER_PORT) STREAM_WORKERS=$(STREAM_WORKERS) \
+	@echo "Fast by default: DEBUG=$(DEBUG) (make run DEBUG=true for tracebacks and the query log), Celery task log lines $(if $(filter true,$(CELERY_TASK_LOGS)),on,off) (CELERY_TASK_LOGS=true), a line per delivery sent $(if $(filter true,$(DELIVERY_SENT_LOGS)),on,off) (DELIVERY_SENT_LOGS=true), access lines of requests that succeeded $(if $(filter 0,$(REQUEST_SUCCESS_LOG_SECONDS)),each,at most one per $(REQUEST_SUCCESS_LOG_SECONDS) s (REQUEST_SUCCESS_LOG_SECONDS=0 for each)), Flower and task events $(if $(FLOWER),on,off) (FLOWER=1)."
+	$(DEV) INBOX_DEMO_ENABLED=true CELERY_TASK_LOGS=$(CELERY_TASK_LOGS) DELIVERY_SENT_LOGS=$(DELIVERY_SENT_LOGS) REQUEST_SUCCESS_LOG_SECONDS=$(REQUEST_SUCCESS_LOG_SECONDS) PORT=$(PORT) FLOWER_PORT=$(FLOWER_PORT) STREAM_WORKERS=$(STREAM_WORKERS) \
 		$(VENV)/bin/honcho start -f Procfile -p $(PORT) $(RUN_PROCESSES)
 
 # The suite runs in two phases (docs/development.md, "How the suite runs"): every test not marked `serial` on

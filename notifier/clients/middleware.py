@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
@@ -17,6 +19,28 @@ access_log = logging.getLogger("notifier.access")
 
 # Probes and scrapes arrive every few seconds: counting them is useful, logging each one is noise.
 QUIET_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+
+
+class SuccessLines:
+    """Let through at most one access line per interval for requests that succeeded; count the ones held back."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._next = 0.0
+        self._held = 0
+
+    def take(self, now: float, interval: float) -> int | None:
+        """Return how many were held back since the last line let through, or None to hold this one back too."""
+        with self._lock:
+            if now < self._next:
+                self._held += 1
+                return None
+            self._next = now + interval
+            held, self._held = self._held, 0
+            return held
+
+
+_success_lines = SuccessLines()
 
 
 class RequestContextMiddleware:
@@ -61,13 +85,28 @@ class RequestContextMiddleware:
             route = _route(request)
             if settings.METRICS_ENABLED:
                 metrics.observe_http(request.method or "", route, status, elapsed)
-            if settings.LOG_REQUESTS and request.path not in QUIET_PATHS:
+            line = _access_line(request, status, elapsed)
+            if line is not None:
                 bind_delivery_context(http_method=request.method, http_route=route)
                 # Never the raw path or query string: both may carry user ids, emails or tokens.
-                access_log.info("request", extra={"status": status, "duration_ms": round(elapsed * 1000, 1)})
+                access_log.info("request", extra=line)
             if token is not None:
                 tracing.deactivate(token)
             clear_log_context()
+
+
+def _access_line(request: HttpRequest, status: int, elapsed: float) -> dict[str, Any] | None:
+    """Return the access line's fields, or None where the request gets none (see REQUEST_SUCCESS_LOG_SECONDS)."""
+    if not settings.LOG_REQUESTS or request.path in QUIET_PATHS:
+        return None
+    line: dict[str, Any] = {"status": status, "duration_ms": round(elapsed * 1000, 1)}
+    interval = settings.REQUEST_SUCCESS_LOG_SECONDS
+    if status >= 400 or interval <= 0:
+        return line
+    held = _success_lines.take(time.monotonic(), interval)
+    if held is None:
+        return None
+    return {**line, "successes_not_logged": held} if held else line
 
 
 def _route(request: HttpRequest) -> str:

@@ -233,3 +233,48 @@ def test_lines_per_delivery_sent_follow_the_setting_and_failures_are_logged_alwa
     audit = {line["delivery_id"]: line["event"] for line in lines}
     assert audit.get(ids["failed"]) == "delivery failed"
     assert (ids["sent"] in audit) is sent_logs
+
+
+@pytest.mark.pure
+def test_success_lines_let_one_through_per_interval_and_count_the_rest() -> None:
+    from notifier.clients.middleware import SuccessLines
+
+    lines = SuccessLines()
+    assert lines.take(100.0, 1.0) == 0
+    assert [lines.take(100.0 + t, 1.0) for t in (0.1, 0.5, 0.99)] == [None, None, None]
+    assert lines.take(101.0, 1.0) == 3  # the next line says how many were left out
+    assert lines.take(101.5, 1.0) is None
+    assert lines.take(102.2, 1.0) == 1
+
+
+@pytest.mark.django_db
+def test_access_lines_of_successes_are_thinned_by_the_setting_and_refusals_are_logged_each(
+    settings: Any, log_lines: Callable[[], list[dict[str, Any]]], api: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """REQUEST_SUCCESS_LOG_SECONDS thins the lines of requests answered below 400, never those of a 4xx."""
+    from django.test import Client
+
+    from notifier.clients import middleware
+
+    def access() -> list[dict[str, Any]]:
+        return [line for line in log_lines() if line.get("logger") == "notifier.access"]
+
+    settings.LOG_REQUESTS = True
+    settings.REQUEST_SUCCESS_LOG_SECONDS = 0
+    for _ in range(3):
+        assert api.get("/api/v1/templates").status_code == 200
+    assert [line["status"] for line in access()] == [200, 200, 200]  # 0: each one
+
+    monkeypatch.setattr(middleware, "_success_lines", middleware.SuccessLines())
+    settings.REQUEST_SUCCESS_LOG_SECONDS = 3600
+    for _ in range(3):
+        assert api.get("/api/v1/templates").status_code == 200
+    assert Client().get("/api/v1/templates").status_code == 401  # no key
+    assert api.get("/api/v1/notifications/00000000-0000-0000-0000-000000000000").status_code == 404
+    assert [line["status"] for line in access()[3:]] == [200, 401, 404]
+
+    middleware._success_lines._next = 0.0  # the interval is over
+    assert api.get("/api/v1/templates").status_code == 200
+    last = access()[-1]
+    assert last["status"] == 200 and last["successes_not_logged"] == 2
+    assert all(line["http_route"].startswith("api/v1/") for line in access())

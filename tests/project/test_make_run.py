@@ -138,7 +138,8 @@ def test_honcho_keeps_the_stack_running_when_flowers_port_is_taken(tmp_path: Pat
 
 def _make_run(*overrides: str) -> str:
     """Return the commands `make run` would run (make -n: printed, not run), with make variables overridden."""
-    variables = {"DEBUG", "FLOWER", "CELERY_TASK_LOGS", "DELIVERY_SENT_LOGS", "STREAM_WORKERS"}
+    variables = {"DEBUG", "FLOWER", "CELERY_TASK_LOGS", "DELIVERY_SENT_LOGS", "REQUEST_SUCCESS_LOG_SECONDS"}
+    variables.add("STREAM_WORKERS")
     env = {k: v for k, v in os.environ.items() if k not in variables}
     out = subprocess.run(
         ["make", "-n", "run", *overrides], cwd=ROOT, capture_output=True, text=True, check=True, env=env
@@ -156,12 +157,14 @@ def test_make_run_ships_the_fast_configuration_and_says_so() -> None:
     line = _honcho_line(out)
     assert "DEVELOPMENT=true" in line and "DEBUG=false" in line and "CELERY_TASK_LOGS=false" in line
     assert "DELIVERY_SENT_LOGS=false" in line.split()
+    assert "REQUEST_SUCCESS_LOG_SECONDS=1" in line.split()
     assert "STREAM_WORKERS=2" in line.split()  # the stream server's processes (the Procfile's default is 1)
     started = line.split("-p 8000", 1)[1].split()
     # Every process of the Procfile but Flower, each once.
     assert sorted(started) == sorted(set(_procfile()) - {"flower"})
     assert "DEBUG=false (make run DEBUG=true" in out and "Flower and task events off (FLOWER=1)" in out
     assert "a line per delivery sent off (DELIVERY_SENT_LOGS=true)" in out
+    assert "access lines of requests that succeeded at most one per 1 s (REQUEST_SUCCESS_LOG_SECONDS=0 for each)" in out
 
 
 def test_make_run_turns_on_what_is_asked_for() -> None:
@@ -169,6 +172,9 @@ def test_make_run_turns_on_what_is_asked_for() -> None:
     assert line.split()[-1] == "flower"
     assert "DEBUG=true" in line and "CELERY_TASK_LOGS=true" in line and "DELIVERY_SENT_LOGS=true" in line.split()
     assert "STREAM_WORKERS=1" in _honcho_line(_make_run("STREAM_WORKERS=1")).split()
+    each = _make_run("REQUEST_SUCCESS_LOG_SECONDS=0")
+    assert "REQUEST_SUCCESS_LOG_SECONDS=0" in _honcho_line(each).split()
+    assert "access lines of requests that succeeded each," in each
 
 
 def test_celery_task_lines_are_off_unless_asked_for() -> None:
