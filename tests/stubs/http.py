@@ -74,6 +74,14 @@ class Rule:
     times: int | None = None
 
 
+class _ListeningServer(ThreadingHTTPServer):
+    # socketserver listens with a backlog of 5. A provider opens a connection per call in flight (dozens at once)
+    # while the serving thread may not be scheduled for a while on a busy box: past the backlog the kernel drops
+    # the SYN, the client tries again a second later, and a call can run out of its connect timeout and be
+    # retried, which the stand-in's counts then show as a second attempt that no provider caused.
+    request_queue_size = 128
+
+
 class StubHTTPServer:
     """A threaded HTTP/1.1 server (keep-alive) on 127.0.0.1 with a random port."""
 
@@ -129,7 +137,7 @@ class StubHTTPServer:
             def log_message(self, format: str, *args: Any) -> None:
                 return  # keep test output clean
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = _ListeningServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self._thread = threading.Thread(target=self.server.serve_forever, name=type(self).__name__, daemon=True)
 
