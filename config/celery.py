@@ -36,6 +36,13 @@ app.conf.update(
     task_default_delivery_mode="persistent",
     broker_transport_options={"confirm_publish": True},
     broker_connection_retry_on_startup=True,
+    # A channel error while the consumer (re)starts is retried like a lost connection instead of ending the worker.
+    # The case it is for: the node a worker sat on dies and the worker reconnects to another node before the
+    # cluster has let go of the dead connection's exclusive control queue (`<node>.celery.pidbox`), whose
+    # re-declaration then fails with RESOURCE_LOCKED; Celery called that unrecoverable and the worker exited,
+    # leaving its queues without a consumer until something restarted it. The consumer's own restart limit spaces
+    # the tries (a persistent channel error is logged at each, not spun on).
+    broker_channel_error_retry=True,
     # Late acks, rejected back to the queue if the worker process dies; failed tasks are rejected too, so
     # RabbitMQ dead-letters them instead of acking them away.
     task_acks_late=True,

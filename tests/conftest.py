@@ -329,12 +329,13 @@ def start_worker(start_process: Callable[..., ServerProcess]) -> Callable[..., S
         pool: str = "prefork",
         wait: bool = True,
         cwd: Path = ROOT,
+        name: str = "",
     ) -> ServerProcess:
         args = [
             "celery", "-A", "config", "worker", "-Q", ",".join(queues or [*ALL_SEND_QUEUES, "fanout", "maintenance"]),
             "--pool", pool, "--concurrency", str(concurrency), "--loglevel", "INFO",
             "--without-gossip", "--without-mingle", "--without-heartbeat",
-            "-n", f"test-{NS}-{time.monotonic_ns()}@%h",
+            "-n", name or f"test-{NS}-{time.monotonic_ns()}@%h",
         ]  # fmt: skip
         # Celery's per-task lines are off by default (config/ops_settings.py); tests wait for "succeeded" lines.
         env = {"OUTBOX_RELAY_INTERVAL_SECONDS": "3600", "CELERY_TASK_LOGS": "true", **(env or {})}

@@ -539,7 +539,9 @@ def run_fault(
             "SELECT status, attempts, left(last_error, 120), published_at IS NOT NULL, claimed_at IS NOT NULL, count(*)"
             " FROM notifier_delivery WHERE status IN ('queued', 'sending', 'deferred') GROUP BY 1, 2, 3, 4, 5"
         )
-        raise AssertionError(f"{name}: left unsent (status, attempts, error, published, claimed, n): {left}") from None
+        raise AssertionError(
+            f"{name}: left unsent (status, attempts, error, published, claimed, n): {left}; {_last_words(stack)}"
+        ) from None
     probe.stop()
 
     rows = stack.sql(
@@ -611,6 +613,16 @@ def run_fault(
     assert fault.last_after_back <= DELIVERY_BOUND, fault.report()
     assert _stuck(stack) == 0
     return fault
+
+
+def _last_words(stack: Stack) -> str:
+    """Return each service process's state and last log line: why a queue was left without a consumer, say."""
+    words = []
+    for process in stack.processes:
+        code = process.proc.poll()
+        lines = process.log().strip().splitlines() or [""]
+        words.append(f"{process.kind} {'running' if code is None else f'exited {code}'}: {lines[-1][:300]}")
+    return " | ".join(words)
 
 
 def _kind(user_id: str) -> str:

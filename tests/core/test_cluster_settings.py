@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from celery import Celery
 from django.test import Client
+from kombu import Queue
 
 from config.celery import app as celery_app
 from core import redis_guard, task_names
@@ -26,7 +27,7 @@ from core.database_url import configured_hosts, parse_database_url
 from core.queues import broker_recently_down
 from notifier.deliveries import outbox
 from tests.cluster.servers import RedisSentinelSet
-from tests.conftest import BROKER_URL, VHOST, purge_all_queues, queue_depth, wait_for
+from tests.conftest import BROKER_URL, NS, VHOST, purge_all_queues, queue_depth, wait_for
 from tests.redis_server import free_port
 
 
@@ -132,6 +133,27 @@ def test_a_worker_whose_first_broker_node_is_dead_sets_up_delayed_delivery_witho
     wait_for(lambda: re.search(rf"{re.escape(task_names.NOOP)}\[[0-9a-f-]+\] succeeded", worker.log()), timeout=30)
     assert "Retrying delayed delivery setup" not in worker.log()
     assert "delayed delivery set-up failed" not in worker.log()
+
+
+def test_a_worker_whose_control_queue_is_still_held_by_its_old_connection_waits_instead_of_exiting(
+    start_worker: Any,
+) -> None:
+    """The worker's exclusive control queue is held by another connection when it connects: it retries, then consumes.
+
+    What a worker meets when its broker node dies and it reconnects to another before the cluster has let go of the
+    dead connection's queue (seen in tests/cluster): Celery answered RESOURCE_LOCKED with "Unrecoverable error" and
+    the worker exited. Here a connection of the test holds the queue until the worker has been refused.
+    """
+    name = f"test-{NS}-held-{time.monotonic_ns()}@{socket.gethostname()}"
+    with celery_app.connection_for_write() as holder:
+        held = Queue(f"{name}.celery.pidbox", exclusive=True, auto_delete=True, durable=False)
+        held(holder.default_channel).declare()
+        worker = start_worker(queues=["maintenance"], concurrency=1, wait=False, name=name)
+        wait_for(lambda: "RESOURCE_LOCKED" in worker.log(), timeout=30)
+        assert worker.proc.poll() is None, worker.log()[-2000:]
+    celery_app.send_task(task_names.NOOP, queue="maintenance")
+    wait_for(lambda: re.search(rf"{re.escape(task_names.NOOP)}\[[0-9a-f-]+\] succeeded", worker.log()), timeout=30)
+    assert "Unrecoverable error" not in worker.log()
 
 
 def _consumer_of(app: Celery) -> Any:
