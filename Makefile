@@ -91,9 +91,8 @@ run: demo
 # The suite runs in two phases (docs/development.md, "How the suite runs"): every test not marked `serial` on
 # TEST_WORKERS pytest-xdist workers, each in a namespace of its own, then the `serial` ones (they stop the broker,
 # measure, or build clusters) one at a time with nothing else running. Most of the suite waits on real workers and
-# servers, so more workers than cores pay; by default 4 where the broker has file handles for a fourth worker's
-# vhost, else 3 (scripts/test_workers.py; measured: docs/development.md).
-TEST_WORKERS ?=
+# servers, so on a 2-core machine TEST_WORKERS=3 finishes soonest (measured: docs/development.md).
+TEST_WORKERS ?= 3
 PYTEST_ARGS ?=
 TEST_STARTED := $(shell date +%s)
 
@@ -107,12 +106,11 @@ test: services $(TS_TOOLCHAIN)
 	( set -e; $(MAKE) --no-print-directory lint typecheck; \
 	  DEVELOPMENT=true DEBUG=true $(PY) manage.py spectacular --validate --fail-on-warn --file var/openapi.yml \
 	) > var/test-checks.log 2>&1 & checking=$$!; \
-	workers=$(or $(TEST_WORKERS),$$($(PY) scripts/test_workers.py)); \
-	$(VENV)/bin/pytest -n $$workers --dist loadgroup -m "not serial" --durations=40 $(PYTEST_ARGS); parallel=$$?; \
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadgroup -m "not serial" --durations=40 $(PYTEST_ARGS); parallel=$$?; \
 	wait $$checking; checks=$$?; cat var/test-checks.log; \
 	$(VENV)/bin/pytest -m serial --durations=10 $(PYTEST_ARGS); serial=$$?; \
 	[ $$serial -eq 5 ] && serial=0; \
-	echo "make test: $$(( $$(date +%s) - $(TEST_STARTED) )) s wall time (pytest on $$workers workers with the lint, types and schema beside it, then the serial tests; exit codes $$parallel, $$checks and $$serial)"; \
+	echo "make test: $$(( $$(date +%s) - $(TEST_STARTED) )) s wall time (pytest on $(TEST_WORKERS) workers with the lint, types and schema beside it, then the serial tests; exit codes $$parallel, $$checks and $$serial)"; \
 	[ $$parallel -eq 0 ] && [ $$checks -eq 0 ] && [ $$serial -eq 0 ]
 
 ## The pure tests alone (marker `pure`: no PostgreSQL, RabbitMQ or Redis), in seconds. They run with all three
