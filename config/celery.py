@@ -39,9 +39,9 @@ app.conf.update(
     # A channel error while the consumer (re)starts is retried like a lost connection instead of ending the worker.
     # The case it is for: the node a worker sat on dies and the worker reconnects to another node before the
     # cluster has let go of the dead connection's exclusive control queue (`<node>.celery.pidbox`), whose
-    # re-declaration then fails with RESOURCE_LOCKED; Celery called that unrecoverable and the worker exited,
-    # leaving its queues without a consumer until something restarted it. Celery's restart limit spaces the tries
-    # (at most five a second, then a pause of a second); an error that persists is logged at each.
+    # re-declaration then fails with RESOURCE_LOCKED; Celery called that unrecoverable and the worker stopped
+    # consuming, leaving its queues without a consumer until something restarted it. Celery's restart limit spaces
+    # the tries (at most five a second, then a pause of a second); an error that persists is logged at each.
     broker_channel_error_retry=True,
     # Late acks, rejected back to the queue if the worker process dies; failed tasks are rejected too, so
     # RabbitMQ dead-letters them instead of acking them away.

@@ -142,7 +142,7 @@ def test_a_worker_whose_control_queue_is_still_held_by_its_old_connection_waits_
 
     What a worker meets when its broker node dies and it reconnects to another before the cluster has let go of the
     dead connection's queue (seen in tests/cluster): Celery answered RESOURCE_LOCKED with "Unrecoverable error" and
-    the worker exited. Here a connection of the test holds the queue until the worker has been refused.
+    the worker took nothing more. Here a connection of the test holds the queue until the worker has been refused.
     """
     name = f"test-{NS}-held-{time.monotonic_ns()}@{socket.gethostname()}"
     with celery_app.connection_for_write() as holder:

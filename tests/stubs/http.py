@@ -75,7 +75,7 @@ class Rule:
 
 
 class _ListeningServer(ThreadingHTTPServer):
-    # socketserver listens with a backlog of 5. A provider opens a connection per call in flight (dozens at once)
+    # socketserver listens with a backlog of 5. A provider opens a connection per call in flight (sixteen at once)
     # while the serving thread may not be scheduled for a while on a busy box: past the backlog the kernel drops
     # the SYN, the client tries again a second later, and a call can run out of its connect timeout and be
     # retried, which the stand-in's counts then show as a second attempt that no provider caused.
