@@ -11,8 +11,8 @@ message, and is continued by the worker that runs the task. Its trace id is boun
 way. Spans are recorded and exported only when OTEL_EXPORTER_OTLP_ENDPOINT is set (or a test passes an
 exporter), and then as the SDK's standard sampler switches say (OTEL_TRACES_SAMPLER, OTEL_TRACES_SAMPLER_ARG;
 parent-based always-on by default). Without an exporter the sampler drops every span at creation, the
-per-statement and per-command wrappers (psycopg, Redis) are not even in the call path, and only the ids
-propagate.
+per-statement and per-command wrappers (psycopg, Redis) are not even in the call path, Notifier's own spans
+are not made, and only the ids propagate.
 """
 
 from __future__ import annotations
@@ -217,7 +217,7 @@ class _ExportSampler(Sampler):
 _lock = threading.Lock()
 _processor = _SwitchableProcessor()
 _sampler = _ExportSampler()
-_state: dict[str, Any] = {"provider": None, "instrumented": False, "redis": False}
+_state: dict[str, Any] = {"provider": None, "tracer": None, "instrumented": False, "redis": False}
 # A bulk INSERT's statement runs to megabytes: attribute values are cut here unless the standard
 # OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT / OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT say otherwise.
 _DEFAULT_ATTRIBUTE_LENGTH = 2048
@@ -244,8 +244,11 @@ def _provider() -> TracerProvider:
 
 
 def tracer() -> trace.Tracer:
-    """Return Notifier's tracer."""
-    return _provider().get_tracer("notifier")
+    """Return Notifier's tracer (made once: the provider builds a new one on every ask)."""
+    found: trace.Tracer | None = _state["tracer"]
+    if found is None:
+        found = _state["tracer"] = _provider().get_tracer("notifier")
+    return found
 
 
 def configure_tracing(*, endpoint: str | None = None, exporter: Any = None, service_name: str | None = None) -> bool:
@@ -374,7 +377,24 @@ class WhileExportingMiddleware:
 
 @contextmanager
 def span(name: str, *, kind: str = "internal", **attributes: Any) -> Iterator[TraceContext]:
-    """Run a block as a child span of the current trace (a new trace if there is none); bind it for logs."""
+    """Run a block as a child span of the current trace (a new trace if there is none); bind it for logs.
+
+    With no exporter no span is made (one per publish: a dropped span still cost its creation, about 16 µs): the
+    block runs in the current trace, or in a new one, and its logs carry that trace's ids.
+    """
+    if not _sampler.exporting:
+        ctx = current_trace()
+        token = None
+        if ctx is None:
+            ctx = new_trace()
+            token = otel_context.attach(trace.set_span_in_context(NonRecordingSpan(ctx.span_context())))
+        try:
+            with bind_delivery_context(trace_id=ctx.trace_id, span_id=ctx.span_id):
+                yield ctx
+        finally:
+            if token is not None:
+                otel_context.detach(token)
+        return
     span_kind = getattr(SpanKind, kind.upper(), SpanKind.INTERNAL)
     with tracer().start_as_current_span(name, kind=span_kind, attributes=attributes) as otel_span:
         ctx = _from_span_context(otel_span.get_span_context())
@@ -424,6 +444,9 @@ def continue_from(contexts: Sequence[SpanContext]) -> Iterator[None]:
             yield
         finally:
             otel_context.detach(token)
+        return
+    if not _sampler.exporting:
+        yield  # nothing would record the links: the block's spans start a trace of their own
         return
     links = [trace.Link(sc) for sc in contexts[:128]]
     with tracer().start_as_current_span("coalesced publish", kind=SpanKind.INTERNAL, links=links):

@@ -215,6 +215,31 @@ def test_without_an_exporter_nothing_is_recorded_but_ids_propagate() -> None:
 
 
 @pytest.mark.pure
+def test_without_an_exporter_a_span_runs_in_the_current_trace_and_leaves_nothing_behind(
+    log_stream: io.StringIO,
+) -> None:
+    """No span is made: the block's logs carry the caller's trace, or a new one's that ends with the block."""
+    assert tracing.configure_tracing(endpoint="") is False
+    clear_log_context()
+    with tracing.span("publish email.high", kind="producer") as ctx:
+        get_logger("notifier.test").info("outside any trace")
+        assert tracing.current_trace() == ctx
+    assert tracing.current_trace() is None and bound_log_context() == {}
+    token = tracing.activate(_incoming())
+    try:
+        with tracing.span("publish email.high", kind="producer") as inner:
+            get_logger("notifier.test").info("inside the request's trace")
+        assert inner.trace_id == TRACE_ID
+        assert tracing.current_trace() == _incoming() and bound_log_context()["trace_id"] == TRACE_ID
+    finally:
+        tracing.deactivate(token)
+        clear_log_context()
+    first, second = _lines(log_stream)
+    assert first["trace_id"] == ctx.trace_id != TRACE_ID
+    assert second["trace_id"] == TRACE_ID
+
+
+@pytest.mark.pure
 @pytest.mark.urls(__name__)
 def test_the_django_instrumentations_middleware_runs_only_while_exporting(monkeypatch: Any) -> None:
     """In MIDDLEWARE the instrumentation's middleware stands behind a switch: off, a request never reaches it."""
