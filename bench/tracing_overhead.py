@@ -13,7 +13,9 @@
    trace (a tenth recorded).
 
 Prints microseconds per statement for each (the median of `--rounds` rounds, the cases interleaved round by
-round) and the spans each produced.
+round) and the spans each produced. Then the same for the span of a publish of delivery ids (`tracing.span`, one
+per message the API's publisher sends) inside a request's trace: with no exporter (no span is made), a span the
+sampler drops (what no exporter cost while every publish made one), and exporting.
 """
 
 from __future__ import annotations
@@ -39,6 +41,34 @@ def _round(n: int) -> float:
             cursor.execute("SELECT 1")
             cursor.fetchone()
     return (time.perf_counter() - started) / n * 1e6
+
+
+def _span_round(n: int, *, dropped: bool = False) -> float:
+    """Run `n` publish spans inside a request's trace; return microseconds per span.
+
+    `dropped`: an OpenTelemetry span from a tracer built for it, dropped by the sampler and bound for logs, as
+    `tracing.span` made one for every publish whether or not anything exported.
+    """
+    from core import tracing
+    from core.logs import bind_delivery_context
+
+    attributes: dict[str, str | int] = {"messaging.destination.name": "email.high", "notifier.deliveries": 1}
+    token = tracing.activate(tracing.new_trace())
+    try:
+        started = time.perf_counter()
+        for _ in range(n):
+            if dropped:
+                otel_tracer = tracing._provider().get_tracer("notifier")
+                with otel_tracer.start_as_current_span("publish email.high", attributes=attributes) as otel_span:
+                    ctx = tracing._from_span_context(otel_span.get_span_context())
+                    with bind_delivery_context(trace_id=ctx.trace_id, span_id=ctx.span_id):
+                        pass
+            else:
+                with tracing.span("publish email.high", kind="producer", **attributes):
+                    pass
+        return (time.perf_counter() - started) / n * 1e6
+    finally:
+        tracing.deactivate(token)
 
 
 def main() -> None:
@@ -81,6 +111,16 @@ def main() -> None:
         for name, _, _ in cases:
             cost = statistics.median(times[name])
             log(f"{name}: {cost:.1f} µs a statement (+{cost - plain:.1f} µs), {spans[name]:,} spans of {total:,}")
+
+        publish: dict[str, list[float]] = {"no exporter": [], "a dropped span": [], "exporting": []}
+        for _ in range(args.rounds):
+            publish["no exporter"].append(_span_round(per_round))
+            publish["a dropped span"].append(_span_round(per_round, dropped=True))
+            tracing.configure_tracing(exporter=InMemorySpanExporter())
+            publish["exporting"].append(_span_round(per_round))
+            tracing.reset_tracing()
+        for name, values in publish.items():
+            log(f"publish span, {name}: {statistics.median(values):.1f} µs")
     finally:
         cleanup(args.keep, broker=False)
 
