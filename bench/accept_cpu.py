@@ -9,11 +9,14 @@ Measures the request thread's own CPU (`time.thread_time`, so the background pub
 counted), the statements each accept runs and their wall time, against a database of its own. No broker is
 set up: the publish after commit fails fast and leaves the rows to the relay, as with a broker outage, which
 is outside what this measures. `--quota` gives the key's environment a daily email quota it never reaches, so
-each accept also checks and counts it on Redis (projects.quotas): the difference is what quotas cost.
+each accept also checks and counts it on Redis (projects.quotas): the difference is what quotas cost. Also printed:
+the garbage collector's collections during the measured accepts and the time they took (`gc.callbacks`);
+`--gc-young N` sets the young generation's threshold (Python's default 700) to see what another costs.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import statistics
@@ -41,6 +44,7 @@ def main() -> None:
     p.add_argument("--profile-out", default="", help="also save the cProfile stats to this file (pstats format)")
     p.add_argument("--dedup", action="store_true", help="every item its own dedup_key (as bench/floor.py sends)")
     p.add_argument("--quota", action="store_true", help="a daily email quota on the key's environment (never reached)")
+    p.add_argument("--gc-young", type=int, default=0, help="the collector's young-generation threshold (0: Python's)")
     p.add_argument(
         "--wsgi",
         action="store_true",
@@ -106,6 +110,10 @@ def run(args: Any) -> None:
 
         profiler = cProfile.Profile(time.thread_time)  # CPU of this thread, not wall time
         profiler.enable()
+    if args.gc_young:
+        gc.set_threshold(args.gc_young, *gc.get_threshold()[1:])
+    collector = CollectorTimer()
+    gc.callbacks.append(collector)
     wall0 = time.perf_counter()
     for i in range(n):
         started = time.thread_time()
@@ -113,6 +121,7 @@ def run(args: Any) -> None:
         cpu.append((time.thread_time() - started) * 1000)
         assert status == 202, status
     wall = time.perf_counter() - wall0
+    gc.callbacks.remove(collector)
     if profiler is not None:
         import io
         import pstats
@@ -134,9 +143,33 @@ def run(args: Any) -> None:
         per_item = statistics.fmean(cpu) / args.batch
         rate = n * args.batch / wall
         print(f"batch calls of {args.batch} items: {per_item * 1000:.0f} us CPU per item, {rate:.0f} items/s")
+    print(
+        f"garbage collector (young threshold {gc.get_threshold()[0]}): collections by generation {collector.counts},"
+        f" {collector.total * 1000:.0f} ms in all, {collector.total / n * 1000:.3f} ms per accept,"
+        f" longest {collector.longest * 1000:.1f} ms"
+    )
     print("statements per accept, wall ms per accept:")
     statements.report(per=n, ms_scale=1 / n)
     log("done")
+
+
+class CollectorTimer:
+    """A `gc.callbacks` entry: count the collections by generation and time them (every thread's)."""
+
+    def __init__(self) -> None:
+        self.counts = [0, 0, 0]
+        self.total = 0.0
+        self.longest = 0.0
+        self._started = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+            return
+        took = time.perf_counter() - self._started
+        self.counts[info["generation"]] += 1
+        self.total += took
+        self.longest = max(self.longest, took)
 
 
 class WsgiClient:
