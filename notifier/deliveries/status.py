@@ -46,13 +46,16 @@ def on_events_recorded(listener: EventsListener) -> EventsListener:
     return listener
 
 
-def record_events(rows: Iterable[tuple[int, str, str]], *, at: datetime | None = None, reach: bool = True) -> None:
+def record_events(
+    rows: Iterable[tuple[int, str, str]], *, at: datetime | None = None, reach: bool = True, existing: bool = False
+) -> None:
     """Append (delivery_id, status, detail) events with one INSERT … SELECT, however many.
 
     `reach=False` skips the listeners (status events, inbox notifications: notifier/statusevents/record.py), for a
-    caller that knows
-    none of these deliveries is in-app and none of their clients has an event endpoint (the send pipeline
-    decides it once per batch).
+    caller that knows none of these deliveries is in-app and none of their clients has an event endpoint (the send
+    pipeline decides it once per batch). `existing=True` appends only the events of deliveries the log still holds,
+    for a caller that has an id from outside it (a link in an old email): retention drops whole days, and an event
+    for a dropped day would find no partition to go in.
     """
     ids: list[int] = []
     statuses: list[str] = []
@@ -65,21 +68,23 @@ def record_events(rows: Iterable[tuple[int, str, str]], *, at: datetime | None =
         return
     # Status and detail are usually the same for the whole batch: send them once rather than as arrays.
     same = all(s == statuses[0] for s in statuses) and all(d == details[0] for d in details)
+    if same:
+        select = "SELECT v.id, %s, %s, %s FROM unnest(%s::bigint[]) AS v(id)"
+        params = [statuses[0], details[0], at or timezone.now(), int_array(ids)]
+    else:
+        select = (
+            "SELECT v.id, v.e->>1, v.e->>2, %s FROM"
+            " (SELECT (e->>0)::bigint AS id, e FROM jsonb_array_elements(%s::jsonb) AS e) AS v"
+        )
+        params = [at or timezone.now(), json_rows(zip(ids, statuses, details, strict=True))]
+    if existing:
+        select += " WHERE EXISTS (SELECT FROM notifier_delivery d WHERE d.id = v.id) RETURNING delivery_id"
     with bound_cursor() as cursor:
-        if same:
-            cursor.execute(
-                "INSERT INTO notifier_deliveryevent (delivery_id, status, detail, at)"
-                " SELECT id, %s, %s, %s FROM unnest(%s::bigint[]) AS v(id)",
-                [statuses[0], details[0], at or timezone.now(), int_array(ids)],
-            )
-        else:
-            cursor.execute(
-                "INSERT INTO notifier_deliveryevent (delivery_id, status, detail, at)"
-                " SELECT (e->>0)::bigint, e->>1, e->>2, %s FROM jsonb_array_elements(%s::jsonb) AS e",
-                [at or timezone.now(), json_rows(zip(ids, statuses, details, strict=True))],
-            )
+        cursor.execute(f"INSERT INTO notifier_deliveryevent (delivery_id, status, detail, at) {select}", params)
+        written = {row[0] for row in cursor.fetchall()} if existing else None
     if reach and _events_listeners:
-        _reach(list(zip(ids, statuses, details, strict=True)), at)
+        events = zip(ids, statuses, details, strict=True)
+        _reach([event for event in events if written is None or event[0] in written], at)
 
 
 def _reach(events: list[tuple[int, str, str]], at: datetime | None) -> None:

@@ -127,13 +127,15 @@ def open_resolve(token: str) -> int:
 def click_record(*, delivery_id: int, url: str, source: str = "redirect") -> None:
     """Append a `clicked` event to the delivery (one insert; the delivery's status does not change).
 
-    The commit does not wait for its WAL flush: a click lost to a database crash in the next few milliseconds
-    costs a statistic, while waiting for the flush was most of the redirect's time.
+    Only while the delivery log still holds the delivery: a link in an email older than the log's retention
+    still redirects, and its click is not counted. The commit does not wait for its WAL flush: a click lost to a
+    database crash in the next few milliseconds costs a statistic, while waiting for the flush was most of the
+    redirect's time.
     """
     with transaction.atomic():
         with connection.cursor() as cursor:
             cursor.execute("SET LOCAL synchronous_commit = off")
-        record_events([(delivery_id, CLICKED, f"{source} {url}"[:1024])])
+        record_events([(delivery_id, CLICKED, f"{source} {url}"[:1024])], existing=True)
 
 
 def open_record(*, delivery_id: int, source: str = "pixel") -> list[int]:

@@ -2,24 +2,32 @@
 
 from __future__ import annotations
 
+import http.client
 import re
+from collections.abc import Callable
+from datetime import date
 from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+from django.conf import settings
 from django.core import signing
 from django.test import Client
+from django.utils import timezone
 
 from channels_app import renderings
 from channels_app.models import SandboxMessage
 from channels_app.services import deliver
 from notifier.callbacks.services import ses_event_apply
 from notifier.deliveries.models import Delivery, DeliveryEvent
+from notifier.deliveries.partitions import delivery_id_bounds
 from notifier.statusevents.models import StatusEvent
 from notifier.tracking.services import SALT
 from preferences.services import recipient_upsert
 from templates_app import selectors as template_selectors
 from templates_app.services import template_put
+from tests.conftest import free_port, wait_for
+from tests.stubs.tcp_relay import TcpRelay
 
 HTML = (
     '<html><body><p>Hi</p><a href="https://shop.example.com/sale?a=1&amp;b=2">Sale</a> '
@@ -170,3 +178,81 @@ def test_a_click_is_a_delivery_clicked_status_event_for_the_calling_service(api:
     events = StatusEvent.objects.filter(delivery_id=delivery_id)
     assert [e.type for e in events] == ["delivery.clicked"]  # sent was not subscribed, so only the click
     assert events[0].data["delivery_id"] == delivery_id
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("tracked")
+def test_a_link_older_than_the_delivery_log_still_redirects_and_counts_nothing(api: Any) -> None:
+    """Retention drops whole days: a link or a pixel of an email older than them answers, and records nothing."""
+    endpoint = {"url": "https://hooks.example.com/events", "events": ["delivery.clicked"], "max_batch": 1}
+    assert api.put("/api/v1/event-endpoint", endpoint, format="json").status_code in (200, 201)
+    signer = signing.Signer(salt=SALT)
+    dropped_day = delivery_id_bounds(date(2020, 1, 1))[0] + 7  # a day no partition holds any more
+    gone = delivery_id_bounds(timezone.now().date())[1] - 1  # today's partition, a delivery it does not hold
+    web = Client()
+    for delivery_id in (dropped_day, gone):
+        token = signer.sign_object({"d": delivery_id, "u": "https://shop.example.com/old"}, compress=True)
+        answer = web.get(f"/t/c/{token}")
+        assert answer.status_code == 302 and answer["Location"] == "https://shop.example.com/old"
+        pixel = web.get(f"/t/o/{signer.sign_object({'d': delivery_id})}.gif")
+        assert pixel.status_code == 200 and pixel["Content-Type"] == "image/gif"
+    assert not DeliveryEvent.objects.filter(status__in=["clicked", "opened"]).exists()
+    assert not StatusEvent.objects.exists()
+
+    delivery_id, html_text = _sent_html(api, "news")  # one the log holds still counts, beside them
+    web.get(_path(_links(html_text)[0]))
+    clicked = DeliveryEvent.objects.filter(status="clicked").values_list("delivery_id", flat=True)
+    assert list(clicked) == [delivery_id]
+    assert [e.delivery_id for e in StatusEvent.objects.all()] == [delivery_id]
+
+
+def _answer(port: int, path: str) -> tuple[int, str]:
+    """GET `path` from a server on loopback without following a redirect; return (status, Location)."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        connection.request("GET", path)
+        response = connection.getresponse()
+        response.read()
+        return response.status, response.getheader("Location") or ""
+    finally:
+        connection.close()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("tracked")
+def test_the_redirect_and_the_pixel_answer_while_the_database_is_away(
+    api: Any, start_process: Callable[..., Any]
+) -> None:
+    """The API's database is cut: the reader still reaches the link's page and the pixel; the click is not counted."""
+    delivery_id, html_text = _sent_html(api, "news")
+    link = _path(_links(html_text)[0])
+    pixel = _path(re.search(r'<img src="([^"]+)"', html_text).group(1))
+    db = settings.DATABASES["default"]
+    tcp = TcpRelay(db["HOST"] or "127.0.0.1", int(db["PORT"] or 5432)).start()
+    try:
+        port = free_port()
+        url = f"postgres://{db['USER']}@127.0.0.1:{tcp.port}/{db['TEST']['NAME']}"
+        args = ["gunicorn", "config.wsgi:application", "-b", f"127.0.0.1:{port}", "-w", "1"]
+        server = start_process("api", args, {"DATABASE_URL": url, "LOG_LEVEL": "WARNING"})
+        server.wait_ready(lambda: _reachable(port))
+        tcp.cut()
+        assert _answer(port, link) == (302, "https://shop.example.com/sale?a=1&b=2")
+        assert _answer(port, pixel)[0] == 200
+        assert "not recorded" in server.log() and "shop.example.com" not in server.log()
+        assert not DeliveryEvent.objects.filter(delivery_id=delivery_id, status__in=["clicked", "opened"]).exists()
+
+        tcp.restore()  # the same server records again once the database is back
+        wait_for(lambda: _answer(port, link)[0] == 302 and _clicks(delivery_id) > 0, timeout=30)
+    finally:
+        tcp.stop()
+
+
+def _reachable(port: int) -> bool:
+    try:
+        return _answer(port, "/healthz")[0] == 200
+    except OSError:
+        return False
+
+
+def _clicks(delivery_id: int) -> int:
+    return DeliveryEvent.objects.filter(delivery_id=delivery_id, status="clicked").count()
