@@ -189,7 +189,8 @@ def _waiting(broker: _Broker, declared: Any, want: int) -> list[Any]:
     """
     channel = broker.channel()
     started = time.monotonic()
-    _, ready, _ = declared.bind(channel).queue_declare(passive=True)
+    # On the py-amqp channel itself: binding kombu's Queue to it first copied the entity on every batch.
+    _, ready, _ = channel.queue_declare(queue=declared.name, passive=True)
     took = time.monotonic() - started
     if took > _SLOW_COUNT_SECONDS:
         broker.paused_until = time.monotonic() + _SLOW_COUNT_PAUSE_SECONDS
