@@ -15,7 +15,10 @@
 Prints microseconds per statement for each (the median of `--rounds` rounds, the cases interleaved round by
 round) and the spans each produced. Then the same for the span of a publish of delivery ids (`tracing.span`, one
 per message the API's publisher sends) inside a request's trace: with no exporter (no span is made), a span the
-sampler drops (what no exporter cost while every publish made one), and exporting.
+sampler drops (what no exporter cost while every publish made one), and exporting. Last, Celery's side: a task
+run (`task.apply()` of a task that does nothing, inside a trace) and a publish's two signals (what Celery sends
+around every message), with the Celery instrumentation behind its switch and no exporter (no span is made),
+with its handlers always in the path as before (their spans dropped), and exporting.
 """
 
 from __future__ import annotations
@@ -24,7 +27,10 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -69,6 +75,54 @@ def _span_round(n: int, *, dropped: bool = False) -> float:
         return (time.perf_counter() - started) / n * 1e6
     finally:
         tracing.deactivate(token)
+
+
+def _celery_round(n: int, task: Any) -> tuple[float, float]:
+    """Run `task` eagerly `n` times, then send a publish's two signals `n` times; return µs per run and publish.
+
+    The signals as Celery sends them around a message (celery/app/amqp.py, send_task_message).
+    """
+    from celery import signals
+
+    from core import tracing
+
+    token = tracing.activate(tracing.new_trace())
+    try:
+        started = time.perf_counter()
+        for _ in range(n):
+            task.apply()
+        runs = (time.perf_counter() - started) / n * 1e6
+        body: tuple[Any, ...] = ([[1]], {}, {})
+        started = time.perf_counter()
+        for i in range(n):
+            headers = {"id": f"bench-{i}", "task": task.name}
+            signals.before_task_publish.send(
+                sender=task.name, body=body, exchange="notifier", routing_key="email.high", headers=headers,
+                properties={}, declare=[], retry_policy=None,
+            )  # fmt: skip
+            signals.after_task_publish.send(
+                sender=task.name, body=body, headers=headers, exchange="notifier", routing_key="email.high"
+            )
+        return runs, (time.perf_counter() - started) / n * 1e6
+    finally:
+        tracing.deactivate(token)
+
+
+@contextmanager
+def _celery_instrumentation_always_on() -> Iterator[None]:
+    """Put the Celery instrumentation's own handlers back in place of their switch, as before it existed."""
+    from core import tracing
+
+    gates = tracing._state["celery"].gates
+    for signal, handler, gate in gates:
+        signal.disconnect(gate)
+        signal.connect(handler, weak=False)
+    try:
+        yield
+    finally:
+        for signal, handler, gate in gates:
+            signal.disconnect(handler)
+            signal.connect(gate, weak=False)
 
 
 def main() -> None:
@@ -121,6 +175,25 @@ def main() -> None:
             tracing.reset_tracing()
         for name, values in publish.items():
             log(f"publish span, {name}: {statistics.median(values):.1f} µs")
+
+        from config.celery import app
+
+        @app.task(name="bench.noop")
+        def noop() -> None:
+            """Do nothing: what is timed is Celery's and the instrumentation's work around a run."""
+
+        celery: dict[str, list[tuple[float, float]]] = {"no exporter": [], "handlers always on": [], "exporting": []}
+        for _ in range(args.rounds):
+            celery["no exporter"].append(_celery_round(per_round // 4, noop))
+            with _celery_instrumentation_always_on():
+                celery["handlers always on"].append(_celery_round(per_round // 4, noop))
+            tracing.configure_tracing(exporter=InMemorySpanExporter())
+            celery["exporting"].append(_celery_round(per_round // 4, noop))
+            tracing.reset_tracing()
+        for name, pairs in celery.items():
+            run = statistics.median(r for r, _ in pairs)
+            sent = statistics.median(p for _, p in pairs)
+            log(f"Celery, {name}: a task run {run:.1f} µs, a publish's signals {sent:.1f} µs")
     finally:
         cleanup(args.keep, broker=False)
 

@@ -123,8 +123,39 @@ def _incoming() -> tracing.TraceContext:
     return ctx
 
 
-def test_publish_puts_the_current_trace_in_the_message_headers() -> None:
-    """A task published inside a trace carries its traceparent as a message header on RabbitMQ."""
+class _CountingTracer:
+    """A tracer that records the name of every span it is asked to start, then starts it."""
+
+    def __init__(self, tracer: Any) -> None:
+        self.tracer = tracer
+        self.started: list[str] = []
+
+    def start_span(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        self.started.append(name)
+        return self.tracer.start_span(name, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.tracer, name)
+
+
+@pytest.fixture
+def celery_spans(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Return the names of the spans the Celery instrumentation starts during the test."""
+    from opentelemetry.instrumentation.celery import CeleryInstrumentor
+
+    instrumentor = CeleryInstrumentor()  # the instrumentation's one instance
+    counting = _CountingTracer(instrumentor._tracer)
+    monkeypatch.setattr(instrumentor, "_tracer", counting)
+    return counting.started
+
+
+def test_publish_puts_the_current_trace_in_the_message_headers(celery_spans: list[str]) -> None:
+    """A task published inside a trace carries its traceparent as a message header on RabbitMQ.
+
+    Without an exporter the Celery instrumentation makes no producer span: the header is a child position of
+    the publisher's, in its trace.
+    """
+    assert tracing.configure_tracing(endpoint="") is False
     purge_all_queues()
     token = tracing.activate(_incoming())
     try:
@@ -136,12 +167,13 @@ def test_publish_puts_the_current_trace_in_the_message_headers() -> None:
         message = celery_app.amqp.queues["maintenance"](conn.channel()).get(no_ack=True)
     assert message is not None
     header = tracing.parse_traceparent(message.headers.get("traceparent"))
-    assert header is not None and header.trace_id == TRACE_ID
+    assert header is not None and header.trace_id == TRACE_ID and header.span_id != _incoming().span_id
+    assert celery_spans == []
     purge_all_queues()
 
 
 @pytest.mark.pure
-def test_worker_side_binds_the_task_trace_and_clears_it_after() -> None:
+def test_worker_side_binds_the_task_trace_and_clears_it_after(celery_spans: list[str]) -> None:
     """task_prerun binds the task span's trace id (a child of the caller's) and task id; postrun clears them."""
     seen: dict[str, Any] = {}
 
@@ -162,6 +194,30 @@ def test_worker_side_binds_the_task_trace_and_clears_it_after() -> None:
     assert seen["span_id"] != "00f067aa0ba902b7"  # the task's own span
     assert seen["task_id"] == "task-1"
     assert bound_log_context() == {}
+    assert tracing.current_trace() is None
+    assert celery_spans == []  # no exporter: the task's position is made without a span
+
+
+@pytest.mark.pure
+def test_while_exporting_a_task_run_is_a_span_of_the_instrumentation_in_the_callers_trace(
+    exporter: Any, celery_spans: list[str]
+) -> None:
+    """With an exporter the Celery instrumentation runs as before: the task's run is its consumer span."""
+
+    @celery_app.task(name="tests.ops.traced")
+    def traced() -> str:
+        return tracing.current_trace_id()
+
+    token = tracing.activate(_incoming())
+    try:
+        assert traced.apply(task_id="task-2").get() == TRACE_ID
+    finally:
+        celery_app.tasks.pop("tests.ops.traced", None)
+        tracing.deactivate(token)
+        clear_log_context()
+    assert celery_spans == ["run/tests.ops.traced"]
+    run = next(s for s in exporter.get_finished_spans() if s.name == "run/tests.ops.traced")
+    assert run.kind.name == "CONSUMER" and format(run.context.trace_id, "032x") == TRACE_ID
     assert tracing.current_trace() is None
 
 
@@ -352,6 +408,7 @@ def test_provider_call_and_publish_spans_reach_the_exporter_in_one_trace(exporte
         assert format(span.context.trace_id, "032x") == TRACE_ID, span.name
     assert Delivery.objects.get(pk=delivery["id"]).status == "sent"
     assert any(s.name.startswith("apply_async/") for s in spans)  # Celery instrumentation
+    assert any(s.name == "run/channels_app.tasks.send_deliveries" for s in spans)
     database = [s for s in spans if s.instrumentation_scope.name == "opentelemetry.instrumentation.psycopg"]
     assert database and all(s.attributes["db.system"] == "postgresql" for s in database)
     assert any(s.name in ("SELECT", "UPDATE", "INSERT") for s in database)
