@@ -28,6 +28,20 @@ __all__ = ["db_retry_countdown", "own_queue", "send_deliveries", "send_status_ev
 DB_RETRY_MAX_SECONDS = float(settings.SEND_TASK_DB_RETRY_MAX_SECONDS)
 
 
+@dataclass(frozen=True, slots=True)
+class SendCounts:
+    """What one send task's batch did, as the task returns it (results are not stored; Celery logs it).
+
+    A dataclass rather than a dict: Celery's tracer takes a safe repr of every return value, whether or not
+    anything logs it, and a dict's cost seven times as much (about 16 µs against 2.5, per message).
+    """
+
+    claimed: int
+    sent: int
+    failed: int
+    retried_with: int = 0  # ids carried by the batch's retry (the database was away)
+
+
 def db_retry_countdown(retries: int) -> float:
     """Return the delay before re-running a send task that could not reach the database (full jitter)."""
     cap = min(DB_RETRY_MAX_SECONDS, 2.0 * (2**retries))
@@ -42,7 +56,7 @@ def db_retry_countdown(retries: int) -> float:
     # is the shared Redis bucket in core.ratelimit, which holds across every worker and host.
     rate_limit=settings.SEND_TASK_RATE_LIMIT,
 )
-def send_deliveries(self: Task[Any, Any], delivery_ids: list[int]) -> dict[str, int]:
+def send_deliveries(self: Task[Any, Any], delivery_ids: list[int]) -> SendCounts:
     """Deliver a batch of deliveries (one id for a transactional send, hundreds on the fan-out path).
 
     Fewer ids than the provider sends at once are sent together with the other small send tasks of the same
@@ -67,7 +81,7 @@ class _Send:
     ids: list[int]
 
 
-def _send_batch(work: _Send) -> dict[str, int]:
+def _send_batch(work: _Send) -> SendCounts:
     """Gather what waits on the queue behind `work`'s ids, deliver it as one batch, settle the taken messages."""
     batch = gather(work.queue, work.ids) if work.queue else Gathered(ids=work.ids)
     try:
@@ -95,10 +109,10 @@ def _send_batch(work: _Send) -> dict[str, int]:
         batch.requeue()
         raise
     batch.ack()
-    return {"claimed": report.claimed, "sent": report.sent, "failed": report.failed}
+    return SendCounts(claimed=report.claimed, sent=report.sent, failed=report.failed)
 
 
-def _send_together(works: Sequence[_Send]) -> list[dict[str, int] | BaseException]:
+def _send_together(works: Sequence[_Send]) -> list[SendCounts | BaseException]:
     """Deliver the ids of several send tasks of one queue as one batch, on the first one's thread.
 
     Each task gets the batch's report, and its message is acknowledged when its own thread returns, after the
@@ -112,16 +126,16 @@ def _send_together(works: Sequence[_Send]) -> list[dict[str, int] | BaseExceptio
     try:
         report = _send_batch(_Send(works[0].task, works[0].queue, ids))
     except Retry as retry:
-        carried = {"claimed": 0, "sent": 0, "failed": 0, "retried_with": len(ids)}
+        carried = SendCounts(claimed=0, sent=0, failed=0, retried_with=len(ids))
         return [retry, *([carried] * (len(works) - 1))]
     return [report] * len(works)
 
 
-_combiners: dict[str, GroupCommit[_Send, dict[str, int]]] = {}
+_combiners: dict[str, GroupCommit[_Send, SendCounts]] = {}
 _combiners_lock = threading.Lock()
 
 
-def _combiner(queue: str) -> GroupCommit[_Send, dict[str, int]]:
+def _combiner(queue: str) -> GroupCommit[_Send, SendCounts]:
     """Return this process's combiner of `queue`'s small send tasks.
 
     A small send task (a single, or a few coalesced by the API) sends at once when no batch of its queue is in
