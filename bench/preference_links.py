@@ -20,6 +20,7 @@ T = TypeVar("T")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+os.environ.setdefault("DEVELOPMENT", "true")  # a local benchmark: the built-in SECRET_KEY signs as well as any
 
 
 def main() -> None:
