@@ -109,15 +109,18 @@ def _targets(deliveries: Sequence[Delivery], addresses: Iterable[object] | None)
     return [d for d in deliveries if _norm_email(d.address) in wanted]
 
 
-def _record_once(deliveries: Sequence[Delivery], detail: str, status: str = "") -> int:
-    """Append an event that changes no status (`status`, else the delivery's current one), once per detail."""
+def _record_once(deliveries: Sequence[Delivery], detail: str, status: str = "", *, forget_erased: bool = False) -> int:
+    """Append an event that changes no status (`status`, else the delivery's current one), once per detail.
+
+    `forget_erased`: for an erased recipient's delivery only the detail's first word is kept (record_events).
+    """
     ids = [d.pk for d in deliveries]
     if not ids:
         return 0
     seen = set(DeliveryEvent.objects.filter(delivery_id__in=ids, detail=detail).values_list("delivery_id", flat=True))
     current = dict(Delivery.objects.filter(pk__in=ids).values_list("pk", "status"))
     rows = [(did, status or current[did], detail) for did in ids if did not in seen and did in current]
-    record_events(rows)
+    record_events(rows, existing=forget_erased, forget_erased=forget_erased)
     return len(rows)
 
 
@@ -227,7 +230,8 @@ def ses_event_apply(*, event: Mapping[str, Any], sns_message_id: str) -> Callbac
             # Counted as our own redirect counts a click: a `clicked` event (notifier/tracking).
             body = _section(event, "click")
             link = str(body.get("link") or "")[:900]
-            result.events = _record_once(deliveries, f"ses:click {tag} {link}".strip(), status=CLICKED)
+            detail = f"ses:click {tag} {link}".strip()
+            result.events = _record_once(deliveries, detail, status=CLICKED, forget_erased=True)
         elif kind == "Bounce":
             _apply_ses_bounce(event, deliveries, tag, result)
         elif kind == "Complaint":

@@ -47,7 +47,12 @@ def on_events_recorded(listener: EventsListener) -> EventsListener:
 
 
 def record_events(
-    rows: Iterable[tuple[int, str, str]], *, at: datetime | None = None, reach: bool = True, existing: bool = False
+    rows: Iterable[tuple[int, str, str]],
+    *,
+    at: datetime | None = None,
+    reach: bool = True,
+    existing: bool = False,
+    forget_erased: bool = False,
 ) -> None:
     """Append (delivery_id, status, detail) events with one INSERT … SELECT, however many.
 
@@ -55,7 +60,10 @@ def record_events(
     caller that knows none of these deliveries is in-app and none of their clients has an event endpoint (the send
     pipeline decides it once per batch). `existing=True` appends only the events of deliveries the log still holds,
     for a caller that has an id from outside it (a link in an old email): retention drops whole days, and an event
-    for a dropped day would find no partition to go in.
+    for a dropped day would find no partition to go in. `forget_erased` (with `existing`) keeps only the first word
+    of the detail of a delivery whose recipient was erased, as the erasure left the events before it
+    (notifier/deliveries/erasure.py): a link clicked in an email read after the erasure records its source, not
+    the URL rendered from the recipient's payload.
     """
     ids: list[int] = []
     statuses: list[str] = []
@@ -78,13 +86,23 @@ def record_events(
         )
         params = [at or timezone.now(), json_rows(zip(ids, statuses, details, strict=True))]
     if existing:
-        select += " WHERE EXISTS (SELECT FROM notifier_delivery d WHERE d.id = v.id) RETURNING delivery_id"
+        # Joined to the delivery: no row for a delivery the log no longer holds.
+        detail, erased = "x.detail", ""
+        if forget_erased:
+            detail = "CASE WHEN r.erased_at IS NULL THEN x.detail ELSE split_part(x.detail, ' ', 1) END"
+            erased = " LEFT JOIN preferences_recipient r ON r.id = d.recipient_id"
+        select = (
+            f"SELECT x.id, x.status, {detail}, x.at FROM ({select}) AS x(id, status, detail, at)"  # noqa: S608 - fixed text
+            f" JOIN notifier_delivery d ON d.id = x.id{erased} RETURNING delivery_id, detail"
+        )
     with bound_cursor() as cursor:
         cursor.execute(f"INSERT INTO notifier_deliveryevent (delivery_id, status, detail, at) {select}", params)
-        written = {row[0] for row in cursor.fetchall()} if existing else None
+        written = dict(cursor.fetchall()) if existing else None
     if reach and _events_listeners:
-        events = zip(ids, statuses, details, strict=True)
-        _reach([event for event in events if written is None or event[0] in written], at)
+        events = list(zip(ids, statuses, details, strict=True))
+        if written is not None:  # as stored: what was not written reaches no one, an erased click without its URL
+            events = [(i, status, written[i]) for i, status, _ in events if i in written]
+        _reach(events, at)
 
 
 def _reach(events: list[tuple[int, str, str]], at: datetime | None) -> None:

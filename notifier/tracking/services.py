@@ -128,14 +128,15 @@ def click_record(*, delivery_id: int, url: str, source: str = "redirect") -> Non
     """Append a `clicked` event to the delivery (one insert; the delivery's status does not change).
 
     Only while the delivery log still holds the delivery: a link in an email older than the log's retention
-    still redirects, and its click is not counted. The commit does not wait for its WAL flush: a click lost to a
+    still redirects, and its click is not counted. A click after the recipient's erasure counts without its URL
+    (rendered from their payload, it is theirs). The commit does not wait for its WAL flush: a click lost to a
     database crash in the next few milliseconds costs a statistic, while waiting for the flush was most of the
     redirect's time.
     """
     with transaction.atomic():
         with connection.cursor() as cursor:
             cursor.execute("SET LOCAL synchronous_commit = off")
-        record_events([(delivery_id, CLICKED, f"{source} {url}"[:1024])], existing=True)
+        record_events([(delivery_id, CLICKED, f"{source} {url}"[:1024])], existing=True, forget_erased=True)
 
 
 def open_record(*, delivery_id: int, source: str = "pixel") -> list[int]:

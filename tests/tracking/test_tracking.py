@@ -23,7 +23,8 @@ from notifier.deliveries.models import Delivery, DeliveryEvent
 from notifier.deliveries.partitions import delivery_id_bounds
 from notifier.statusevents.models import StatusEvent
 from notifier.tracking.services import SALT
-from preferences.services import recipient_upsert
+from preferences.models import Recipient
+from preferences.services import recipient_erase, recipient_upsert
 from templates_app import selectors as template_selectors
 from templates_app.services import template_put
 from tests.conftest import free_port, wait_for
@@ -165,6 +166,33 @@ def test_ses_open_and_click_events_count_the_same_way(api: Any) -> None:
     statuses = list(DeliveryEvent.objects.filter(delivery_id=delivery_id).values_list("status", flat=True))
     assert statuses.count("clicked") == 1 and statuses[-1] == "opened"
     assert Delivery.objects.get(pk=delivery_id).status == "opened"
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("tracked")
+def test_a_click_after_the_recipients_erasure_counts_without_its_url(api: Any) -> None:
+    """A link's URL is rendered from the recipient's payload: clicked after their erasure, only the source stays."""
+    recipient_upsert(user_id="tr-2", email="tr-2@example.com")
+    erased_id, erased_html = _sent_html(api, "news")
+    kept_id, kept_html = _sent_html(api, "news", user_id="tr-2")
+    Delivery.objects.filter(pk=erased_id).update(provider="ses", provider_message_id="ses-erased")
+    web = Client()
+    web.get(_path(_links(erased_html)[0]))
+    recipient_erase(recipient=Recipient.objects.get(user_id="tr-1"))
+
+    answer = web.get(_path(_links(erased_html)[0]))  # the old email still takes its reader to the shop
+    assert answer.status_code == 302 and answer["Location"] == "https://shop.example.com/sale?a=1&b=2"
+    click = {"eventType": "Click", "mail": {"messageId": "ses-erased"}, "click": {"link": "https://shop.example.com/x"}}
+    assert ses_event_apply(event=click, sns_message_id="sns-erased").events == 1
+    web.get(_path(_links(kept_html)[0]))  # another recipient's click keeps its URL
+
+    clicks = DeliveryEvent.objects.filter(status="clicked").order_by("id")
+    assert [(c.delivery_id, c.detail) for c in clicks] == [
+        (erased_id, "redirect"),  # before the erasure: its URL dropped by it
+        (erased_id, "redirect"),  # after it: never written
+        (erased_id, "ses:click"),
+        (kept_id, "redirect https://shop.example.com/sale?a=1&b=2"),
+    ]
 
 
 @pytest.mark.django_db(transaction=True)
