@@ -96,11 +96,17 @@ def test_worker_killed_mid_send_loses_nothing_and_sends_nothing_twice(
             Delivery.objects.filter(status="sent").count() >= 150 and Delivery.objects.filter(status="sending").exists()
         )
 
-    wait_for(mid_batch, timeout=60, interval=0.05)
-    worker.kill()  # SIGKILL to the main process and its children: no chance to ack or clean up
-    worker.proc.wait(timeout=10)
+    for _ in range(3):
+        wait_for(mid_batch, timeout=60, interval=0.05)
+        worker.kill()  # SIGKILL to the main process and its children: no chance to ack or clean up
+        worker.proc.wait(timeout=10)
+        in_flight = set(Delivery.objects.filter(status="sending").values_list("pk", flat=True))
+        if in_flight:
+            break
+        # The batch seen at the provider (about 100 ms there) was written back before the kill landed, on a busy
+        # box: a worker killed between two batches proves nothing about retaking claims, so kill the next one's.
+        worker = start_worker(env={"SANDBOX_BEHAVIOUR": "slow:100"}, concurrency=2)
     killed_at = _db_now()
-    in_flight = set(Delivery.objects.filter(status="sending").values_list("pk", flat=True))
     sent_before = Delivery.objects.filter(status="sent").count()
     assert sent_before < total, "the worker finished before it was killed; the test proved nothing"
     assert in_flight, "nothing was being sent at the kill; the test proved nothing about retaking claims"
