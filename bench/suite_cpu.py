@@ -1,7 +1,9 @@
 """Where a command's CPU goes on the box, by kind of process: run it, sample /proc twice a second, print the split.
 
-    .venv/bin/python bench/suite_cpu.py -- make test
-    .venv/bin/python bench/suite_cpu.py -- .venv/bin/pytest -n 3 --dist loadgroup -m "not serial" -q
+    python3 bench/suite_cpu.py -- make test
+    python3 bench/suite_cpu.py -- .venv/bin/pytest -n 3 --dist loadgroup -m "not serial" -q
+
+The standard library only, so it runs before `make test` has made the virtual environment (on a fresh clone).
 
 Every process on the machine counts, not only the command's descendants: PostgreSQL's backends, the broker and
 Redis run the command's work too, and so does whatever else is running (run it on a quiet box). A process is put in
